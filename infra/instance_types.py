@@ -1,0 +1,48 @@
+"""Facts about the EC2 instance types the stack can run on.
+
+The RayCluster builder sizes pods from this table, so nothing instance-specific lives in the builder.
+Prices are On-Demand Linux list prices in us-east-1 (USD/hour) as published on 2025-06-05, after
+that month's P4/P5 price cut; other regions differ by up to ~30%, so treat them as an estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRICE_TABLE_DATE = "2025-06-05"
+PRICE_TABLE_REGION = "us-east-1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceType:
+    name: str
+    vcpus: int
+    memory_gib: int
+    gpus: int = 0
+    gpu_model: str = ""
+    gpu_memory_gib: int = 0
+    efa_interfaces: int = 0
+    """Maximum EFA interfaces the type supports (0: no EFA)."""
+    usd_per_hour: float
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    t.name: t
+    for t in (
+        InstanceType(name="g6.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="L4",
+                     gpu_memory_gib=24, efa_interfaces=1, usd_per_hour=4.6016),
+        InstanceType(name="g6e.12xlarge", vcpus=48, memory_gib=384, gpus=4, gpu_model="L40S",
+                     gpu_memory_gib=48, efa_interfaces=1, usd_per_hour=10.49264),
+        InstanceType(name="g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
+                     gpu_memory_gib=24, efa_interfaces=1, usd_per_hour=5.672),
+        InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
+                     gpu_memory_gib=40, efa_interfaces=4, usd_per_hour=21.96),
+        InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
+                     gpu_memory_gib=80, efa_interfaces=32, usd_per_hour=55.04),
+        InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, usd_per_hour=0.2016),
+        InstanceType(name="m7i.2xlarge", vcpus=8, memory_gib=32, usd_per_hour=0.4032),
+    )
+}
+
+GPU_INSTANCE_TYPES = tuple(sorted(n for n, t in INSTANCE_TYPES.items() if t.gpus and t.efa_interfaces))
+SYSTEM_INSTANCE_TYPES = tuple(sorted(n for n, t in INSTANCE_TYPES.items() if not t.gpus))

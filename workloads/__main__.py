@@ -1,0 +1,38 @@
+"""`python -m workloads <command>`: each command is its own module with a `main(argv) -> int`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "run": ("workloads.local", "train on a Ray cluster started on this machine (--local)"),
+    "submit": ("workloads.submit", "submit the fine-tune to a stack's RayCluster and follow it"),
+    "logs": ("workloads.submit", "print or follow a submitted job's logs"),
+    "stop": ("workloads.submit", "stop a submitted job"),
+    "list": ("workloads.submit", "list the jobs of a RayCluster"),
+    "verify-transport": ("workloads.transport", "check NCCL logs: did ranks talk over EFA?"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m workloads <command> [options]", "", "commands:"]
+    lines += [f"  {name:<17} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`python -m workloads <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return module.main(command, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

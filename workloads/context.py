@@ -1,0 +1,37 @@
+"""The small interface between the training loop and whatever runs it (Ray Train or torchrun).
+
+The loop (workloads/loop.py) never imports Ray: an adapter builds a TrainContext and calls
+`workloads.loop.train(config, ctx)`. The Ray adapter (workloads/ray_train.py) maps `report` to
+`ray.train.report` and `latest_checkpoint` to `ray.train.get_checkpoint()`; the torchrun adapter
+(workloads/torchrun.py) writes metrics as JSON lines and checkpoints to a local folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Protocol
+
+
+class ReportFn(Protocol):
+    def __call__(self, metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
+        """Publish one step's metrics; with checkpoint_dir, also a checkpoint every rank wrote to.
+
+        Called by every rank (Ray Train requires it). The folder is the one the loop saved into
+        with torch.distributed.checkpoint; the adapter persists it (Ray: to the run's storage).
+        """
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    """Index of this rank's node (ranks on one node share NVLink/SHM; across nodes, the network)."""
+    report: ReportFn
+    latest_checkpoint: Callable[[], Optional[Path]]
+    """The folder of the newest persisted checkpoint to resume from, or None to start fresh."""
+    scratch_dir: Path
+    """A per-run local folder for checkpoints in flight and per-rank NCCL logs."""
