@@ -1,0 +1,271 @@
+"""The in-band transport gate: after the process group exists and before the first training step,
+prove that NCCL connected the ranks over the expected transports and that all-reduce is not slow.
+
+Every rank writes its own NCCL log (the launcher sets the variables from `nccl_log_env`), runs an
+all-reduce (which makes NCCL open its connections), measures bus bandwidth, parses its own log and
+judges the connections it made. The verdicts are all-gathered so that every rank stops together,
+with one message naming ranks, hosts, transports and the measured GB/s.
+
+Default bandwidth floors (`min_busbw_gbps=None`) sit far below what a healthy link of the slowest
+supported kind gives, so they never trip on a working cluster, and well above what a broken one
+gives (NCCL on TCP sockets measured 3.8 GB/s between two H200s of one host, against 330 GB/s over
+NVLink):
+- all ranks on one node: 5 GB/s (PCIe-only GPUs such as g6's L4s stay above this over P2P or SHM);
+- ranks on several nodes: 2.5 GB/s (one 100 Gbps EFA interface caps bus bandwidth near 12 GB/s).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+
+if TYPE_CHECKING:
+    import torch
+
+    from workloads.context import TrainContext
+
+INTRA_NODE_FLOOR_GBPS = 5.0
+INTER_NODE_FLOOR_GBPS = 2.5
+NCCL_LOG_NAME = "nccl.%h.%p.log"
+
+
+class TransportGateError(RuntimeError):
+    """Raised on every rank when any rank's connections or the measured bandwidth fail the gate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateConfig:
+    expect: Literal["efa", "any"] = "efa"
+    """Network required between nodes: "efa" (EFA through aws-ofi-nccl) or "any" NCCL network."""
+    min_busbw_gbps: Optional[float] = None
+    """All-reduce bus-bandwidth floor in GB/s; None picks one by topology (see the module doc)."""
+    message_bytes: int = 64 * 1024 * 1024
+    """Size of the all-reduce that opens the connections and measures bandwidth."""
+    enabled: bool = True
+    """False skips the gate (the loop logs that it was skipped)."""
+    log_wait_s: float = 5.0
+    """How long a rank waits for its connection lines to reach its NCCL log file."""
+
+    def __post_init__(self) -> None:
+        if self.expect not in ("efa", "any"):
+            raise ValueError(f"transport gate: expect must be 'efa' or 'any', got {self.expect!r}")
+        if self.min_busbw_gbps is not None and self.min_busbw_gbps < 0:
+            raise ValueError(f"transport gate: min_busbw_gbps must be >= 0, got {self.min_busbw_gbps}")
+        if self.message_bytes < 4096:
+            raise ValueError(f"transport gate: message_bytes must be >= 4096, got {self.message_bytes}")
+        if self.log_wait_s < 0:
+            raise ValueError(f"transport gate: log_wait_s must be >= 0, got {self.log_wait_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankVerdict:
+    """One rank's judgement of its own connections, as exchanged between ranks."""
+
+    rank: int
+    host: str
+    ok: bool
+    problems: tuple[str, ...] = ()
+    transports: tuple[str, ...] = ()
+    """The transports this rank's connections used, e.g. ("P2P/CUMEM", "NET/Libfabric")."""
+    log_file: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateResult:
+    applies: bool
+    """False when the gate did not run (gloo backend, disabled, single rank); `message` says why."""
+    passed: bool
+    message: str
+    busbw_gbps: Optional[float] = None
+    floor_gbps: Optional[float] = None
+    nodes: int = 0
+    verdicts: tuple[RankVerdict, ...] = field(default=())
+
+
+def nccl_log_env(*, log_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Environment a launcher sets on every training process so the gate can read its NCCL log.
+
+    NCCL logs every "Channel ... via <transport>" line under INIT together with the transport's own
+    subsystem (INIT|P2P, INIT|SHM, INIT|NET), so INIT alone yields the connections and the pid ->
+    rank lines; NET adds the net plugin's choices (aws-ofi-nccl's libfabric provider). NCCL
+    substitutes %h (hostname up to the first dot) and %p (pid) in NCCL_DEBUG_FILE, so each process
+    writes its own file.
+    """
+    return {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_DEBUG_FILE": str(Path(log_dir) / NCCL_LOG_NAME),
+    }
+
+
+def resolve_debug_file(pattern: str, *, hostname: str, pid: int) -> Path:
+    """The file NCCL writes for `pattern` (NCCL_DEBUG_FILE) in the process `pid` on `hostname`."""
+    short_host = hostname.split(".", 1)[0]
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern):
+            code = pattern[i + 1]
+            if code == "h":
+                out.append(short_host)
+            elif code == "p":
+                out.append(str(pid))
+            elif code == "%":
+                out.append("%")
+            else:
+                out.append(ch + code)
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return Path("".join(out))
+
+
+def default_floor_gbps(*, nodes: int) -> float:
+    return INTRA_NODE_FLOOR_GBPS if nodes <= 1 else INTER_NODE_FLOOR_GBPS
+
+
+def judge_rank(
+    cfg: GateConfig,
+    *,
+    rank: int,
+    host: str,
+    log_text: str,
+    rank_hosts: dict[int, str],
+    log_file: str = "",
+) -> RankVerdict:
+    """Judge the connections `rank` made, from its own NCCL log and every rank's host."""
+    from workloads import transport
+
+    log = transport.parse_nccl_log(log_text)
+    nodes = len(set(rank_hosts.values()))
+    verdict = transport.decide(log, expect=cfg.expect, nodes=nodes, rank_hosts=rank_hosts)
+    mine = [c for c in verdict.links if rank in (c.src, c.dst)]
+    transports = tuple(sorted({t for link in mine for t in link.transports}))
+    if verdict.status == transport.Status.PASS:
+        return RankVerdict(rank=rank, host=host, ok=True, transports=transports, log_file=log_file)
+    problems = verdict.problems or (f"{verdict.status.value}: {verdict.summary}",)
+    return RankVerdict(
+        rank=rank, host=host, ok=False, problems=tuple(problems), transports=transports, log_file=log_file
+    )
+
+
+def combine_verdicts(
+    cfg: GateConfig, *, verdicts: list[RankVerdict], busbw_gbps: float, message_bytes: int
+) -> GateResult:
+    """One result for all ranks: every rank computes the same one from the same gathered verdicts."""
+    nodes = len({v.host for v in verdicts})
+    floor = cfg.min_busbw_gbps if cfg.min_busbw_gbps is not None else default_floor_gbps(nodes=nodes)
+    hosts = ", ".join(f"{v.rank}@{v.host}" for v in sorted(verdicts, key=lambda v: v.rank))
+    used = sorted({t for v in verdicts for t in v.transports})
+    bw = (
+        f"all-reduce bus bandwidth {busbw_gbps:.2f} GB/s (floor {floor:.2f} GB/s, "
+        f"{message_bytes / 2**20:.0f} MiB, {len(verdicts)} ranks on {nodes} node(s))"
+    )
+    failures: list[str] = []
+    for v in sorted(verdicts, key=lambda v: v.rank):
+        failures += [f"rank {v.rank} on {v.host}: {p}" for p in v.problems]
+    if busbw_gbps < floor:
+        failures.append(f"{bw} is under the floor")
+    if failures:
+        message = (
+            f"transport gate failed (expect {cfg.expect}; ranks {hosts}; transports {', '.join(used) or 'none'}; "
+            f"{bw}):\n  " + "\n  ".join(failures)
+        )
+        return GateResult(
+            applies=True, passed=False, message=message, busbw_gbps=busbw_gbps, floor_gbps=floor,
+            nodes=nodes, verdicts=tuple(verdicts),
+        )
+    message = f"transport gate passed (expect {cfg.expect}; transports {', '.join(used)}; {bw})"
+    return GateResult(
+        applies=True, passed=True, message=message, busbw_gbps=busbw_gbps, floor_gbps=floor, nodes=nodes,
+        verdicts=tuple(verdicts),
+    )
+
+
+def _read_when_connected(path: Path, *, wait_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
+    """The log's text once it holds connection lines, or whatever it holds after `wait_s`."""
+    from workloads import transport
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        if transport.parse_nccl_log(text).connections or time.monotonic() >= deadline:
+            return text
+        sleep(0.1)
+
+
+def check_transport(
+    cfg: GateConfig,
+    *,
+    ctx: "TrainContext",
+    device: "torch.device",
+    measure: Callable[..., float],
+    log_path: Optional[Path],
+    all_gather: Callable[[Any], list[Any]],
+    hostname: str,
+) -> GateResult:
+    """The gate proper, with its collaborators passed in: `measure(device=, message_bytes=)` runs the
+    all-reduce and returns bus GB/s, `all_gather(obj)` returns every rank's obj in rank order."""
+    busbw = measure(device=device, message_bytes=cfg.message_bytes)
+    rank_hosts = dict(enumerate(all_gather(hostname.split(".", 1)[0])))
+    host = rank_hosts[ctx.rank]
+    if log_path is None:
+        own = RankVerdict(
+            rank=ctx.rank, host=host, ok=False,
+            problems=("NCCL_DEBUG_FILE is not set, so this rank's NCCL log cannot be read "
+                      "(the launcher must set workloads.transport_gate.nccl_log_env)",),
+        )
+    else:
+        text = _read_when_connected(log_path, wait_s=cfg.log_wait_s)
+        own = judge_rank(cfg, rank=ctx.rank, host=host, log_text=text, rank_hosts=rank_hosts,
+                         log_file=str(log_path))
+        if not text:
+            own = RankVerdict(rank=ctx.rank, host=host, ok=False,
+                              problems=(f"NCCL log {log_path} is missing or empty "
+                                        "(is NCCL_DEBUG=INFO set for this process?)",))
+    verdicts = list(all_gather(own))
+    return combine_verdicts(cfg, verdicts=verdicts, busbw_gbps=busbw, message_bytes=cfg.message_bytes)
+
+
+def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.device") -> GateResult:
+    """Run the gate on every rank; raises TransportGateError on all ranks together when it fails.
+
+    Call once the default process group exists and before the first training step.
+    """
+    import torch.distributed as dist
+
+    from workloads.bandwidth import measure_busbw
+
+    if not cfg.enabled:
+        return GateResult(applies=False, passed=True, message="transport gate disabled by config")
+    backend = dist.get_backend()
+    if backend != "nccl":
+        return GateResult(
+            applies=False, passed=True,
+            message=f"transport gate does not apply to the {backend} backend (it checks NCCL transports)",
+        )
+    if ctx.world_size < 2:
+        return GateResult(applies=False, passed=True,
+                          message="transport gate does not apply to a single rank (NCCL makes no connections)")
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    hostname = socket.gethostname()
+    log_path = resolve_debug_file(pattern, hostname=hostname, pid=os.getpid()) if pattern else None
+
+    def all_gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    result = check_transport(
+        cfg, ctx=ctx, device=device, measure=measure_busbw, log_path=log_path,
+        all_gather=all_gather, hostname=hostname,
+    )
+    if not result.passed:
+        raise TransportGateError(result.message)
+    return result
