@@ -1,0 +1,356 @@
+"""One typed wrapper over every AWS call the probe makes.
+
+The boto3 session and `sleep` are passed in, so tests can stub clients (botocore Stubber) or point the
+session at moto, and no test ever waits. Every AWS error leaves this module as `AwsFailure`, already
+classified (no capacity, quota, unsupported, permission, credentials, ...) and naming the IAM action
+of the call that failed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+import boto3
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError as BotoConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+    ProfileNotFound,
+    ReadTimeoutError,
+    TokenRetrievalError,
+)
+
+
+class FailureKind(enum.Enum):
+    NO_CAPACITY = "no-capacity"
+    QUOTA = "quota-exceeded"
+    UNSUPPORTED = "unsupported"
+    DENIED = "permission-denied"
+    CREDENTIALS = "credentials"
+    REGION_DISABLED = "region-not-enabled"
+    NOT_FOUND = "not-found"
+    NETWORK = "network"
+    TIMEOUT = "timeout"
+    OTHER = "error"
+
+
+_CODES: dict[FailureKind, frozenset[str]] = {
+    FailureKind.NO_CAPACITY: frozenset({
+        "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity", "InsufficientCapacityOnOutpost",
+    }),
+    FailureKind.QUOTA: frozenset({
+        "InstanceLimitExceeded", "VcpuLimitExceeded", "ReservationLimitExceeded",
+        "ReservationCapacityExceeded", "CapacityReservationLimitExceeded",
+    }),
+    FailureKind.UNSUPPORTED: frozenset({
+        "Unsupported", "UnsupportedOperation", "InvalidInstanceType",
+    }),
+    FailureKind.DENIED: frozenset({
+        "UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
+    }),
+    FailureKind.CREDENTIALS: frozenset({
+        "AuthFailure", "InvalidClientTokenId", "UnrecognizedClientException", "ExpiredToken",
+        "ExpiredTokenException", "SignatureDoesNotMatch", "IncompleteSignature",
+        "InvalidAccessKeyId", "RequestExpired",
+    }),
+    FailureKind.REGION_DISABLED: frozenset({"OptInRequired"}),
+    FailureKind.NOT_FOUND: frozenset({
+        "NoSuchResourceException", "InvalidCapacityReservationId.NotFound",
+        "InvalidCapacityReservationId.Malformed",
+    }),
+}
+_KIND_OF_CODE = {code: kind for kind, codes in _CODES.items() for code in codes}
+# IAM prefixes differ from botocore service names for some services.
+_IAM_PREFIX = {"service-quotas": "servicequotas", "monitoring": "cloudwatch"}
+# "... is not authorized to perform: ec2:CreateTags on resource ..." names the real missing action,
+# which can differ from the called operation (tags on create need ec2:CreateTags too).
+_ACTION_IN_MESSAGE = re.compile(r"perform:\s*([a-z0-9-]+:[A-Za-z0-9]+)")
+
+
+class AwsFailure(Exception):
+    """An AWS call that failed, classified. `action` is the IAM action of the failing call."""
+
+    def __init__(self, *, kind: FailureKind, code: str, message: str, action: str):
+        self.kind, self.code, self.message, self.action = kind, code, message, action
+        super().__init__(self.summary)
+
+    @property
+    def summary(self) -> str:
+        if self.kind is FailureKind.DENIED:
+            return f"permission denied: the caller lacks IAM action {self.action} ({self.code})"
+        if self.kind is FailureKind.CREDENTIALS:
+            return f"AWS credentials problem calling {self.action}: {self.code}: {self.message}"
+        return f"{self.code}: {self.message}" if self.message else self.code
+
+
+def classify(error: Exception, *, action: str) -> AwsFailure:
+    """Turn a botocore exception into an `AwsFailure` (pure: inspects the exception only)."""
+    if isinstance(error, ClientError):
+        err = error.response.get("Error", {})
+        code = str(err.get("Code", "Unknown"))
+        message = str(err.get("Message", "")).strip()
+        kind = _KIND_OF_CODE.get(code, FailureKind.OTHER)
+        if kind is FailureKind.DENIED and (m := _ACTION_IN_MESSAGE.search(message)):
+            action = m.group(1)
+        return AwsFailure(kind=kind, code=code, message=message, action=action)
+    if isinstance(error, (NoCredentialsError, PartialCredentialsError, ProfileNotFound,
+                          TokenRetrievalError, NoRegionError)):
+        return AwsFailure(kind=FailureKind.CREDENTIALS, code=type(error).__name__,
+                          message=str(error), action=action)
+    if isinstance(error, ReadTimeoutError):
+        return AwsFailure(kind=FailureKind.TIMEOUT, code="ReadTimeout", message=str(error),
+                          action=action)
+    if isinstance(error, BotoConnectionError):
+        return AwsFailure(kind=FailureKind.NETWORK, code=type(error).__name__, message=str(error),
+                          action=action)
+    return AwsFailure(kind=FailureKind.OTHER, code=type(error).__name__, message=str(error),
+                      action=action)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceFacts:
+    """What describe_instance_types says about one instance type in one region."""
+
+    name: str
+    """Instance type, e.g. g6.12xlarge."""
+    vcpus: int
+    """Default vCPUs: what the On-Demand vCPU quota counts."""
+    gpus: int
+    """GPUs per instance (0 for none)."""
+    gpu_model: str
+    """GPU name as AWS reports it (e.g. L4), empty without GPUs."""
+    efa_supported: bool
+    """Whether the type supports Elastic Fabric Adapter at all."""
+    max_efa_interfaces: int
+    """EFA interfaces one instance can attach (0 without EFA)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunningInstance:
+    """A pending or running instance, counted against the vCPU quota of its family."""
+
+    instance_type: str
+    """Its instance type."""
+    vcpus: int
+    """Its vCPUs (cores x threads per core)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reservation:
+    """A capacity reservation as AWS reports it."""
+
+    reservation_id: str
+    """cr-... identifier."""
+    state: str
+    """active, pending, failed, cancelled, expired, ..."""
+    availability_zone: str
+    """AZ name the reservation is in."""
+
+
+class AwsApi:
+    """Typed access to EC2, Service Quotas, CloudWatch and STS, one client per (service, region).
+
+    Clients are created under a lock (a boto3 Session is not thread-safe; its clients are), so the
+    region probes can share one AwsApi from a thread pool.
+    """
+
+    def __init__(self, *, session: boto3.Session, sleep: Callable[[float], None] = time.sleep,
+                 call_timeout_s: float = 20.0, now: Callable[[], datetime] | None = None):
+        self._session = session
+        self.sleep = sleep
+        self._now = now or (lambda: datetime.now(timezone.utc))
+        self._config = Config(connect_timeout=min(5.0, call_timeout_s), read_timeout=call_timeout_s,
+                              retries={"mode": "standard", "max_attempts": 3})
+        self._clients: dict[tuple[str, str], BaseClient] = {}
+        self._lock = threading.Lock()
+
+    def client(self, service: str, region: str) -> BaseClient:
+        key = (service, region)
+        with self._lock:
+            if key not in self._clients:
+                try:
+                    self._clients[key] = self._session.client(service, region_name=region,
+                                                              config=self._config)
+                except BotoCoreError as exc:
+                    raise classify(exc, action=f"{service}:client") from None
+            return self._clients[key]
+
+    def _call(self, service: str, region: str, operation: str, **kwargs: Any) -> dict[str, Any]:
+        client = self.client(service, region)
+        op_name = client.meta.method_to_api_mapping.get(operation, operation)
+        action = f"{_IAM_PREFIX.get(service, service)}:{op_name}"
+        try:
+            return getattr(client, operation)(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise classify(exc, action=action) from None
+
+    def _paginate(self, service: str, region: str, operation: str, key: str,
+                  **kwargs: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        while True:
+            page = self._call(service, region, operation, **kwargs)
+            items.extend(page.get(key, []))
+            if not page.get("NextToken"):
+                return items
+            kwargs["NextToken"] = page["NextToken"]
+
+    # --- identity and regions -------------------------------------------------------------------
+
+    def caller_account(self, *, region: str) -> str:
+        return str(self._call("sts", region, "get_caller_identity")["Account"])
+
+    def enabled_regions(self, *, region: str) -> list[str]:
+        regions = self._call("ec2", region, "describe_regions")["Regions"]
+        return sorted(r["RegionName"] for r in regions)
+
+    # --- offerings and instance facts -------------------------------------------------------------
+
+    def availability_zones(self, *, region: str) -> dict[str, str]:
+        """AZ name -> AZ ID of the region's available, standard AZs (no Local/Wavelength zones)."""
+        zones = self._call("ec2", region, "describe_availability_zones",
+                           Filters=[{"Name": "zone-type", "Values": ["availability-zone"]},
+                                    {"Name": "state", "Values": ["available"]}])
+        return {z["ZoneName"]: z["ZoneId"] for z in zones["AvailabilityZones"]}
+
+    def offered_zones(self, *, region: str, instance_type: str) -> frozenset[str]:
+        """Names of the AZs where the instance type is offered."""
+        offers = self._paginate("ec2", region, "describe_instance_type_offerings",
+                                "InstanceTypeOfferings", LocationType="availability-zone",
+                                Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        return frozenset(o["Location"] for o in offers)
+
+    def instance_facts(self, *, region: str, instance_type: str) -> InstanceFacts | None:
+        """Facts about the type, or None when the region does not know it."""
+        try:
+            found = self._call("ec2", region, "describe_instance_types",
+                               InstanceTypes=[instance_type])["InstanceTypes"]
+        except AwsFailure as failure:
+            if failure.code in ("InvalidInstanceType", "InvalidParameterValue"):
+                return None
+            raise
+        if not found:
+            return None
+        t = found[0]
+        gpus = t.get("GpuInfo", {}).get("Gpus", [])
+        net = t.get("NetworkInfo", {})
+        return InstanceFacts(
+            name=t["InstanceType"], vcpus=int(t["VCpuInfo"]["DefaultVCpus"]),
+            gpus=sum(int(g.get("Count", 0)) for g in gpus),
+            gpu_model=gpus[0].get("Name", "") if gpus else "",
+            efa_supported=bool(net.get("EfaSupported", False)),
+            max_efa_interfaces=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)))
+
+    # --- quota and usage ---------------------------------------------------------------------------
+
+    def applied_quota(self, *, region: str, quota_code: str) -> float | None:
+        """The account's applied quota value, or None when no value is applied (default holds)."""
+        try:
+            quota = self._call("service-quotas", region, "get_service_quota", ServiceCode="ec2",
+                               QuotaCode=quota_code)
+        except AwsFailure as failure:
+            if failure.kind is FailureKind.NOT_FOUND:
+                return None
+            raise
+        return float(quota["Quota"]["Value"])
+
+    def default_quota(self, *, region: str, quota_code: str) -> float | None:
+        try:
+            quota = self._call("service-quotas", region, "get_aws_default_service_quota",
+                               ServiceCode="ec2", QuotaCode=quota_code)
+        except AwsFailure as failure:
+            if failure.kind is FailureKind.NOT_FOUND:
+                return None
+            raise
+        return float(quota["Quota"]["Value"])
+
+    def usage_metric(self, *, region: str, usage_class: str) -> float | None:
+        """Latest AWS/Usage vCPU count of an On-Demand usage class (e.g. G/OnDemand), if published."""
+        end = self._now()
+        stats = self._call(
+            "cloudwatch", region, "get_metric_statistics", Namespace="AWS/Usage",
+            MetricName="ResourceCount", StartTime=end - timedelta(minutes=15), EndTime=end,
+            Period=60, Statistics=["Maximum"],
+            Dimensions=[{"Name": "Service", "Value": "EC2"}, {"Name": "Type", "Value": "Resource"},
+                        {"Name": "Resource", "Value": "vCPU"},
+                        {"Name": "Class", "Value": usage_class}])
+        points = sorted(stats.get("Datapoints", []), key=lambda p: p["Timestamp"])
+        return float(points[-1]["Maximum"]) if points else None
+
+    def running_instances(self, *, region: str) -> list[RunningInstance]:
+        reservations = self._paginate(
+            "ec2", region, "describe_instances", "Reservations",
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        out = []
+        for res in reservations:
+            for inst in res.get("Instances", []):
+                cpu = inst.get("CpuOptions", {})
+                vcpus = int(cpu.get("CoreCount", 0)) * int(cpu.get("ThreadsPerCore", 1))
+                out.append(RunningInstance(instance_type=inst["InstanceType"], vcpus=vcpus))
+        return out
+
+    # --- capacity reservations -----------------------------------------------------------------------
+
+    def create_reservation(self, *, region: str, availability_zone: str, instance_type: str,
+                           count: int, end_date: datetime, tags: dict[str, str],
+                           client_token: str, dry_run: bool = False) -> Reservation:
+        """A targeted, limited-end-date On-Demand Capacity Reservation. With dry_run, AWS only
+        checks permissions: success raises nothing and returns an empty Reservation."""
+        try:
+            res = self._call(
+                "ec2", region, "create_capacity_reservation", ClientToken=client_token,
+                InstanceType=instance_type, InstancePlatform="Linux/UNIX",
+                AvailabilityZone=availability_zone, InstanceCount=count, Tenancy="default",
+                InstanceMatchCriteria="targeted", EndDateType="limited", EndDate=end_date,
+                TagSpecifications=[{"ResourceType": "capacity-reservation",
+                                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+                DryRun=dry_run)["CapacityReservation"]
+        except AwsFailure as failure:
+            if dry_run and failure.code == "DryRunOperation":
+                return Reservation(reservation_id="", state="dry-run",
+                                   availability_zone=availability_zone)
+            raise
+        return Reservation(reservation_id=res["CapacityReservationId"], state=res["State"],
+                           availability_zone=res["AvailabilityZone"])
+
+    def cancel_reservation(self, *, region: str, reservation_id: str, dry_run: bool = False) -> None:
+        try:
+            self._call("ec2", region, "cancel_capacity_reservation",
+                       CapacityReservationId=reservation_id, DryRun=dry_run)
+        except AwsFailure as failure:
+            if dry_run and failure.code == "DryRunOperation":
+                return
+            raise
+
+    def reservations_tagged(self, *, region: str, tag_key: str,
+                            tag_value: str | None = None) -> list[Reservation]:
+        """Reservations carrying the tag (any value unless given) that still hold capacity."""
+        tag_filter = ({"Name": f"tag:{tag_key}", "Values": [tag_value]} if tag_value is not None
+                      else {"Name": "tag-key", "Values": [tag_key]})
+        found = self._paginate("ec2", region, "describe_capacity_reservations",
+                               "CapacityReservations",
+                               Filters=[tag_filter,
+                                        {"Name": "state", "Values": ["active", "pending"]}])
+        return [Reservation(reservation_id=r["CapacityReservationId"], state=r["State"],
+                            availability_zone=r["AvailabilityZone"]) for r in found]
+
+    def reservation(self, *, region: str, reservation_id: str) -> Reservation:
+        found = self._call("ec2", region, "describe_capacity_reservations",
+                           CapacityReservationIds=[reservation_id])["CapacityReservations"]
+        r = found[0]
+        return Reservation(reservation_id=r["CapacityReservationId"], state=r["State"],
+                           availability_zone=r["AvailabilityZone"])
+
+    def now(self) -> datetime:
+        return self._now()

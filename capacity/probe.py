@@ -1,0 +1,238 @@
+"""The probe's results as plain frozen data, and the pure decisions taken on them.
+
+Nothing here calls AWS: `capacity.regions` gathers `RegionReport`s, `capacity.reserve` records
+`ReservationAttempt`s, and the functions below rank the zones, pick the placement and explain, per
+location, why anything else was not picked. Tests build these values by hand.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from capacity.aws import FailureKind, InstanceFacts
+from capacity.quota import QuotaCheck, QuotaVerdict
+
+EXIT_PLACED = 0
+EXIT_NO_PLACEMENT = 1
+EXIT_BAD_INPUT = 2
+EXIT_PERMISSION = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeRequest:
+    """What to place: validated user input."""
+
+    instance_type: str
+    """GPU instance type of the node group."""
+    node_count: int
+    """GPU nodes, all in one AZ (cluster placement group)."""
+    regions: tuple[str, ...]
+    """Regions to probe, in the user's order of preference."""
+    reserve: bool = False
+    """Prove capacity with a create-and-cancel On-Demand Capacity Reservation."""
+    current_zone_id: str = ""
+    """AZ ID the stack uses now; kept when it still qualifies, so the node group does not move."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZoneOffer:
+    """One AZ of a region and whether it offers the instance type."""
+
+    name: str
+    """AZ name in this account (e.g. us-west-2a); names are shuffled between accounts."""
+    zone_id: str
+    """AZ ID (e.g. usw2-az1); the same physical zone in every account."""
+    offered: bool
+    """describe_instance_type_offerings lists the type in this AZ."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegionFailure:
+    """Why a region could not be probed."""
+
+    kind: FailureKind
+    """Classification of the failure."""
+    message: str
+    """One line for the user."""
+    action: str = ""
+    """IAM action of the failing call (names the missing permission when kind is DENIED)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegionReport:
+    """Everything learned about one region, or the failure that stopped the probe there."""
+
+    region: str
+    """Region name."""
+    facts: InstanceFacts | None = None
+    """Instance facts; None when the region does not know the type or the probe failed."""
+    zones: tuple[ZoneOffer, ...] = ()
+    """The region's AZs, sorted by name."""
+    quota: QuotaCheck | None = None
+    """Quota check; None when no AZ offers the type (nothing to check)."""
+    failure: RegionFailure | None = None
+    """Set when the probe of this region failed or timed out."""
+    elapsed_s: float = 0.0
+    """Wall time of this region's probe."""
+
+    @property
+    def offered(self) -> tuple[ZoneOffer, ...]:
+        return tuple(z for z in self.zones if z.offered)
+
+    @property
+    def lacks_efa(self) -> bool:
+        return self.facts is not None and (not self.facts.efa_supported
+                                           or self.facts.max_efa_interfaces < 1)
+
+    @property
+    def blocker(self) -> str:
+        """Why no AZ of this region qualifies, empty when some may."""
+        if self.failure is not None:
+            return self.failure.message
+        if self.facts is None:
+            return "instance type not available in this region"
+        if self.lacks_efa:
+            return f"{self.facts.name} does not support EFA"
+        if not self.offered:
+            return f"{self.facts.name} not offered in any AZ"
+        if self.quota is not None and self.quota.verdict is QuotaVerdict.SHORT:
+            return (f"On-Demand vCPU quota {self.quota.quota_code} short: "
+                    f"{self.quota.free_vcpus:g} free < {self.quota.needed_vcpus} needed")
+        return ""
+
+
+class Evidence(enum.IntEnum):
+    """How strongly a placement is backed; lower is stronger."""
+
+    CAPACITY_PROVEN = 0
+    QUOTA_OK = 1
+    QUOTA_UNCHECKED = 2
+
+    @property
+    def label(self) -> str:
+        return {0: "capacity proven", 1: "offered, quota ok",
+                2: "offered, quota unchecked"}[self.value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """An AZ that passed the offering, EFA and quota checks."""
+
+    region: str
+    """Region name."""
+    zone: str
+    """AZ name."""
+    zone_id: str
+    """AZ ID."""
+    evidence: Evidence
+    """Strongest evidence before any reservation."""
+
+
+class AttemptOutcome(enum.Enum):
+    PROVEN = "proven"
+    NO_CAPACITY = "no capacity"
+    QUOTA = "quota exceeded"
+    UNSUPPORTED = "not supported"
+    DENIED = "permission denied"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReservationAttempt:
+    """One create-and-cancel of a capacity reservation in one AZ."""
+
+    region: str
+    """Region name."""
+    zone: str
+    """AZ name."""
+    zone_id: str
+    """AZ ID."""
+    outcome: AttemptOutcome
+    """What happened."""
+    detail: str = ""
+    """Error code and message, or why the attempt was skipped."""
+    reservation_id: str = ""
+    """The reservation created, if any."""
+    cancelled: bool = False
+    """Whether the created reservation was cancelled (always, unless cancelling failed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """The decision: where the GPU node group goes."""
+
+    region: str
+    """Region name; also the default stack name."""
+    zone: str
+    """AZ name."""
+    zone_id: str
+    """AZ ID."""
+    instance_type: str
+    """GPU instance type."""
+    node_count: int
+    """GPU nodes."""
+    evidence: Evidence
+    """What backs the choice."""
+
+
+def rank_candidates(reports: tuple[RegionReport, ...], *,
+                    request: ProbeRequest) -> tuple[Candidate, ...]:
+    """Qualifying AZs, best first: strongest evidence, then the user's region order, then the
+    stack's current AZ, then AZ ID (a stable order across accounts)."""
+    order = {r: i for i, r in enumerate(request.regions)}
+    out = []
+    for report in reports:
+        if report.blocker or report.quota is None:
+            continue
+        evidence = (Evidence.QUOTA_OK if report.quota.verdict is QuotaVerdict.OK
+                    else Evidence.QUOTA_UNCHECKED)
+        out.extend(Candidate(region=report.region, zone=z.name, zone_id=z.zone_id,
+                             evidence=evidence) for z in report.offered)
+    return tuple(sorted(out, key=lambda c: (c.evidence, order.get(c.region, len(order)),
+                                            c.zone_id != request.current_zone_id, c.zone_id)))
+
+
+def choose_placement(candidates: tuple[Candidate, ...], attempts: tuple[ReservationAttempt, ...],
+                     *, request: ProbeRequest) -> Placement | None:
+    """With --reserve, the first AZ whose reservation succeeded; otherwise the best candidate."""
+    if request.reserve:
+        proven = next((a for a in attempts if a.outcome is AttemptOutcome.PROVEN), None)
+        if proven is None:
+            return None
+        return Placement(region=proven.region, zone=proven.zone, zone_id=proven.zone_id,
+                         instance_type=request.instance_type, node_count=request.node_count,
+                         evidence=Evidence.CAPACITY_PROVEN)
+    if not candidates:
+        return None
+    best = candidates[0]
+    return Placement(region=best.region, zone=best.zone, zone_id=best.zone_id,
+                     instance_type=request.instance_type, node_count=request.node_count,
+                     evidence=best.evidence)
+
+
+def unplaced_reasons(reports: tuple[RegionReport, ...],
+                     attempts: tuple[ReservationAttempt, ...]) -> tuple[str, ...]:
+    """One line per location that was not chosen: each region's blocker, each failed attempt."""
+    lines = [f"{r.region}: {r.blocker}" for r in reports if r.blocker]
+    lines += [f"{a.region} {a.zone} ({a.zone_id}): {a.outcome.value}"
+              + (f" - {a.detail}" if a.detail else "")
+              for a in attempts if a.outcome is not AttemptOutcome.PROVEN]
+    return tuple(lines)
+
+
+def exit_code(placement: Placement | None, reports: tuple[RegionReport, ...],
+              attempts: tuple[ReservationAttempt, ...]) -> int:
+    """0 placed; 2 the type lacks EFA wherever AWS knows it; 3 blocked by credentials or
+    permissions; else 1."""
+    if placement is not None:
+        return EXIT_PLACED
+    known = [r for r in reports if r.facts is not None]
+    if known and all(r.lacks_efa for r in known):
+        return EXIT_BAD_INPUT
+    denied = {FailureKind.DENIED, FailureKind.CREDENTIALS}
+    if any(r.failure is not None and r.failure.kind in denied for r in reports) or any(
+            a.outcome is AttemptOutcome.DENIED for a in attempts):
+        return EXIT_PERMISSION
+    return EXIT_NO_PLACEMENT

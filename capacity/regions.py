@@ -1,0 +1,91 @@
+"""Probe regions concurrently: offerings by AZ name and ID, instance facts, and quota.
+
+A region that fails or is slow never stops the others: its failure becomes data in its report, and
+a region still running at the deadline is reported as timed out while the others' results stand.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Callable
+
+from capacity.aws import AwsApi, AwsFailure, FailureKind
+from capacity.probe import ProbeRequest, RegionFailure, RegionReport, ZoneOffer
+from capacity.quota import check_quota
+
+MAX_THREADS = 32
+
+
+def probe_region(api: AwsApi, *, region: str, request: ProbeRequest) -> RegionReport:
+    """Facts, AZ offerings (names joined to IDs) and, where offered with EFA, the quota check."""
+    start = time.monotonic()
+    facts = api.instance_facts(region=region, instance_type=request.instance_type)
+    if facts is None:
+        return RegionReport(region=region, elapsed_s=time.monotonic() - start)
+    zone_ids = api.availability_zones(region=region)
+    offered = api.offered_zones(region=region, instance_type=request.instance_type)
+    zones = tuple(ZoneOffer(name=name, zone_id=zone_ids[name], offered=name in offered)
+                  for name in sorted(zone_ids))
+    quota = None
+    if any(z.offered for z in zones) and facts.efa_supported and facts.max_efa_interfaces > 0:
+        quota = check_quota(api, region=region, facts=facts, node_count=request.node_count)
+    return RegionReport(region=region, facts=facts, zones=zones, quota=quota,
+                        elapsed_s=time.monotonic() - start)
+
+
+def _failed(region: str, failure: RegionFailure, elapsed_s: float) -> RegionReport:
+    return RegionReport(region=region, failure=failure, elapsed_s=elapsed_s)
+
+
+def _probe_safely(api: AwsApi, region: str, request: ProbeRequest) -> RegionReport:
+    start = time.monotonic()
+    try:
+        return probe_region(api, region=region, request=request)
+    except AwsFailure as failure:
+        return _failed(region, RegionFailure(kind=failure.kind, message=failure.summary,
+                                             action=failure.action), time.monotonic() - start)
+    except Exception as exc:  # a bug or an unexpected response must not sink the other regions
+        return _failed(region, RegionFailure(kind=FailureKind.OTHER,
+                                             message=f"{type(exc).__name__}: {exc}"),
+                       time.monotonic() - start)
+
+
+def probe_regions(api: AwsApi, *, request: ProbeRequest, timeout_s: float, concurrent: bool = True,
+                  on_done: Callable[[RegionReport], None] = lambda _: None
+                  ) -> tuple[RegionReport, ...]:
+    """Reports in `request.regions` order. Every region gets its own `timeout_s`, counted from when
+    its probe starts; with `concurrent`, all regions start at once."""
+    workers = min(MAX_THREADS, len(request.regions)) if concurrent else 1
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="probe")
+    started: dict[str, float] = {}
+
+    def run(region: str) -> RegionReport:
+        started[region] = time.monotonic()
+        return _probe_safely(api, region, request)
+
+    futures: dict[Future, str] = {pool.submit(run, region): region for region in request.regions}
+    results: dict[str, RegionReport] = {}
+    pending = set(futures)
+
+    def record(report: RegionReport) -> None:
+        results[report.region] = report
+        on_done(report)
+
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+            for fut in done:
+                record(fut.result())
+            now = time.monotonic()
+            for fut in list(pending):
+                region = futures[fut]
+                if region in started and now - started[region] > timeout_s:
+                    pending.discard(fut)
+                    record(_failed(region, RegionFailure(
+                        kind=FailureKind.TIMEOUT, message=f"no answer within {timeout_s:g}s"),
+                        now - started[region]))
+    finally:
+        # Threads still blocked on a slow region end at the botocore read timeout.
+        pool.shutdown(wait=False, cancel_futures=True)
+    return tuple(results[r] for r in request.regions)

@@ -1,0 +1,246 @@
+"""Prove capacity by creating an On-Demand Capacity Reservation and cancelling it at once.
+
+A reservation bills from the moment it exists, so this module must never leak one:
+- a DryRun preflight checks the create, describe and cancel permissions for free, so a reservation is
+  never created that the caller could not cancel;
+- the cancel runs in `finally`, with SIGINT/SIGTERM deferred until it is done; SIGTERM is turned into
+  an interrupt while the reservation is being made, so it reaches the `finally` too;
+- when the create was interrupted before its answer arrived, the reservation is found by its tag;
+- every reservation ends by itself (EndDateType=limited) shortly after, should all of that fail;
+- reservations tagged by earlier runs that are still active are swept (cancelled) first;
+- a client token makes a retried create idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Iterator
+
+from capacity.aws import AwsApi, AwsFailure, FailureKind
+from capacity.probe import AttemptOutcome, Candidate, ReservationAttempt
+
+TAG_KEY = "ray-eks:capacity-probe"
+"""Tag on every reservation the probe creates; its value is the attempt's client token."""
+PURPOSE_TAG = ("Purpose", "capacity probe; cancelled at once; safe to cancel")
+SAFETY_LIFETIME = timedelta(minutes=30)
+"""EndDate of every reservation: AWS ends it by itself even if every cancel failed."""
+PENDING_POLLS = 10
+POLL_INTERVAL_S = 2.0
+CANCEL_TRIES = 4
+_PLACEHOLDER_ID = "cr-00000000000000000"
+
+_OUTCOME = {
+    FailureKind.NO_CAPACITY: AttemptOutcome.NO_CAPACITY,
+    FailureKind.QUOTA: AttemptOutcome.QUOTA,
+    FailureKind.UNSUPPORTED: AttemptOutcome.UNSUPPORTED,
+    FailureKind.DENIED: AttemptOutcome.DENIED,
+    FailureKind.CREDENTIALS: AttemptOutcome.DENIED,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReservationRun:
+    """The attempts in rank order and the leftovers swept before them."""
+
+    attempts: tuple[ReservationAttempt, ...]
+    """One per AZ tried or skipped, in order."""
+    swept: tuple[str, ...] = ()
+    """IDs of reservations from earlier runs that were cancelled."""
+    leaked: tuple[str, ...] = ()
+    """IDs whose cancel failed: they end by themselves at their EndDate, or cancel them by hand."""
+    sweep_errors: tuple[str, ...] = ()
+    """Regions where looking for leftovers failed, with the reason."""
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (as SIGINT does), so `finally` blocks run."""
+    if not _in_main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block (a cancel) is done, then raise KeyboardInterrupt."""
+    if not _in_main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _: received.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise KeyboardInterrupt(f"signal {received[0]}")
+
+
+def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str,
+              count: int) -> AwsFailure | None:
+    """DryRun the create, describe and cancel calls; the permission failure, if any."""
+    checks: list[Callable[[], object]] = [
+        lambda: api.create_reservation(
+            region=candidate.region, availability_zone=candidate.zone, instance_type=instance_type,
+            count=count, end_date=api.now() + SAFETY_LIFETIME, tags={TAG_KEY: "preflight"},
+            client_token=str(uuid.uuid4()), dry_run=True),
+        lambda: api.reservations_tagged(region=candidate.region, tag_key=TAG_KEY),
+        lambda: api.cancel_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
+                                       dry_run=True),
+    ]
+    for check in checks:
+        try:
+            check()
+        except AwsFailure as failure:
+            # Anything but a denial (e.g. the placeholder ID not found) means the permission exists.
+            if failure.kind in (FailureKind.DENIED, FailureKind.CREDENTIALS):
+                return failure
+    return None
+
+
+def cancel(api: AwsApi, *, region: str, reservation_id: str) -> bool:
+    """Cancel, retrying transient failures; True when the reservation is gone."""
+    for attempt in range(CANCEL_TRIES):
+        try:
+            api.cancel_reservation(region=region, reservation_id=reservation_id)
+            return True
+        except AwsFailure as failure:
+            if failure.kind is FailureKind.NOT_FOUND:
+                return True
+            if failure.kind in (FailureKind.DENIED, FailureKind.CREDENTIALS):
+                return False
+            if attempt + 1 < CANCEL_TRIES:
+                api.sleep(POLL_INTERVAL_S * 2 ** attempt)
+    return False
+
+
+def sweep_leftovers(api: AwsApi, *, region: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Cancel active reservations an earlier run tagged; (cancelled IDs, IDs that would not)."""
+    leftovers = api.reservations_tagged(region=region, tag_key=TAG_KEY)
+    done, stuck = [], []
+    for res in leftovers:
+        (done if cancel(api, region=region, reservation_id=res.reservation_id) else stuck).append(
+            res.reservation_id)
+    return tuple(done), tuple(stuck)
+
+
+def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
+                       count: int) -> ReservationAttempt:
+    """Create a targeted reservation for all nodes in the candidate AZ, then cancel it."""
+    token = str(uuid.uuid4())
+    created_id, may_exist = "", False
+    outcome, detail = AttemptOutcome.FAILED, ""
+    where = {"region": candidate.region, "zone": candidate.zone, "zone_id": candidate.zone_id}
+    try:
+        may_exist = True
+        res = api.create_reservation(
+            region=candidate.region, availability_zone=candidate.zone, instance_type=instance_type,
+            count=count, end_date=api.now() + SAFETY_LIFETIME,
+            tags={TAG_KEY: token, PURPOSE_TAG[0]: PURPOSE_TAG[1]}, client_token=token)
+        created_id = res.reservation_id
+        state = res.state
+        for _ in range(PENDING_POLLS):
+            if state != "pending":
+                break
+            api.sleep(POLL_INTERVAL_S)
+            state = api.reservation(region=candidate.region, reservation_id=created_id).state
+        if state == "active":
+            outcome = AttemptOutcome.PROVEN
+        else:
+            detail = f"reservation {created_id} ended {state}"
+    except AwsFailure as failure:
+        may_exist = bool(created_id)
+        outcome = _OUTCOME.get(failure.kind, AttemptOutcome.FAILED)
+        detail = failure.summary
+    finally:
+        with signals_deferred():
+            cancelled = _cancel_attempt(api, region=candidate.region, created_id=created_id,
+                                        token=token, may_exist=may_exist)
+    if created_id and not cancelled:
+        detail = (f"{detail + '; ' if detail else ''}cancel failed: {created_id} ends by itself "
+                  f"within {SAFETY_LIFETIME}")
+    return ReservationAttempt(**where, outcome=outcome, detail=detail, reservation_id=created_id,
+                              cancelled=cancelled)
+
+
+def _cancel_attempt(api: AwsApi, *, region: str, created_id: str, token: str,
+                    may_exist: bool) -> bool:
+    if created_id:
+        return cancel(api, region=region, reservation_id=created_id)
+    if not may_exist:
+        return False
+    # Interrupted after the request left but before its answer: find it by the attempt's tag.
+    found = api.reservations_tagged(region=region, tag_key=TAG_KEY, tag_value=token)
+    return all([cancel(api, region=region, reservation_id=r.reservation_id) for r in found])
+
+
+def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_type: str,
+                   count: int,
+                   on_attempt: Callable[[ReservationAttempt], None] = lambda _: None
+                   ) -> ReservationRun:
+    """Try candidates in rank order until one reservation succeeds. No capacity or an unsupported
+    AZ moves on to the next AZ; a quota failure skips the rest of that region; a permission
+    failure stops everything (it would fail everywhere)."""
+    attempts: list[ReservationAttempt] = []
+    swept: list[str] = []
+    leaked: list[str] = []
+    sweep_errors: list[str] = []
+    prepared: set[str] = set()
+    quota_blocked: set[str] = set()
+
+    def record(attempt: ReservationAttempt) -> None:
+        attempts.append(attempt)
+        on_attempt(attempt)
+
+    with sigterm_interrupts():
+        for cand in candidates:
+            where = {"region": cand.region, "zone": cand.zone, "zone_id": cand.zone_id}
+            if cand.region in quota_blocked:
+                record(ReservationAttempt(**where, outcome=AttemptOutcome.SKIPPED,
+                                          detail="the region's quota was exceeded"))
+                continue
+            if cand.region not in prepared:
+                prepared.add(cand.region)
+                denied = preflight(api, candidate=cand, instance_type=instance_type, count=count)
+                if denied is not None:
+                    record(ReservationAttempt(**where, outcome=AttemptOutcome.DENIED,
+                                              detail=f"DryRun preflight: {denied.summary}"))
+                    break
+                try:
+                    done, stuck = sweep_leftovers(api, region=cand.region)
+                except AwsFailure as failure:
+                    sweep_errors.append(f"{cand.region}: {failure.summary}")
+                else:
+                    swept.extend(done)
+                    leaked.extend(stuck)
+            attempt = reserve_and_cancel(api, candidate=cand, instance_type=instance_type,
+                                         count=count)
+            record(attempt)
+            if attempt.reservation_id and not attempt.cancelled:
+                leaked.append(attempt.reservation_id)
+            if attempt.outcome is AttemptOutcome.PROVEN or attempt.outcome is AttemptOutcome.DENIED:
+                break
+            if attempt.outcome is AttemptOutcome.QUOTA:
+                quota_blocked.add(cand.region)
+    return ReservationRun(attempts=tuple(attempts), swept=tuple(swept), leaked=tuple(leaked),
+                          sweep_errors=tuple(sweep_errors))

@@ -1,0 +1,184 @@
+"""Write the probe's choice into `Pulumi.<stack>.yaml`, changing nothing else.
+
+The file is edited through a ruamel.yaml round trip, with the indentation that reproduces the file
+exactly as it is; only then are the GPU placement keys set. A final line diff checks that every line
+that changed is one of those keys, so other keys and comments are kept byte-for-byte, or the file is
+not written at all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+
+from capacity.probe import Placement
+from infra.config import ConfigError, config_key, parse_stack_config, read_stack_values
+
+PLACEMENT_KEYS = tuple(config_key(name) for name in (
+    "region", "gpu_availability_zone", "gpu_availability_zone_id", "gpu_instance_type",
+    "gpu_node_count"))
+
+# (mapping, sequence, offset) layouts tried in order; the first that reproduces the file is used.
+_LAYOUTS = ((2, 4, 2), (2, 2, 0), (4, 4, 2), (4, 4, 0), (4, 6, 4), (2, 4, 0), (4, 2, 0))
+
+_HEADER = ("# GPU placement written by `python -m capacity probe`; it rewrites only the placement keys\n"
+           "# and keeps every other key and comment you add here.\n")
+
+
+class StackFileError(ValueError):
+    """The stack file cannot be updated as asked; the file is left untouched."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackUpdate:
+    """A planned change of one stack file."""
+
+    path: Path
+    """The stack file."""
+    before: str | None
+    """Its text now; None when it does not exist."""
+    after: str
+    """Its text once written."""
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    def diff(self) -> str:
+        before = (self.before or "").splitlines(keepends=True)
+        label = str(self.path) if self.before is not None else "/dev/null"
+        return "".join(difflib.unified_diff(before, self.after.splitlines(keepends=True),
+                                            fromfile=label, tofile=str(self.path)))
+
+
+def placement_values(placement: Placement) -> dict[str, Any]:
+    """The stack-file keys the probe owns, with the placement's values."""
+    return dict(zip(PLACEMENT_KEYS, (placement.region, placement.zone, placement.zone_id,
+                                     placement.instance_type, placement.node_count)))
+
+
+def read_region(path: Path) -> str | None:
+    """`aws:region` of an existing stack file (None when absent); ConfigError when malformed."""
+    if not path.exists():
+        return None
+    region = read_stack_values(path).get(config_key("region"))
+    return str(region) if region else None
+
+
+def read_zone_id(path: Path) -> str:
+    if not path.exists():
+        return ""
+    return str(read_stack_values(path).get(config_key("gpu_availability_zone_id")) or "")
+
+
+def _yaml(layout: tuple[int, int, int]) -> YAML:
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-wrap long lines
+    mapping, sequence, offset = layout
+    yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
+    return yaml
+
+
+def _dump(yaml: YAML, doc: Any) -> str:
+    buf = io.StringIO()
+    yaml.dump(doc, buf)
+    return buf.getvalue()
+
+
+def _faithful_yaml(text: str, path: Path) -> tuple[YAML, Any]:
+    for layout in _LAYOUTS:
+        yaml = _yaml(layout)
+        doc = yaml.load(text)
+        if _dump(yaml, doc) == text:
+            return yaml, doc
+    raise StackFileError(f"{path}: its layout cannot be reproduced exactly by a YAML round trip, so "
+                         f"it is left untouched; set {', '.join(PLACEMENT_KEYS)} by hand")
+
+
+def _set_placement(config: CommentedMap, values: Mapping[str, Any]) -> None:
+    """Replace existing keys in place; insert missing ones after the placement key before them."""
+    for i, key in enumerate(PLACEMENT_KEYS):
+        if key in config:
+            config[key] = values[key]
+            continue
+        earlier = [k for k in PLACEMENT_KEYS[:i] if k in config]
+        pos = list(config).index(earlier[-1]) + 1 if earlier else 0
+        config.insert(pos, key, values[key])
+
+
+_KEY_LINE = re.compile(r"^\s*(" + "|".join(re.escape(k) for k in PLACEMENT_KEYS) + r")\s*:")
+
+
+def _check_only_placement_changed(before: str, after: str, path: Path) -> None:
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        touched = a[i1:i2] + b[j1:j2]
+        if not all(_KEY_LINE.match(line) for line in touched):
+            raise StackFileError(f"{path}: updating it would also change other lines "
+                                 f"({touched[0].strip()!r}), so it is left untouched; set "
+                                 f"{', '.join(PLACEMENT_KEYS)} by hand")
+
+
+def _parses(text: str) -> ConfigError | None:
+    values = (YAML(typ="safe").load(text) or {}).get("config") or {}
+    try:
+        parse_stack_config(values)
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def plan_update(path: Path, values: Mapping[str, Any]) -> StackUpdate:
+    """The new text of the stack file. ConfigError when the existing file is malformed,
+    StackFileError when it cannot be updated without touching other content."""
+    if not path.exists():
+        yaml = _yaml(_LAYOUTS[0])
+        config = CommentedMap()
+        _set_placement(config, values)
+        after = _HEADER + _dump(yaml, CommentedMap(config=config))
+        return StackUpdate(path=path, before=None, after=after)
+    read_stack_values(path)  # ConfigError when it is not a stack file
+    before = path.read_text()
+    if _yaml(_LAYOUTS[0]).load(before) is None:  # empty, or comments only: append the config
+        config = CommentedMap()
+        _set_placement(config, values)
+        sep = "\n" if before and not before.endswith("\n") else ""
+        after = before + sep + _dump(_yaml(_LAYOUTS[0]), CommentedMap(config=config))
+        return StackUpdate(path=path, before=before, after=after)
+    yaml, doc = _faithful_yaml(before, path)
+    if doc.get("config") is None:
+        doc["config"] = CommentedMap()
+    _set_placement(doc["config"], values)
+    after = _dump(yaml, doc)
+    _check_only_placement_changed(before, after, path)
+    if _parses(before) is None and (problem := _parses(after)) is not None:
+        raise StackFileError(f"{path}: the new placement would not be a valid stack config "
+                             f"({problem}); file left untouched")
+    return StackUpdate(path=path, before=before, after=after)
+
+
+def write(update: StackUpdate) -> None:
+    """Atomically replace the file (never a half-written stack file), keeping its permissions."""
+    path = update.path
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(update.after)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
