@@ -1,0 +1,310 @@
+"""The training job's typed configuration: frozen dataclasses validated at construction.
+
+A config travels as JSON (the Ray job passes it on the command line), so `TrainConfig.from_dict`
+and `to_dict` round-trip, and unknown keys are rejected with the closest valid name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from workloads.transport_gate import GateConfig
+
+NAMED_ARCHITECTURES = ("tiny-qwen2", "qwen2.5-1.5b")
+"""Architectures built from a config with random weights (see workloads/model.py)."""
+
+DATA_KINDS = ("synthetic", "jsonl")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name_or_path: str = "tiny-qwen2"
+    """A named architecture built with random weights ("tiny-qwen2" for CPU, "qwen2.5-1.5b" for
+    the Qwen2.5-1.5B shape), or a Hugging Face id or local folder loaded with `from_pretrained`."""
+
+    attn_implementation: str = "sdpa"
+    """The transformers attention backend ("sdpa", "eager", "flash_attention_2", ...)."""
+
+    def __post_init__(self) -> None:
+        if not self.name_or_path.strip():
+            raise ValueError(
+                f"model.name_or_path is empty: use one of {', '.join(NAMED_ARCHITECTURES)}, "
+                "a Hugging Face id or a local model folder"
+            )
+
+    @property
+    def is_named_architecture(self) -> bool:
+        return self.name_or_path in NAMED_ARCHITECTURES
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    kind: str = "synthetic"
+    """"synthetic": generated sequences a model can learn (a falling loss proves training works);
+    "jsonl": text read from `path`, tokenized, packed to the sequence length, sharded by rank."""
+
+    path: str = ""
+    """The JSONL file (kind "jsonl"): one JSON object per line."""
+
+    text_field: str = "text"
+    """The key of each JSONL object that holds the text."""
+
+    tokenizer: str = ""
+    """A tokenizer id or local folder; empty means the model's name_or_path (which must then be a
+    Hugging Face id or folder, not a named architecture)."""
+
+    shuffle: bool = True
+    """Visit the packed JSONL samples in a seeded random order, reshuffled each epoch."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in DATA_KINDS:
+            raise ValueError(f"data.kind is {self.kind!r}: use one of {', '.join(DATA_KINDS)}")
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError('data.path is empty: kind "jsonl" needs the path of a JSONL file')
+        if not self.text_field:
+            raise ValueError("data.text_field is empty: name the JSONL key that holds the text")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """What to train."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """What to train on."""
+
+    seq_len: int = 64
+    """Tokens per sample."""
+
+    micro_batch: int = 8
+    """Samples per rank per step (the global batch is micro_batch * world size)."""
+
+    steps: int = 60
+    """Optimizer steps of the whole run (a resumed run continues up to this number)."""
+
+    lr: float = 3e-3
+    """Peak learning rate, reached at the end of warmup."""
+
+    min_lr_ratio: float = 0.1
+    """The cosine decay ends at lr * min_lr_ratio on the last step."""
+
+    warmup_steps: int = 5
+    """Steps of linear warmup from lr / warmup_steps up to lr."""
+
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to matrices only (not norms or biases)."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    mixed_precision: bool = False
+    """bf16 compute with fp32 master weights, fp32 optimizer state and fp32 gradient reduction.
+    Off: everything in fp32 (what CPU runs use)."""
+
+    compile: bool = False
+    """torch.compile each decoder layer (before sharding, as torchtitan does)."""
+
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's gathered parameters after its forward and gather them again for
+    backward. False keeps them until backward: more memory, one all-gather less per layer."""
+
+    fused_linear_ce: bool = True
+    """Compute the loss from the final hidden states without materializing the full-vocabulary
+    logits (liger-kernel on CUDA when installed, otherwise a chunked implementation)."""
+
+    loss_chunk_size: int = 4096
+    """Tokens per chunk of the chunked linear cross-entropy."""
+
+    checkpoint_every: int = 20
+    """Save a checkpoint every this many steps and after the last one; 0 disables checkpoints."""
+
+    log_every: int = 5
+    """Report metrics every this many steps (and on the last one). Only log steps read values
+    back from the device."""
+
+    seed: int = 0
+    """Seeds the random weights and the data order (the same on every rank)."""
+
+    peak_flops: float = 989e12
+    """Dense bf16 FLOP/s of one accelerator, the denominator of MFU (989e12: H100/H200)."""
+
+    transport: GateConfig = field(default_factory=GateConfig)
+    """The in-band transport gate run before the first step (workloads/transport_gate.py)."""
+
+    def __post_init__(self) -> None:
+        positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} is {getattr(self, name)}: it must be at least 1")
+        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_every", "seed")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} is {getattr(self, name)}: it must be 0 or more")
+        if not self.lr > 0:
+            raise ValueError(f"lr is {self.lr}: use a positive learning rate such as 2e-5")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio is {self.min_lr_ratio}: use a value in [0, 1]")
+        if self.warmup_steps >= self.steps and self.steps > 1:
+            raise ValueError(
+                f"warmup_steps is {self.warmup_steps} but steps is {self.steps}: "
+                "make warmup shorter than the run"
+            )
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas is {self.betas}: use two values in [0, 1), e.g. [0.9, 0.95]")
+        if not self.peak_flops > 0:
+            raise ValueError(f"peak_flops is {self.peak_flops}: use the device's dense bf16 FLOP/s")
+        if self.data.kind == "jsonl" and not self.data.tokenizer and self.model.is_named_architecture:
+            raise ValueError(
+                f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "
+                "tokenizer: set data.tokenizer to a tokenizer id or folder"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        return _build(cls, d, prefix="")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the config is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError("the config must be a JSON object")
+        return cls.from_dict(d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _build(cls: type, d: Any, *, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "the config"
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be a mapping, got {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in d.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
+            raise ValueError(f"unknown config key {prefix}{key!r}{hint}")
+        kwargs[key] = _coerce(hints[key], value, name=f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, *, name: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, prefix=f"{name}.")
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        args = typing.get_args(hint)
+        item_types = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
+        return tuple(_coerce(t, v, name=name) for t, v in zip(item_types, value, strict=False))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def with_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
+    """Apply `key=value` strings (dotted keys for nested fields, values parsed as JSON when they
+    parse, else taken as strings): `steps=20`, `model.name_or_path=Qwen/Qwen2.5-1.5B`."""
+    d = cfg.to_dict()
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: use key=value, e.g. --set steps=20")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = d
+        for i, part in enumerate(parents):
+            if not isinstance(node.get(part), dict):
+                dotted = ".".join(parents[: i + 1])
+                raise ValueError(f"--set {item!r}: {dotted!r} is not a nested config section")
+            node = node[part]
+        node[leaf] = value
+    return TrainConfig.from_dict(d)
+
+
+def _demo_cpu() -> TrainConfig:
+    return TrainConfig(
+        model=ModelConfig(name_or_path="tiny-qwen2"),
+        data=DataConfig(kind="synthetic"),
+        seq_len=64,
+        micro_batch=8,
+        steps=60,
+        lr=3e-3,
+        warmup_steps=5,
+        checkpoint_every=20,
+        log_every=5,
+    )
+
+
+def _qwen25_1_5b() -> TrainConfig:
+    return TrainConfig(
+        model=ModelConfig(name_or_path="qwen2.5-1.5b"),
+        data=DataConfig(kind="synthetic"),
+        seq_len=2048,
+        micro_batch=16,
+        steps=100,
+        lr=2e-5,
+        warmup_steps=10,
+        mixed_precision=True,
+        compile=True,
+        # 1.5B parameters fit unsharded in bf16 (3 GiB); keeping them through backward saves
+        # one all-gather per layer.
+        reshard_after_forward=False,
+        fused_linear_ce=True,
+        loss_chunk_size=8192,
+        checkpoint_every=50,
+        log_every=10,
+    )
+
+
+PRESETS = {"demo-cpu": _demo_cpu, "qwen2.5-1.5b": _qwen25_1_5b}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown preset {name!r}{hint} (presets: {', '.join(PRESETS)})")
+    return PRESETS[name]()

@@ -1,0 +1,199 @@
+"""The training loop, shared by the Ray Train and torchrun adapters; it never imports Ray.
+
+`train(cfg, ctx)` expects the default process group to exist already. It only calls small named
+steps: build the model, shard it, build the optimizer, resume from the latest checkpoint, run the
+transport gate, then step, report and save. Values are read back from the device only on log
+steps, so other steps queue work without waiting for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from workloads import checkpoint, metrics
+from workloads.config import TrainConfig
+from workloads.context import TrainContext
+from workloads.data import Batch, batches, build_source, samples_per_step
+from workloads.loss import LinearCrossEntropy, choose_implementation
+from workloads.model import CausalLMWithLoss, Shape, build_causal_lm, shape_of
+from workloads.optim import build_optimizer, clip_grad_norm, schedule, set_lr
+from workloads.parallel import parallelize
+from workloads.transport_gate import run_transport_gate
+
+LOG_PREFIX = "[train] "
+SUMMARY_PREFIX = "[train-summary] "
+
+
+def resolve_device(ctx: TrainContext) -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", ctx.local_rank)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def build_model(cfg: TrainConfig, *, device: torch.device) -> tuple[CausalLMWithLoss, Shape]:
+    lm = build_causal_lm(cfg.model, device=device, seed=cfg.seed)
+    loss = LinearCrossEntropy(
+        implementation=choose_implementation(fused=cfg.fused_linear_ce, device=device),
+        chunk_size=cfg.loss_chunk_size,
+    )
+    return CausalLMWithLoss(lm, loss=loss), shape_of(lm)
+
+
+def shard_model(model: CausalLMWithLoss, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> CausalLMWithLoss:
+    mesh = init_device_mesh(device.type, (ctx.world_size,))
+    return parallelize(
+        model,
+        mesh=mesh,
+        compile=cfg.compile,
+        mixed_precision=cfg.mixed_precision,
+        reshard_after_forward=cfg.reshard_after_forward,
+    )
+
+
+def resume(ctx: TrainContext, *, model: CausalLMWithLoss, optimizer: torch.optim.Optimizer) -> checkpoint.Progress:
+    folder = ctx.latest_checkpoint()
+    if folder is None:
+        return checkpoint.Progress(step=0, data_position=0)
+    return checkpoint.load(folder, model=model, optimizer=optimizer)
+
+
+def device_batches(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, vocab_size: int, position: int) -> Iterator[Batch]:
+    source = build_source(
+        cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size, model_name_or_path=cfg.model.name_or_path
+    )
+    on_cuda = device.type == "cuda"
+    for batch in batches(
+        source, position=position, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size, pin_memory=on_cuda
+    ):
+        yield Batch(
+            input_ids=batch.input_ids.to(device, non_blocking=on_cuda),
+            labels=batch.labels.to(device, non_blocking=on_cuda),
+        )
+
+
+def train_step(
+    model: CausalLMWithLoss, optimizer: torch.optim.Optimizer, batch: Batch, *, lr: float, grad_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step; returns (loss, grad norm) as device tensors, not yet read back."""
+    set_lr(optimizer, lr)
+    loss = model(batch.input_ids, batch.labels)
+    loss.backward()
+    grad_norm = clip_grad_norm(model, max_norm=grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), grad_norm.detach()
+
+
+def mean_across_ranks(values: torch.Tensor) -> list[float]:
+    """All-reduce average (gloo has no AVG op), read back to the host: a sync point."""
+    total = values.detach().to(torch.float32).clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return (total / dist.get_world_size()).tolist()
+
+
+@dataclass
+class Throughput:
+    """Tokens/s of the steps between consecutive log steps, excluding checkpoint saving."""
+
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    windows: list[float] = field(default_factory=list)
+
+    def close_window(self, *, micro_batch: int, seq_len: int) -> float:
+        rate = metrics.tokens_per_s(
+            steps=self.steps, micro_batch=micro_batch, seq_len=seq_len, seconds=time.perf_counter() - self.started
+        )
+        self.windows.append(rate)
+        return rate
+
+    def restart(self) -> None:
+        self.started, self.steps = time.perf_counter(), 0
+
+    def mean(self) -> Optional[float]:
+        """The mean over windows, leaving out the first (compilation, allocator warm-up) when
+        there are others."""
+        steady = self.windows[1:] or self.windows
+        return sum(steady) / len(steady) if steady else None
+
+
+def print_rank0(ctx: TrainContext, prefix: str, payload: dict) -> None:
+    if ctx.rank == 0:
+        print(prefix + json.dumps(payload, separators=(",", ":")), flush=True)
+
+
+def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
+    device = resolve_device(ctx)
+    model, shape = build_model(cfg, device=device)
+    model = shard_model(model, cfg, ctx=ctx, device=device)
+    optimizer = build_optimizer(model, cfg, device=device)
+    progress = resume(ctx, model=model, optimizer=optimizer)
+    data = device_batches(cfg, ctx=ctx, device=device, vocab_size=shape.vocab_size, position=progress.data_position)
+    gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
+    print_rank0(ctx, "[transport-gate] ", {"applies": gate.applies, "passed": gate.passed, "message": gate.message})
+
+    flops = metrics.flops_per_token(
+        n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim, seq_len=cfg.seq_len
+    )
+    per_step = samples_per_step(micro_batch=cfg.micro_batch, world_size=ctx.world_size)
+    throughput = Throughput()
+    first_loss: Optional[torch.Tensor] = None
+    first_value: Optional[float] = None
+    last: dict = {}
+    for step in range(progress.step + 1, cfg.steps + 1):
+        loss, grad_norm = train_step(model, optimizer, next(data), lr=schedule(cfg, step), grad_clip=cfg.grad_clip)
+        throughput.steps += 1
+        if first_loss is None:
+            first_loss = loss
+        save_now = cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or step == cfg.steps)
+        if not (save_now or step % cfg.log_every == 0 or step == cfg.steps):
+            continue
+
+        loss_value, first_value = mean_across_ranks(torch.stack([loss, first_loss]))
+        rate = throughput.close_window(micro_batch=cfg.micro_batch, seq_len=cfg.seq_len)
+        last = {
+            "step": step,
+            "loss": loss_value,
+            "lr": schedule(cfg, step),
+            "tokens_per_s_per_device": round(rate, 1),
+            "mfu": None if device.type != "cuda" else round(metrics.mfu(tokens_per_s=rate, flops_per_token=flops, peak_flops=cfg.peak_flops), 4),
+            "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
+            "grad_norm": grad_norm.item(),
+        }
+        print_rank0(ctx, LOG_PREFIX, last)
+        if save_now:
+            folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
+            position = progress.data_position + (step - progress.step) * per_step
+            checkpoint.save(folder, model=model, optimizer=optimizer, progress=checkpoint.Progress(step=step, data_position=position))
+            ctx.report(last, checkpoint_dir=folder)
+        else:
+            ctx.report(last)
+        throughput.restart()
+
+    mean_rate = throughput.mean()
+    summary = {
+        "first_loss": first_value,
+        "last_loss": last.get("loss"),
+        "tokens_per_s_per_device": None if mean_rate is None else round(mean_rate, 1),
+        "mfu": None
+        if mean_rate is None or device.type != "cuda"
+        else round(metrics.mfu(tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=cfg.peak_flops), 4),
+        "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
+        "steps_done": max(0, cfg.steps - progress.step),
+        "resumed_from_step": progress.step,
+        "world_size": ctx.world_size,
+        "loss_implementation": model.loss.implementation,
+        "flops_per_token": flops,
+        "transport_gate": dataclasses.asdict(gate),
+    }
+    print_rank0(ctx, SUMMARY_PREFIX, summary)
+    return summary

@@ -1,0 +1,35 @@
+"""Throughput accounting: FLOPs per token, MFU, tokens/s, peak memory."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+
+H100_BF16_DENSE_FLOPS = 989e12
+
+
+def flops_per_token(*, n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls with the weights (forward + backward, N counting
+    the tied embedding once) plus 12 * L * H * Q * T for attention scores and values (H heads of
+    dimension Q over a context of T)."""
+    return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+
+
+def mfu(*, tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilization of one device: achieved model FLOP/s over its peak."""
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+def tokens_per_s(*, steps: int, micro_batch: int, seq_len: int, seconds: float) -> float:
+    """Tokens one device processed per second over `steps` steps."""
+    return steps * micro_batch * seq_len / seconds if seconds > 0 else 0.0
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory allocated by tensors on a CUDA device; on CPU the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 2**20 if sys.platform != "darwin" else kib / 2**30
