@@ -33,6 +33,7 @@ _PINNED_TAG_RE = re.compile(r"^[\w.-]*v?\d+(\.\d+)+$")
 _DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
 _ARN_RE = re.compile(r"^arn:aws[\w-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
 _BUCKET_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}$")
+_ACCOUNT_RE = re.compile(r"^\d{12}$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # EKS releases standard support for about 14 months; these minors are in standard support as of the
 # price-table date of infra/instance_types.py. Extended support costs 6x, so older ones are refused.
@@ -87,6 +88,10 @@ class StackConfig:
     """Kubernetes namespace of the RayCluster and its service account."""
     gpu_root_volume_gib: int = 200
     """Root volume of GPU nodes: the DLC image is tens of GB, unpacked."""
+    eks_image_registry_account: str = "602401143452"
+    """AWS account of the regional ECR registry that serves EKS add-on images (the EFA device
+    plugin). Most regions use the default; opt-in regions have their own account, listed in the
+    EKS user guide under "Amazon container image registries"."""
 
     @property
     def gpu_instance(self):
@@ -230,6 +235,10 @@ def _check(cfg: StackConfig) -> None:
         raise ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
                           "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
                           _fix_cmd(k("gpu_root_volume_gib"), 200))
+    if not _ACCOUNT_RE.match(cfg.eks_image_registry_account):
+        raise ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
+                          "must be a 12-digit AWS account ID",
+                          _fix_cmd(k("eks_image_registry_account"), "602401143452"))
 
 
 def _check_image(image: str) -> None:

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 PRICE_TABLE_DATE = "2025-06-05"
 PRICE_TABLE_REGION = "us-east-1"
 
+EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
+"""An EKS cluster in standard support (extended support is 0.60)."""
+NAT_GATEWAY_USD_PER_HOUR = 0.045
+"""One NAT gateway, before data processing charges."""
+GP3_USD_PER_GIB_MONTH = 0.08
+"""gp3 EBS storage, the node root volumes."""
+HOURS_PER_MONTH = 730
+
 
 @dataclass(frozen=True, kw_only=True)
 class InstanceType:

@@ -1,0 +1,60 @@
+"""The Pulumi program: reads the stack config, wires one component per concern, exports outputs."""
+
+import pulumi
+
+from infra import outputs
+from infra.addons import Addons, AddonsArgs
+from infra.cluster import EksCluster, EksClusterArgs
+from infra.cost import estimated_cost_per_hour
+from infra.helm_values import chart_values, chart_versions
+from infra.instance_types import PRICE_TABLE_DATE
+from infra.network import Network, NetworkArgs
+from infra.nodegroups import GpuNodeGroup, GpuNodeGroupArgs, SystemNodeGroup, SystemNodeGroupArgs
+from infra.pulumi_config import load_running_stack_config
+from infra.raycluster import (AUTH_SECRET_KEY, DASHBOARD_PORT, SERVICE_ACCOUNT,
+                              RayClusterDeployment, RayClusterDeploymentArgs, auth_secret_name,
+                              build_raycluster, head_service_name)
+from infra.storage import CheckpointStorage, CheckpointStorageArgs
+
+cfg = load_running_stack_config()
+name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
+manifest = build_raycluster(cfg)
+ray_cluster_name = manifest["metadata"]["name"]
+
+network = Network("network", NetworkArgs(
+    cluster_name=name, gpu_availability_zone=cfg.gpu_availability_zone))
+cluster = EksCluster("cluster", EksClusterArgs(
+    cluster_name=name, kubernetes_version=cfg.kubernetes_version, vpc_id=network.vpc_id,
+    public_subnet_ids=network.public_subnet_ids, private_subnet_ids=network.private_subnet_ids,
+    api_access_cidrs=cfg.api_access_cidrs, admin_principal_arns=cfg.admin_principal_arns))
+system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
+    cluster=cluster.cluster, instance_type=cfg.system_instance_type,
+    subnet_ids=network.node_subnet_ids))
+gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
+    cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
+    availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
+    root_volume_gib=cfg.gpu_root_volume_gib))
+addons = Addons("addons", AddonsArgs(
+    provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
+    node_groups=[system_nodes, gpu_nodes]))
+storage = CheckpointStorage("checkpoints", CheckpointStorageArgs(
+    bucket_prefix=cfg.checkpoint_bucket_prefix,
+    retain_on_destroy=cfg.retain_checkpoints_on_destroy, key_prefix=ray_cluster_name,
+    cluster_name=cluster.cluster_name, namespace=cfg.ray_namespace,
+    service_account=SERVICE_ACCOUNT, cluster=cluster))
+ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
+    manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator))
+
+pulumi.export(outputs.KUBECONFIG, cluster.kubeconfig)
+pulumi.export(outputs.CLUSTER_NAME, cluster.cluster_name)
+pulumi.export(outputs.REGION, cfg.region)
+pulumi.export(outputs.GPU_AVAILABILITY_ZONE, cfg.gpu_availability_zone)
+pulumi.export(outputs.RAY_NAMESPACE, ray.namespace)
+pulumi.export(outputs.RAY_CLUSTER_NAME, ray.cluster_name)
+pulumi.export(outputs.RAY_HEAD_SERVICE, head_service_name(ray_cluster_name))
+pulumi.export(outputs.RAY_DASHBOARD_PORT, DASHBOARD_PORT)
+pulumi.export(outputs.RAY_AUTH_SECRET_NAME, auth_secret_name(ray_cluster_name))
+pulumi.export(outputs.RAY_AUTH_SECRET_KEY, AUTH_SECRET_KEY)
+pulumi.export(outputs.CHECKPOINT_BUCKET_URI, storage.uri)
+pulumi.export(outputs.ESTIMATED_COST_PER_HOUR_USD, estimated_cost_per_hour(cfg))
+pulumi.export(outputs.PRICE_TABLE_DATE, PRICE_TABLE_DATE)

@@ -1,0 +1,47 @@
+"""The cluster add-ons, through Helm at pinned chart versions: the NVIDIA and EFA device plugins
+and the KubeRay operator. Their values come from infra/helm_values.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.helm_values import EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, Chart
+
+
+@dataclass(frozen=True, kw_only=True)
+class AddonsArgs:
+    provider: k8s.Provider
+    values: Mapping[str, Mapping[str, Any]]
+    """Helm values by chart name (infra.helm_values.chart_values)."""
+    versions: Mapping[str, str]
+    """Chart version by chart name (infra.helm_values.chart_versions)."""
+    node_groups: Sequence[pulumi.Resource]
+    """The operator waits for a node to run on; the plugins are installed after the nodes."""
+
+
+class Addons(pulumi.ComponentResource):
+    """Three Helm releases."""
+
+    def __init__(self, name: str, args: AddonsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ray-eks:infra:Addons", name, None, opts)
+        self.nvidia_device_plugin = self._release(name, NVIDIA_DEVICE_PLUGIN, args)
+        self.efa_device_plugin = self._release(name, EFA_DEVICE_PLUGIN, args)
+        self.kuberay_operator = self._release(name, KUBERAY_OPERATOR, args)
+        self.register_outputs({"kuberayOperator": self.kuberay_operator.status})
+
+    def _release(self, name: str, chart: Chart, args: AddonsArgs) -> k8s.helm.v3.Release:
+        return k8s.helm.v3.Release(
+            f"{name}-{chart.name}",
+            name=chart.name,
+            chart=chart.name,
+            version=args.versions[chart.name],
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository),
+            namespace=chart.namespace,
+            create_namespace=True,
+            values=dict(args.values[chart.name]),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                        depends_on=list(args.node_groups)))

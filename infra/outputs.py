@@ -1,0 +1,32 @@
+"""Names of the stack outputs, defined once.
+
+`python -m workloads submit --stack NAME` reads them with
+`pulumi stack output --json --show-secrets`; the README and the tests use these names too.
+"""
+
+KUBECONFIG = "kubeconfig"
+"""Kubeconfig of the EKS cluster (secret); authenticates through `aws eks get-token`."""
+CLUSTER_NAME = "clusterName"
+REGION = "region"
+GPU_AVAILABILITY_ZONE = "gpuAvailabilityZone"
+RAY_NAMESPACE = "rayNamespace"
+RAY_CLUSTER_NAME = "rayClusterName"
+RAY_HEAD_SERVICE = "rayHeadService"
+"""Name of the ClusterIP Service of the Ray head, in RAY_NAMESPACE."""
+RAY_DASHBOARD_PORT = "rayDashboardPort"
+"""Port of the Ray dashboard and Jobs API on RAY_HEAD_SERVICE."""
+RAY_AUTH_SECRET_NAME = "rayAuthSecretName"
+"""Kubernetes Secret in RAY_NAMESPACE that holds the Ray auth token."""
+RAY_AUTH_SECRET_KEY = "rayAuthSecretKey"
+"""Key of the token in RAY_AUTH_SECRET_NAME."""
+CHECKPOINT_BUCKET_URI = "checkpointBucketUri"
+"""s3://bucket/prefix where Ray Train writes checkpoints."""
+ESTIMATED_COST_PER_HOUR_USD = "estimatedCostPerHourUsd"
+"""On-Demand list prices of infra/instance_types.py; see PRICE_TABLE_DATE."""
+PRICE_TABLE_DATE = "priceTableDate"
+"""The date of the prices behind ESTIMATED_COST_PER_HOUR_USD."""
+
+ALL = (KUBECONFIG, CLUSTER_NAME, REGION, GPU_AVAILABILITY_ZONE, RAY_NAMESPACE, RAY_CLUSTER_NAME,
+       RAY_HEAD_SERVICE, RAY_DASHBOARD_PORT, RAY_AUTH_SECRET_NAME, RAY_AUTH_SECRET_KEY,
+       CHECKPOINT_BUCKET_URI, ESTIMATED_COST_PER_HOUR_USD, PRICE_TABLE_DATE)
+SECRET = (KUBECONFIG,)

@@ -1,0 +1,191 @@
+"""The RayCluster: built by a pure function from the stack config, then applied by a component.
+
+`build_raycluster` returns the plain `ray.io/v1` dict that `pulumi up` applies and that
+`python -m infra render` prints. Everything instance-specific comes from infra/instance_types.py
+through infra/sizing.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config import StackConfig
+from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
+from infra.sizing import head_pod_size, worker_pod_size
+
+RAY_CLUSTER_NAME = "ray-train"
+SERVICE_ACCOUNT = "ray-train"
+"""The Kubernetes service account of every Ray pod; the only one allowed to use the checkpoint
+bucket (infra/storage.py)."""
+WORKER_GROUP = "gpu"
+DASHBOARD_PORT = 8265
+GCS_PORT = 6379
+CLIENT_PORT = 10001
+AUTH_SECRET_KEY = "auth_token"
+"""The key KubeRay writes the Ray auth token under in the Secret it generates."""
+NCCL_LOG_DIR = "/tmp/ray/nccl"
+NCCL_DEBUG_FILE = f"{NCCL_LOG_DIR}/nccl.%h.%p.log"
+"""One file per process (%h host, %p pid): the transport gate reads each rank's own file."""
+POD_INTERFACE = "eth0"
+"""The pod's VPC CNI interface: NCCL bootstraps over it; the EFA device carries the data."""
+
+
+def head_service_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
+    """The Service KubeRay creates in front of the head pod."""
+    return f"{cluster_name}-head-svc"
+
+
+def auth_secret_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
+    """The Secret KubeRay generates with the Ray auth token when `authOptions.secretName` is
+    unset: named after the RayCluster, stable for its lifetime."""
+    return cluster_name
+
+
+def nccl_env() -> list[dict[str, str]]:
+    """The network transport, declared rather than left to NCCL's silent fallback to sockets."""
+    return [
+        {"name": "FI_PROVIDER", "value": "efa"},
+        # aws-ofi-nccl installs libnccl-net-ofi.so; NCCL loads libnccl-net-<NCCL_NET_PLUGIN>.so.
+        {"name": "NCCL_NET_PLUGIN", "value": "ofi"},
+        {"name": "NCCL_SOCKET_IFNAME", "value": POD_INTERFACE},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        # INIT logs each channel's "via NET/<plugin>" or "via P2P/..." line, NET the plugin
+        # chosen, ENV the NCCL settings each process actually saw.
+        {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET,ENV"},
+        {"name": "NCCL_DEBUG_FILE", "value": NCCL_DEBUG_FILE},
+    ]
+
+
+def _shm_volume() -> dict[str, Any]:
+    # Memory-backed and counted against the pod's memory limit; Docker's 64 MiB default would
+    # starve the Ray object store and NCCL's shared-memory transport.
+    return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+
+
+def _head_template(cfg: StackConfig) -> dict[str, Any]:
+    resources = head_pod_size(cfg.system_instance).resources()
+    return {
+        "metadata": {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}},
+        "spec": {
+            "serviceAccountName": SERVICE_ACCOUNT,
+            "nodeSelector": dict(SYSTEM_NODE_LABELS),
+            "containers": [{
+                "name": "ray-head",
+                "image": cfg.ray_image,
+                "imagePullPolicy": "IfNotPresent",
+                "env": [
+                    # The DLC image sets NVIDIA_VISIBLE_DEVICES=all; the head has no GPU.
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                ],
+                "ports": [
+                    {"name": "gcs-server", "containerPort": GCS_PORT},
+                    {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+                    {"name": "client", "containerPort": CLIENT_PORT},
+                ],
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            }],
+            "volumes": [_shm_volume()],
+        },
+    }
+
+
+def _worker_template(cfg: StackConfig) -> dict[str, Any]:
+    resources = worker_pod_size(cfg.gpu_instance).resources()
+    return {
+        "metadata": {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}},
+        "spec": {
+            "serviceAccountName": SERVICE_ACCOUNT,
+            "nodeSelector": {
+                **GPU_NODE_LABELS,
+                "node.kubernetes.io/instance-type": cfg.gpu_instance_type,
+                "topology.kubernetes.io/zone": cfg.gpu_availability_zone,
+            },
+            "tolerations": [gpu_toleration()],
+            "containers": [{
+                "name": "ray-worker",
+                "image": cfg.ray_image,
+                "imagePullPolicy": "IfNotPresent",
+                "env": nccl_env(),
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "volumeMounts": [
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    {"name": "nccl-logs", "mountPath": NCCL_LOG_DIR},
+                ],
+            }],
+            "volumes": [_shm_volume(), {"name": "nccl-logs", "emptyDir": {}}],
+        },
+    }
+
+
+def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[str, Any]:
+    """The RayCluster manifest for this stack: one head on the system node, one worker per GPU
+    node."""
+    nodes = cfg.gpu_node_count
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name, "namespace": cfg.ray_namespace},
+        "spec": {
+            "rayVersion": cfg.ray_version,
+            # KubeRay generates the token Secret (auth_secret_name) and injects RAY_AUTH_MODE and
+            # RAY_AUTH_TOKEN into every Ray container.
+            "authOptions": {"mode": "token"},
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "serviceType": "ClusterIP",
+                "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+                "template": _head_template(cfg),
+            },
+            "workerGroupSpecs": [{
+                "groupName": WORKER_GROUP,
+                "replicas": nodes,
+                "minReplicas": nodes,
+                "maxReplicas": nodes,
+                "rayStartParams": {},
+                "template": _worker_template(cfg),
+            }],
+        },
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayClusterDeploymentArgs:
+    manifest: dict[str, Any]
+    """The output of `build_raycluster`, applied as is."""
+    provider: k8s.Provider
+    """Kubernetes provider of the EKS cluster."""
+    operator_release: pulumi.Resource
+    """The KubeRay operator Helm release: it installs the CRD and must outlive the RayCluster."""
+
+
+class RayClusterDeployment(pulumi.ComponentResource):
+    """The Ray namespace, the Ray pods' service account and the RayCluster itself."""
+
+    def __init__(self, name: str, args: RayClusterDeploymentArgs,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ray-eks:infra:RayClusterDeployment", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        meta = args.manifest["metadata"]
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace", metadata={"name": meta["namespace"]}, opts=child)
+        self.service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-service-account",
+            metadata={"name": SERVICE_ACCOUNT, "namespace": meta["namespace"]},
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                depends_on=[namespace])))
+        self.ray_cluster = k8s.apiextensions.CustomResource(
+            f"{name}-raycluster",
+            api_version=args.manifest["apiVersion"],
+            kind=args.manifest["kind"],
+            metadata=meta,
+            spec=args.manifest["spec"],
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                depends_on=[namespace, self.service_account, args.operator_release])))
+        self.namespace = pulumi.Output.from_input(meta["namespace"])
+        self.cluster_name = pulumi.Output.from_input(meta["name"])
+        self.register_outputs({"namespace": self.namespace, "clusterName": self.cluster_name})

@@ -1,0 +1,102 @@
+"""The checkpoint bucket and the one identity allowed to use it: the Ray pods' service account,
+through EKS Pod Identity."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                  "s3:ListMultipartUploadParts")
+
+
+def checkpoint_policy(*, bucket_arn: str, key_prefix: str, cluster_name: str, namespace: str,
+                      service_account: str) -> dict[str, Any]:
+    """Read/write under `key_prefix` only, and only for sessions Pod Identity tagged with this
+    cluster, namespace and service account."""
+    principal = {"StringEquals": {
+        "aws:PrincipalTag/eks-cluster-name": cluster_name,
+        "aws:PrincipalTag/kubernetes-namespace": namespace,
+        "aws:PrincipalTag/kubernetes-service-account": service_account,
+    }}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "Objects", "Effect": "Allow", "Action": list(OBJECT_ACTIONS),
+             "Resource": f"{bucket_arn}/{key_prefix}/*", "Condition": principal},
+            # Listing is bucket-wide because HeadBucket (pyarrow's S3 filesystem checks the
+            # bucket) carries no prefix to condition on; the bucket holds only this stack's runs.
+            {"Sid": "List", "Effect": "Allow", "Action": ["s3:ListBucket"],
+             "Resource": bucket_arn, "Condition": principal},
+        ],
+    }
+
+
+POD_IDENTITY_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": ["sts:AssumeRole", "sts:TagSession"],
+                   "Principal": {"Service": "pods.eks.amazonaws.com"}}],
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointStorageArgs:
+    bucket_prefix: str
+    """Bucket name prefix; a random suffix makes it globally unique."""
+    retain_on_destroy: bool
+    """Keep the bucket and its checkpoints on `pulumi destroy`."""
+    key_prefix: str
+    """Key prefix the Ray pods may use."""
+    cluster_name: pulumi.Input[str]
+    namespace: str
+    service_account: str
+    cluster: pulumi.Resource
+    """The pod identity association waits for the cluster."""
+
+
+class CheckpointStorage(pulumi.ComponentResource):
+    """S3 bucket (SSE, versioning, public access blocked) and a Pod Identity role."""
+
+    def __init__(self, name: str, args: CheckpointStorageArgs,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ray-eks:infra:CheckpointStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        bucket = aws.s3.Bucket(
+            f"{name}-bucket", bucket_prefix=f"{args.bucket_prefix}-",
+            force_destroy=not args.retain_on_destroy,
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy))
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-sse", bucket=bucket.id,
+            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
+            opts=child)
+        aws.s3.BucketVersioning(f"{name}-versioning", bucket=bucket.id,
+                                versioning_configuration={"status": "Enabled"}, opts=child)
+        aws.s3.BucketPublicAccessBlock(
+            f"{name}-public-access-block", bucket=bucket.id, block_public_acls=True,
+            block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True,
+            opts=child)
+        aws.s3.BucketOwnershipControls(f"{name}-ownership", bucket=bucket.id,
+                                       rule={"object_ownership": "BucketOwnerEnforced"},
+                                       opts=child)
+
+        role = aws.iam.Role(f"{name}-role", assume_role_policy=json.dumps(POD_IDENTITY_TRUST),
+                            opts=child)
+        aws.iam.RolePolicy(
+            f"{name}-access", role=role.id,
+            policy=pulumi.Output.all(bucket.arn, args.cluster_name).apply(
+                lambda a: json.dumps(checkpoint_policy(
+                    bucket_arn=a[0], key_prefix=args.key_prefix, cluster_name=a[1],
+                    namespace=args.namespace, service_account=args.service_account))),
+            opts=child)
+        aws.eks.PodIdentityAssociation(
+            f"{name}-pod-identity", cluster_name=args.cluster_name, namespace=args.namespace,
+            service_account=args.service_account, role_arn=role.arn,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]))
+
+        self.bucket_name = bucket.bucket
+        self.uri = pulumi.Output.concat("s3://", bucket.bucket, "/", args.key_prefix)
+        self.register_outputs({"bucketName": self.bucket_name, "uri": self.uri})
