@@ -48,7 +48,7 @@ _COLLNET = re.compile(
     r"^Coll(?:Net)? (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] via (?P<via>.+?)\s*$"
 )
 _NVLS = re.compile(r"^NVLS comm 0x[0-9a-fA-F]+ headRank (?P<head>-?\d+)")
-_OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[\w\-]+)")
+_OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[^\s,(]+)")
 
 
 class Kind(str, enum.Enum):
@@ -328,16 +328,24 @@ def decide(
     wrong). `rank_hosts` supplies hosts for ranks the log does not place (a single rank's own log).
     """
     hosts_by_comm = _rank_hosts(log)
+    if rank_hosts:
+        # rank_hosts numbers ranks of the world; a sub-communicator's ranks are numbered apart.
+        world_comms = {i.comm for i in log.ranks if i.nranks == len(rank_hosts)} | {None}
+        for comm in world_comms:
+            hosts_by_comm[comm] = {**rank_hosts, **hosts_by_comm.get(comm, {})}
     providers = {(h, p): prov for h, p, prov in log.ofi_providers}
     grouped: dict[tuple, list[Connection]] = defaultdict(list)
     for conn in log.connections:
-        grouped[(conn.comm, conn.src, conn.dst)].append(conn)
+        # A rank's NVLS (NVLink switch) and CollNet (network switch) links are distinct links.
+        switch = conn.transport.kind.value if conn.dst is None else ""
+        grouped[(str(conn.comm), conn.src, -1 if conn.dst is None else conn.dst, switch)].append(conn)
 
     links: list[Link] = []
-    for (comm, src, dst), conns in sorted(grouped.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2] or -1)):
+    for (_, src, _, _), conns in sorted(grouped.items()):
+        comm, dst = conns[0].comm, conns[0].dst
         known = hosts_by_comm.get(comm, {})
-        src_host = known.get(src) or (rank_hosts or {}).get(src)
-        dst_host = None if dst is None else (known.get(dst) or (rank_hosts or {}).get(dst))
+        src_host = known.get(src)
+        dst_host = None if dst is None else known.get(dst)
         if dst is None:
             scope = "intra" if all(c.transport.is_intra_node for c in conns) else "inter"
         elif src_host and dst_host:
@@ -355,7 +363,7 @@ def decide(
             channels=len({(c.channel, c.direction) for c in conns}), ok=not reasons, problem="; ".join(reasons),
         ))
 
-    hosts = sorted({h for m in hosts_by_comm.values() for h in m.values()} | set((rank_hosts or {}).values()))
+    hosts = sorted({h for m in hosts_by_comm.values() for h in m.values()})
     problems = [f"{_describe(link)}: {link.problem}" for link in links if not link.ok]
     gaps: list[str] = []
     if not log.connections:

@@ -70,7 +70,8 @@ class RankVerdict:
     ok: bool
     problems: tuple[str, ...] = ()
     transports: tuple[str, ...] = ()
-    """The transports this rank's connections used, e.g. ("P2P/CUMEM", "NET/Libfabric")."""
+    """The transports this rank's connections used, e.g. ("P2P/CUMEM", "NET/Libfabric/GDRDMA")."""
+    inter_node_links: int = 0
     log_file: str = ""
 
 
@@ -139,19 +140,24 @@ def judge_rank(
     rank_hosts: dict[int, str],
     log_file: str = "",
 ) -> RankVerdict:
-    """Judge the connections `rank` made, from its own NCCL log and every rank's host."""
+    """Judge the connections `rank` made, from its own NCCL log and every rank's host.
+
+    The node count is not checked here: a rank sees only its own connections, and in a ring most
+    ranks have no peer on another node. `combine_verdicts` checks it over all ranks.
+    """
     from workloads import transport
 
-    log = transport.parse_nccl_log(log_text)
-    nodes = len(set(rank_hosts.values()))
-    verdict = transport.decide(log, expect=cfg.expect, nodes=nodes, rank_hosts=rank_hosts)
-    mine = [c for c in verdict.links if rank in (c.src, c.dst)]
-    transports = tuple(sorted({t for link in mine for t in link.transports}))
-    if verdict.status == transport.Status.PASS:
-        return RankVerdict(rank=rank, host=host, ok=True, transports=transports, log_file=log_file)
-    problems = verdict.problems or (f"{verdict.status.value}: {verdict.summary}",)
+    verdict = transport.decide(transport.parse_nccl_log(log_text), expect=cfg.expect, rank_hosts=rank_hosts)
+    transports = tuple(sorted({t for link in verdict.links for t in link.transports}))
+    inter = sum(1 for link in verdict.links if link.scope == "inter")
+    problems: tuple[str, ...] = ()
+    if not log_text.strip():
+        problems = (f"NCCL log {log_file or '(unnamed)'} is missing or empty (is NCCL_DEBUG=INFO set for this process?)",)
+    elif verdict.status != transport.Status.PASS:
+        problems = verdict.problems + verdict.gaps
     return RankVerdict(
-        rank=rank, host=host, ok=False, problems=tuple(problems), transports=transports, log_file=log_file
+        rank=rank, host=host, ok=not problems, problems=problems, transports=transports,
+        inter_node_links=inter, log_file=log_file,
     )
 
 
@@ -159,33 +165,29 @@ def combine_verdicts(
     cfg: GateConfig, *, verdicts: list[RankVerdict], busbw_gbps: float, message_bytes: int
 ) -> GateResult:
     """One result for all ranks: every rank computes the same one from the same gathered verdicts."""
+    verdicts = sorted(verdicts, key=lambda v: v.rank)
     nodes = len({v.host for v in verdicts})
     floor = cfg.min_busbw_gbps if cfg.min_busbw_gbps is not None else default_floor_gbps(nodes=nodes)
-    hosts = ", ".join(f"{v.rank}@{v.host}" for v in sorted(verdicts, key=lambda v: v.rank))
-    used = sorted({t for v in verdicts for t in v.transports})
+    placement = ", ".join(f"{v.rank}@{v.host}" for v in verdicts)
+    used = ", ".join(sorted({t for v in verdicts for t in v.transports})) or "none seen"
     bw = (
         f"all-reduce bus bandwidth {busbw_gbps:.2f} GB/s (floor {floor:.2f} GB/s, "
-        f"{message_bytes / 2**20:.0f} MiB, {len(verdicts)} ranks on {nodes} node(s))"
+        f"{message_bytes / 2**20:g} MiB, {len(verdicts)} ranks on {nodes} node(s))"
     )
-    failures: list[str] = []
-    for v in sorted(verdicts, key=lambda v: v.rank):
-        failures += [f"rank {v.rank} on {v.host}: {p}" for p in v.problems]
+    failures = [f"rank {v.rank} on {v.host}: {p}" for v in verdicts for p in v.problems]
+    if nodes > 1 and all(v.ok for v in verdicts) and not any(v.inter_node_links for v in verdicts):
+        failures.append(f"ranks run on {nodes} nodes but no rank logged a connection between nodes")
     if busbw_gbps < floor:
         failures.append(f"{bw} is under the floor")
+    common = dict(busbw_gbps=busbw_gbps, floor_gbps=floor, nodes=nodes, verdicts=tuple(verdicts))
     if failures:
         message = (
-            f"transport gate failed (expect {cfg.expect}; ranks {hosts}; transports {', '.join(used) or 'none'}; "
-            f"{bw}):\n  " + "\n  ".join(failures)
+            f"transport gate failed (expect {cfg.expect}; ranks {placement}; transports {used}; {bw}):\n  "
+            + "\n  ".join(failures)
         )
-        return GateResult(
-            applies=True, passed=False, message=message, busbw_gbps=busbw_gbps, floor_gbps=floor,
-            nodes=nodes, verdicts=tuple(verdicts),
-        )
-    message = f"transport gate passed (expect {cfg.expect}; transports {', '.join(used)}; {bw})"
-    return GateResult(
-        applies=True, passed=True, message=message, busbw_gbps=busbw_gbps, floor_gbps=floor, nodes=nodes,
-        verdicts=tuple(verdicts),
-    )
+        return GateResult(applies=True, passed=False, message=message, **common)
+    message = f"transport gate passed (expect {cfg.expect}; ranks {placement}; transports {used}; {bw})"
+    return GateResult(applies=True, passed=True, message=message, **common)
 
 
 def _read_when_connected(path: Path, *, wait_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
@@ -211,7 +213,8 @@ def check_transport(
     hostname: str,
 ) -> GateResult:
     """The gate proper, with its collaborators passed in: `measure(device=, message_bytes=)` runs the
-    all-reduce and returns bus GB/s, `all_gather(obj)` returns every rank's obj in rank order."""
+    all-reduces and returns bus GB/s (the same figure on every rank), `all_gather(obj)` returns every
+    rank's obj in rank order. Raises TransportGateError on every rank when any rank fails."""
     busbw = measure(device=device, message_bytes=cfg.message_bytes)
     rank_hosts = dict(enumerate(all_gather(hostname.split(".", 1)[0])))
     host = rank_hosts[ctx.rank]
@@ -223,14 +226,11 @@ def check_transport(
         )
     else:
         text = _read_when_connected(log_path, wait_s=cfg.log_wait_s)
-        own = judge_rank(cfg, rank=ctx.rank, host=host, log_text=text, rank_hosts=rank_hosts,
-                         log_file=str(log_path))
-        if not text:
-            own = RankVerdict(rank=ctx.rank, host=host, ok=False,
-                              problems=(f"NCCL log {log_path} is missing or empty "
-                                        "(is NCCL_DEBUG=INFO set for this process?)",))
-    verdicts = list(all_gather(own))
-    return combine_verdicts(cfg, verdicts=verdicts, busbw_gbps=busbw, message_bytes=cfg.message_bytes)
+        own = judge_rank(cfg, rank=ctx.rank, host=host, log_text=text, rank_hosts=rank_hosts, log_file=str(log_path))
+    result = combine_verdicts(cfg, verdicts=list(all_gather(own)), busbw_gbps=busbw, message_bytes=cfg.message_bytes)
+    if not result.passed:
+        raise TransportGateError(result.message)
+    return result
 
 
 def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.device") -> GateResult:
@@ -262,10 +262,7 @@ def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.d
         dist.all_gather_object(out, obj)
         return out
 
-    result = check_transport(
+    return check_transport(
         cfg, ctx=ctx, device=device, measure=measure_busbw, log_path=log_path,
         all_gather=all_gather, hostname=hostname,
     )
-    if not result.passed:
-        raise TransportGateError(result.message)
-    return result
