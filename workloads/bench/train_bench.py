@@ -1,0 +1,340 @@
+"""`python -m workloads.bench`: the reference strategy and the project's loop, side by side.
+
+Both run in one process-group run, one after the other, at each micro-batch of a sweep, on the same
+model shape, initial weights, data, sequence length and step count. The harness times both the
+same way from outside: a global optimizer step hook records a CUDA event after every
+`optimizer.step()`, so nothing in either strategy waits for the host to measure it. A device
+out-of-memory is caught per run and recorded as "OOM".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import transformers
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from workloads import metrics
+from workloads.bench.matmul import MatmulRate, measure_matmul
+from workloads.bench.reference import train_reference
+from workloads.bench.report import (
+    OK,
+    OOM,
+    RunResult,
+    comparisons,
+    format_table,
+    run_figures,
+    write_json,
+)
+from workloads.bench.runtime import Runtime, any_rank, init_runtime, is_out_of_memory, max_over_ranks, release_memory
+from workloads.bench.strategy import Strategy, StrategyResult
+from workloads.bench.timing import StepClock
+from workloads.config import ModelConfig, TrainConfig, preset
+from workloads.context import TrainContext
+from workloads.loop import train
+from workloads.model import named_architecture, shape_of
+
+REFERENCE, TUNED = "reference", "tuned"
+
+
+def train_tuned(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> StrategyResult:
+    """The project's loop, called exactly as the Ray Train adapter calls it; `report` collects."""
+    reports: list[dict] = []
+
+    def report(metrics_: dict, checkpoint_dir: Optional[Path] = None) -> None:
+        reports.append(dict(metrics_))
+
+    summary = train(cfg, dataclasses.replace(ctx, report=report))
+    losses = {int(r["step"]): float(r["loss"]) for r in reports}
+    if summary.get("first_loss") is not None:
+        losses.setdefault(1, float(summary["first_loss"]))
+    return StrategyResult(losses=dict(sorted(losses.items())), self_reported=[*reports, {"summary": summary}])
+
+
+STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_tuned}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchSettings:
+    preset: str = "qwen2.5-1.5b"
+    """The loop's config preset both strategies start from (`workloads.config.PRESETS`)."""
+    steps: int = 30
+    """Optimizer steps per run."""
+    warmup: int = 5
+    """Steps left out of the step-time statistics (compilation, allocator and NCCL warm-up)."""
+    seq_len: int = 2048
+    micro_batches: tuple[int, ...] = (16, 8)
+    """Micro-batches to run, in this order; each strategy runs at each of them."""
+    strategies: tuple[str, ...] = (REFERENCE, TUNED)
+    matmul_size: int = 8192
+    """n of the n^3 bf16 matmul whose rate is the second MFU denominator; 0 skips it."""
+    seed: int = 0
+    out: Optional[Path] = None
+    """Folder for bench.json (rewritten after every run) and table.txt; rank 0 writes."""
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1 or self.steps <= self.warmup:
+            raise ValueError(
+                f"--steps {self.steps} --warmup {self.warmup}: need warmup >= 1 (the first step has no "
+                "start mark) and steps > warmup so that some steps are timed"
+            )
+        if not self.micro_batches or min(self.micro_batches) < 1:
+            raise ValueError(f"--micro-batches {self.micro_batches}: give positive integers, e.g. 16,8")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown or not self.strategies:
+            raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from {', '.join(STRATEGIES)}")
+        if self.seq_len < 1 or self.matmul_size < 0:
+            raise ValueError(f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}")
+        preset(self.preset)
+
+
+def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
+    """The preset with the benchmark's shape; no checkpoints and no transport gate, which run
+    outside the steps (the gate is measured by `python -m workloads.bench nccl`)."""
+    base = preset(settings.preset)
+    return dataclasses.replace(
+        base,
+        seq_len=settings.seq_len,
+        micro_batch=micro_batch,
+        steps=settings.steps,
+        warmup_steps=min(base.warmup_steps, settings.steps - 1),
+        seed=settings.seed,
+        checkpoint_every=0,
+        transport=dataclasses.replace(base.transport, enabled=False),
+    )
+
+
+def flops_per_token(cfg: TrainConfig) -> float:
+    """The loop's FLOPs-per-token formula, on a parameter-free (meta) copy of the model."""
+    model: ModelConfig = cfg.model
+    config = named_architecture(model.name_or_path) if model.is_named_architecture else AutoConfig.from_pretrained(model.name_or_path)
+    with torch.device("meta"):
+        shape = shape_of(AutoModelForCausalLM.from_config(config))
+    return metrics.flops_per_token(
+        n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim, seq_len=cfg.seq_len
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def run_job(name: str, strategy: Strategy, cfg: TrainConfig, *, runtime: Runtime, ctx: TrainContext) -> RunResult:
+    """One strategy at one micro-batch; an out-of-memory on any rank makes it an OOM result."""
+    release_memory(runtime.device)
+    dist.barrier()
+    clock = StepClock(device=runtime.device)
+    counter = itertools.count(1)
+    hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: clock.mark(next(counter)))
+    error: Optional[str] = None
+    result: Optional[StrategyResult] = None
+    try:
+        result = strategy(cfg, ctx=ctx, device=runtime.device)
+    except Exception as e:  # noqa: BLE001 - anything but an out-of-memory is re-raised
+        if not is_out_of_memory(e):
+            raise
+        error = _first_line(e)
+    finally:
+        hook.remove()
+    tokens = cfg.micro_batch * cfg.seq_len
+    if any_rank(error is not None, device=runtime.device):
+        release_memory(runtime.device)
+        return RunResult(
+            strategy=name, micro_batch=cfg.micro_batch, status=OOM, tokens_per_step_per_gpu=tokens,
+            error=error or "out of memory on another rank",
+        )
+    assert result is not None
+    step_seconds = clock.step_seconds()
+    if len(step_seconds) != cfg.steps - 1:
+        raise RuntimeError(f"{name} made {len(step_seconds) + 1} optimizer steps, expected {cfg.steps}")
+    peak = None
+    if runtime.is_cuda:
+        peak = max_over_ranks(torch.cuda.max_memory_allocated(runtime.device) / 2**30, device=runtime.device)
+    return RunResult(
+        strategy=name, micro_batch=cfg.micro_batch, status=OK, tokens_per_step_per_gpu=tokens,
+        step_seconds=step_seconds, losses=result.losses, peak_mem_gib=peak, loop_metrics=result.self_reported,
+    )
+
+
+def matmul_rate(settings: BenchSettings, *, runtime: Runtime) -> Optional[dict]:
+    """Every rank measures its own device at once; the median over ranks is the denominator."""
+    if settings.matmul_size == 0:
+        return None
+    rate = measure_matmul(device=runtime.device, size=settings.matmul_size)
+    per_rank: list[Optional[MatmulRate]] = [None] * runtime.world_size
+    dist.all_gather_object(per_rank, rate)
+    return {
+        "flops": statistics.median(r.flops for r in per_rank),
+        "per_rank_tflops": [round(r.flops / 1e12, 1) for r in per_rank],
+        **{k: v for k, v in asdict(rate).items() if k not in ("flops", "median_s")},
+    }
+
+
+def environment(runtime: Runtime) -> dict:
+    return {
+        "world_size": runtime.world_size,
+        "device": torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else platform.processor() or "cpu",
+        "backend": dist.get_backend(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if runtime.is_cuda else None,
+        "python": platform.python_version(),
+        "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
+    }
+
+
+class Document:
+    """The JSON written after every run, so a run killed part-way leaves what it measured."""
+
+    def __init__(self, settings: BenchSettings, *, header: dict, flops: float, peak_flops: float, matmul: Optional[dict]):
+        self.settings = settings
+        self.flops, self.peak_flops = flops, peak_flops
+        self.matmul_flops = matmul["flops"] if matmul else None
+        self.runs: list[RunResult] = []
+        self.data = {
+            **header,
+            "flops_per_token": flops,
+            "peak_flops": peak_flops,
+            "matmul": matmul,
+            "runs": [],
+            "figures": [],
+            "comparisons": [],
+        }
+
+    def add(self, run: RunResult) -> None:
+        self.runs.append(run)
+        self.data["runs"].append(asdict(run))
+        figures = self.figures()
+        self.data["figures"] = [asdict(f) for f in figures]
+        self.data["comparisons"] = [asdict(c) for c in comparisons(figures, baseline=REFERENCE, candidate=TUNED)]
+        if self.settings.out:
+            write_json(self.settings.out / "bench.json", self.data)
+
+    def figures(self):
+        return [
+            run_figures(
+                run, warmup=self.settings.warmup, flops_per_token=self.flops,
+                peak_flops=self.peak_flops, matmul_flops=self.matmul_flops,
+            )
+            for run in self.runs
+        ]
+
+    def table(self) -> str:
+        figures = self.figures()
+        return format_table(figures, comparisons(figures, baseline=REFERENCE, candidate=TUNED))
+
+
+def run_benchmark(
+    settings: BenchSettings,
+    *,
+    runtime: Runtime,
+    scratch_dir: Path,
+    strategies: Mapping[str, Strategy] = STRATEGIES,
+    say: Callable[[str], None] = print,
+) -> Document:
+    """The whole comparison: matmul rate, then every strategy at every micro-batch."""
+    base = job_config(settings, micro_batch=settings.micro_batches[0])
+    say(f"[bench] {runtime.world_size} ranks on {environment(runtime)['device']}; measuring the bf16 matmul rate")
+    matmul = matmul_rate(settings, runtime=runtime)
+    if matmul:
+        say(f"[bench] matmul {settings.matmul_size}^3 bf16: {matmul['flops'] / 1e12:.1f} TFLOP/s (median over ranks)")
+    header = {
+        "command": sys.argv,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "environment": environment(runtime),
+    }
+    document = Document(settings, header=header, flops=flops_per_token(base), peak_flops=base.peak_flops, matmul=matmul)
+    ctx = TrainContext(
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+        local_rank=runtime.local_rank,
+        local_world_size=runtime.local_world_size,
+        node_rank=runtime.rank // runtime.local_world_size,
+        report=lambda metrics_, checkpoint_dir=None: None,
+        latest_checkpoint=lambda: None,
+        scratch_dir=scratch_dir,
+    )
+    for micro_batch in settings.micro_batches:
+        cfg = job_config(settings, micro_batch=micro_batch)
+        for name in settings.strategies:
+            say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
+            run = run_job(name, strategies[name], cfg, runtime=runtime, ctx=ctx)
+            document.add(run)
+            figures = document.figures()[-1]
+            if run.status == OK:
+                say(
+                    f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                    f"step median {figures.step_s_median:.4f} s, loss {figures.final_loss:.4f} at step {figures.final_step}"
+                )
+            else:
+                say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
+    release_memory(runtime.device)
+    return document
+
+
+def parse_args(argv: Sequence[str]) -> BenchSettings:
+    defaults = BenchSettings()
+    parser = argparse.ArgumentParser(
+        prog="python -m workloads.bench",
+        description="Reference strategy vs the project's loop, side by side (run under torchrun). "
+        "`python -m workloads.bench nccl --help` for the bandwidth benchmark.",
+    )
+    parser.add_argument("--preset", default=defaults.preset, help=f"loop config preset (default {defaults.preset})")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"steps per run (default {defaults.steps})")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup, help=f"untimed first steps (default {defaults.warmup})")
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help=f"default {defaults.seq_len}")
+    parser.add_argument("--micro-batches", default=",".join(map(str, defaults.micro_batches)), help="e.g. 16,8")
+    parser.add_argument("--strategies", default=",".join(defaults.strategies), help="e.g. reference,tuned")
+    parser.add_argument("--matmul-size", type=int, default=defaults.matmul_size, help="0 skips the matmul rate")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
+    args = parser.parse_args(argv)
+    try:
+        micro_batches = tuple(int(v) for v in args.micro_batches.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--micro-batches {args.micro_batches!r}: give comma-separated integers, e.g. 16,8") from None
+    return BenchSettings(
+        preset=args.preset,
+        steps=args.steps,
+        warmup=args.warmup,
+        seq_len=args.seq_len,
+        micro_batches=micro_batches,
+        strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
+        matmul_size=args.matmul_size,
+        seed=args.seed,
+        out=args.out,
+    )
+
+
+def run(settings: BenchSettings) -> int:
+    runtime = init_runtime()
+    leader = runtime.rank == 0
+
+    def say(line: str) -> None:
+        if leader:
+            print(line, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+        document = run_benchmark(settings, runtime=runtime, scratch_dir=Path(scratch), say=say)
+    if leader:
+        table = document.table()
+        print(table, flush=True)
+        if settings.out:
+            (settings.out / "table.txt").write_text(table + "\n")
+    dist.destroy_process_group()
+    return 0
