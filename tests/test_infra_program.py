@@ -1,0 +1,207 @@
+"""The Pulumi program under mocks, for every committed stack file and for a second region's stack
+file written by the capacity probe's writer. Remote components (eks.Cluster,
+eks.ManagedNodeGroup) show only their inputs under mocks, so those are what is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capacity.stackfile import PLACEMENT_KEYS, plan_update, write
+from infra import outputs
+from infra.config import parse_stack_config, read_stack_values
+from infra.helm_values import chart_values, chart_versions
+from infra.raycluster import build_raycluster
+from infra.sizing import EFA_RESOURCE, GPU_RESOURCE
+from infra_mocks import ProgramRun, run_program
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMMITTED_STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")]
+                          for p in REPO_ROOT.glob("Pulumi.*.yaml"))
+
+
+def _second_region_stack(tmp_path: Path) -> Path:
+    path = tmp_path / "Pulumi.eu-west-1.yaml"
+    write(plan_update(path, dict(zip(PLACEMENT_KEYS, (
+        "eu-west-1", "eu-west-1b", "euw1-az2", "g6.12xlarge", 2)))))
+    return path
+
+
+@pytest.fixture(scope="module", params=[*COMMITTED_STACKS, "eu-west-1 (written by the probe)"])
+def program(request, tmp_path_factory) -> tuple[dict, ProgramRun]:
+    if request.param in COMMITTED_STACKS:
+        stack, path = request.param, REPO_ROOT / f"Pulumi.{request.param}.yaml"
+    else:
+        stack, path = "eu-west-1", _second_region_stack(tmp_path_factory.mktemp("stacks"))
+    config = read_stack_values(path)
+    with pytest.MonkeyPatch.context() as mp:
+        run = run_program(repo_root=REPO_ROOT, stack=stack, config=config, monkeypatch=mp)
+    return config, run
+
+
+def test_at_least_one_stack_is_committed():
+    assert "us-west-2" in COMMITTED_STACKS
+
+
+def test_every_output_is_exported_and_the_kubeconfig_is_secret(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    assert set(run.outputs) == set(outputs.ALL)
+    assert run.secret_outputs == set(outputs.SECRET)
+    assert run.outputs[outputs.REGION] == cfg.region
+    assert run.outputs[outputs.GPU_AVAILABILITY_ZONE] == cfg.gpu_availability_zone
+    assert run.outputs[outputs.RAY_NAMESPACE] == cfg.ray_namespace
+    assert run.outputs[outputs.RAY_HEAD_SERVICE] == f"{run.outputs[outputs.RAY_CLUSTER_NAME]}-head-svc"
+    assert run.outputs[outputs.RAY_DASHBOARD_PORT] == 8265
+    assert run.outputs[outputs.RAY_AUTH_SECRET_KEY] == "auth_token"
+    assert run.outputs[outputs.RAY_AUTH_SECRET_NAME] == run.outputs[outputs.RAY_CLUSTER_NAME]
+    assert run.outputs[outputs.CHECKPOINT_BUCKET_URI].startswith("s3://ray-checkpoints-")
+    assert run.outputs[outputs.ESTIMATED_COST_PER_HOUR_USD] > 2 * cfg.gpu_instance.usd_per_hour
+
+
+def test_every_component_has_its_own_type(program):
+    _, run = program
+    components = {r.typ for r in run.resources if r.typ.startswith("ray-eks:infra:")}
+    assert components == {f"ray-eks:infra:{n}" for n in (
+        "Network", "EksCluster", "SystemNodeGroup", "GpuNodeGroup", "Addons",
+        "CheckpointStorage", "RayClusterDeployment")}
+
+
+def test_network_spans_two_azs_including_the_gpu_az_with_eks_tags(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    subnets = run.of_type("aws:ec2/subnet:Subnet")
+    private = [s for s in subnets if "kubernetes.io/role/internal-elb" in s.inputs["tags"]]
+    public = [s for s in subnets if "kubernetes.io/role/elb" in s.inputs["tags"]]
+    assert len({s.inputs["availabilityZone"] for s in private}) >= 2
+    assert cfg.gpu_availability_zone in {s.inputs["availabilityZone"] for s in private}
+    assert {s.inputs["availabilityZone"] for s in public} == {
+        s.inputs["availabilityZone"] for s in private}
+    cluster_tag = f"kubernetes.io/cluster/ray-eks-{cfg.region}"
+    assert all(s.inputs["tags"][cluster_tag] == "shared" for s in subnets)
+    assert not any(s.inputs.get("mapPublicIpOnLaunch") for s in subnets)
+    assert len(run.of_type("aws:ec2/natGateway:NatGateway")) == 1
+
+
+def test_cluster_is_pinned_api_authenticated_and_limited(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    cluster = run.one("eks:index:Cluster").inputs
+    assert cluster["version"] == cfg.kubernetes_version
+    assert cluster["authenticationMode"] == "API"
+    assert cluster["skipDefaultNodeGroup"] is True
+    assert cluster["upgradePolicy"] == {"supportType": "STANDARD"}
+    assert cluster["endpointPrivateAccess"] is True
+    assert cluster["publicAccessCidrs"] == list(cfg.api_access_cidrs)
+    assert cluster["nodeAssociatePublicIpAddress"] is False
+    assert len(cluster["accessEntries"]) == len(cfg.admin_principal_arns)
+
+
+def test_gpu_node_group_is_efa_enabled_in_the_gpu_az(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    gpu = run.of_type("eks:index:ManagedNodeGroup")
+    gpu = next(g.inputs for g in gpu if g.inputs.get("enableEfaSupport"))
+    n = cfg.gpu_node_count
+    assert gpu["amiType"] == "AL2023_x86_64_NVIDIA"
+    assert gpu["placementGroupAvailabilityZone"] == cfg.gpu_availability_zone
+    assert gpu["instanceTypes"] == [cfg.gpu_instance_type]
+    assert gpu["scalingConfig"] == {"desiredSize": n, "minSize": n, "maxSize": n}
+    assert gpu["labels"]["nvidia.com/gpu.present"] == "true"
+    assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
+    assert gpu["diskSize"] == cfg.gpu_root_volume_gib
+    gpu_subnet = next(s for s in run.of_type("aws:ec2/subnet:Subnet")
+                      if s.inputs["availabilityZone"] == cfg.gpu_availability_zone
+                      and "kubernetes.io/role/internal-elb" in s.inputs["tags"])
+    assert gpu["subnetIds"] == [f"{gpu_subnet.name}-id"]
+
+
+def test_system_node_group_is_one_labelled_node(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    system = next(g.inputs for g in run.of_type("eks:index:ManagedNodeGroup")
+                  if not g.inputs.get("enableEfaSupport"))
+    assert system["instanceTypes"] == [cfg.system_instance_type]
+    assert system["labels"] == {"role": "system"}
+    assert system["scalingConfig"] == {"desiredSize": 1, "minSize": 1, "maxSize": 1}
+    assert "taints" not in system
+
+
+def test_helm_releases_are_pinned_and_get_exactly_the_rendered_values(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    releases = {r.inputs["chart"]: r.inputs for r in run.of_type("kubernetes:helm.sh/v3:Release")}
+    assert {c: r["version"] for c, r in releases.items()} == chart_versions(cfg)
+    assert {c: r["values"] for c, r in releases.items()} == chart_values(cfg)
+    efa_image = releases["aws-efa-k8s-device-plugin"]["values"]["image"]["repository"]
+    assert f".dkr.ecr.{cfg.region}.amazonaws.com/" in efa_image
+
+
+def test_raycluster_is_the_rendered_manifest_and_waits_for_the_operator(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    ray = run.one("kubernetes:ray.io/v1:RayCluster").inputs
+    expected = build_raycluster(cfg)
+    assert ray["spec"] == expected["spec"]
+    assert ray["metadata"] == expected["metadata"]
+    worker = ray["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"][EFA_RESOURCE] == str(cfg.gpu_instance.efa_interfaces)
+    assert worker["resources"]["limits"][GPU_RESOURCE] == str(cfg.gpu_instance.gpus)
+    assert worker["image"] == cfg.ray_image
+
+
+def test_checkpoint_bucket_is_private_encrypted_versioned_and_kept(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    bucket = run.one("aws:s3/bucket:Bucket").inputs
+    assert bucket["forceDestroy"] is (not cfg.retain_checkpoints_on_destroy)
+    pab = run.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
+    assert all(pab[k] is True for k in ("blockPublicAcls", "blockPublicPolicy",
+                                        "ignorePublicAcls", "restrictPublicBuckets"))
+    versioning = run.one("aws:s3/bucketVersioning:BucketVersioning").inputs
+    assert versioning["versioningConfiguration"]["status"] == "Enabled"
+    sse = run.one("aws:s3/bucketServerSideEncryptionConfiguration:"
+                  "BucketServerSideEncryptionConfiguration").inputs
+    assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+
+
+def test_only_the_ray_service_account_can_use_the_bucket_prefix(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    assoc = run.one("aws:eks/podIdentityAssociation:PodIdentityAssociation").inputs
+    assert (assoc["namespace"], assoc["serviceAccount"]) == (cfg.ray_namespace, "ray-train")
+    policy = json.loads(next(r.inputs["policy"] for r in run.of_type("aws:iam/rolePolicy:RolePolicy")))
+    bucket_arn = "arn:aws:s3:::ray-checkpoints-abc123"
+    resources = {s["Sid"]: s["Resource"] for s in policy["Statement"]}
+    assert resources == {"Objects": f"{bucket_arn}/ray-train/*", "List": bucket_arn}
+    for statement in policy["Statement"]:
+        tags = statement["Condition"]["StringEquals"]
+        assert tags["aws:PrincipalTag/kubernetes-service-account"] == "ray-train"
+        assert tags["aws:PrincipalTag/kubernetes-namespace"] == cfg.ray_namespace
+        assert not any(a.endswith("*") for a in statement["Action"])
+
+
+def test_ray_namespace_and_service_account_are_declared(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    ns = run.one("kubernetes:core/v1:Namespace").inputs
+    sa = run.one("kubernetes:core/v1:ServiceAccount").inputs
+    assert ns["metadata"]["name"] == cfg.ray_namespace
+    assert sa["metadata"] == {"name": "ray-train", "namespace": cfg.ray_namespace}
+
+
+def test_a_bad_value_fails_the_program_before_any_resource(monkeypatch):
+    config = read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")
+    config["ray-eks:rayImage"] = "public.ecr.aws/deep-learning-containers/ray:latest"
+    with pytest.raises(Exception, match=r"ray-eks:rayImage = .*latest.*Fix: pin") as info:
+        run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch)
+    assert type(info.value).__name__ == "RunError"
+
+
+def test_a_gpu_az_the_account_lacks_fails_with_a_fix(monkeypatch):
+    config = read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")
+    config["ray-eks:gpuAvailabilityZone"] = "us-west-2d"
+    with pytest.raises(Exception, match="us-west-2d is not available.*capacity probe"):
+        run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch)
