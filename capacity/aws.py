@@ -292,12 +292,24 @@ class AwsApi:
         reservations = self._paginate(
             "ec2", region, "describe_instances", "Reservations",
             Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        instances = [i for res in reservations for i in res.get("Instances", [])]
+        # CpuOptions is normally present; where it is not, count the type's default vCPUs.
+        missing = sorted({i["InstanceType"] for i in instances if "CpuOptions" not in i})
+        default_vcpus = self._default_vcpus(region=region, instance_types=missing)
         out = []
-        for res in reservations:
-            for inst in res.get("Instances", []):
-                cpu = inst.get("CpuOptions", {})
-                vcpus = int(cpu.get("CoreCount", 0)) * int(cpu.get("ThreadsPerCore", 1))
-                out.append(RunningInstance(instance_type=inst["InstanceType"], vcpus=vcpus))
+        for inst in instances:
+            cpu = inst.get("CpuOptions")
+            vcpus = (int(cpu.get("CoreCount", 0)) * int(cpu.get("ThreadsPerCore", 1)) if cpu
+                     else default_vcpus.get(inst["InstanceType"], 0))
+            out.append(RunningInstance(instance_type=inst["InstanceType"], vcpus=vcpus))
+        return out
+
+    def _default_vcpus(self, *, region: str, instance_types: list[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in range(0, len(instance_types), 100):
+            found = self._call("ec2", region, "describe_instance_types",
+                               InstanceTypes=instance_types[i:i + 100])["InstanceTypes"]
+            out.update({t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in found})
         return out
 
     # --- capacity reservations -----------------------------------------------------------------------

@@ -140,6 +140,16 @@ def _parses(text: str) -> ConfigError | None:
     return None
 
 
+def precheck(path: Path) -> None:
+    """Fail now, before any cloud call, if an existing stack file could not be updated later."""
+    if not path.exists():
+        return
+    read_stack_values(path)
+    text = path.read_text()
+    if _yaml(_LAYOUTS[0]).load(text) is not None:
+        _faithful_yaml(text, path)
+
+
 def plan_update(path: Path, values: Mapping[str, Any]) -> StackUpdate:
     """The new text of the stack file. ConfigError when the existing file is malformed,
     StackFileError when it cannot be updated without touching other content."""

@@ -1,0 +1,253 @@
+"""`python -m capacity probe`: validate input, probe, decide, report, write the stack file.
+
+Exit codes: 0 placed and written (or shown, with --dry-run); 1 no placement, with a reason per
+location; 2 bad input (one line, nothing probed, no file touched); 3 credentials or permissions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+import boto3
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from capacity import report as report_mod
+from capacity import stackfile
+from capacity.aws import AwsApi, AwsFailure, FailureKind
+from capacity.probe import (
+    EXIT_BAD_INPUT,
+    EXIT_NO_PLACEMENT,
+    EXIT_PERMISSION,
+    ProbeRequest,
+    choose_placement,
+    exit_code,
+    rank_candidates,
+    unplaced_reasons,
+)
+from capacity.regions import probe_regions
+from capacity.reserve import prove_capacity
+from infra.config import ConfigError, stack_file
+from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
+
+DEFAULT_REGIONS = ("us-west-2", "us-east-1", "us-east-2", "eu-west-1", "eu-central-1",
+                   "ap-northeast-1")
+"""Probed when neither --regions nor the stack names one: large regions that offer G6."""
+DEFAULT_INSTANCE_TYPE = "g6.12xlarge"
+_STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+_PARTITIONS = ("aws", "aws-us-gov", "aws-cn")
+
+
+class InputError(ValueError):
+    """A user mistake on the command line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Parsed, validated command line."""
+
+    request: ProbeRequest
+    """What to place and where to look (with all_regions: only the stack's region, probed first)."""
+    stack: str
+    """Explicit --stack, or empty to name the stack after the chosen region."""
+    all_regions: bool
+    """Enumerate the account's enabled regions."""
+    dry_run: bool
+    """Show the stack-file change without writing it."""
+    as_json: bool
+    """Print one JSON document instead of the table."""
+    region_timeout_s: float
+    """Per-region probe deadline."""
+    project_dir: Path
+    """Where Pulumi.<stack>.yaml lives."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise InputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m capacity", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("probe", help="find a region/AZ with launchable GPU capacity and write it",
+                       description="Find where the GPU node group can launch and write it into "
+                                   "Pulumi.<stack>.yaml.")
+    p.add_argument("--stack", default="", help="stack to write (default: the chosen region)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--regions", default="", help="comma-separated regions, in preference order")
+    where.add_argument("--all-regions", action="store_true",
+                       help="probe every region enabled in the account")
+    p.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE,
+                   help=f"GPU instance type (default {DEFAULT_INSTANCE_TYPE})")
+    p.add_argument("--nodes", default="2", help="GPU nodes in one AZ (default 2)")
+    p.add_argument("--reserve", action="store_true",
+                   help="prove capacity with a capacity reservation, cancelled at once")
+    p.add_argument("--dry-run", action="store_true", help="show the stack-file change, write nothing")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+    p.add_argument("--region-timeout", default="60", help="seconds per region (default 60)")
+    return parser
+
+
+def known_regions() -> frozenset[str]:
+    session = boto3.Session()
+    return frozenset(r for part in _PARTITIONS
+                     for r in session.get_available_regions("ec2", partition_name=part))
+
+
+def _positive_int(name: str, raw: str) -> int:
+    if not re.fullmatch(r"\d+", raw.strip()) or int(raw) < 1:
+        raise InputError(f"{name} must be a whole number of at least 1, got {raw!r}")
+    return int(raw)
+
+
+def _check_instance_type(name: str) -> None:
+    if name in GPU_INSTANCE_TYPES:
+        return
+    why = ("has no GPU or no EFA" if name in INSTANCE_TYPES
+           else "is not an EFA-capable GPU instance type this stack can deploy")
+    raise InputError(f"--instance-type {name} {why}; use one of {', '.join(GPU_INSTANCE_TYPES)}")
+
+
+def _check_regions(regions: Sequence[str], known: frozenset[str]) -> None:
+    for region in regions:
+        if region not in known:
+            hint = difflib.get_close_matches(region, sorted(known), n=1)
+            raise InputError(f"unknown region {region!r}"
+                             + (f"; did you mean {hint[0]}?" if hint else ""))
+
+
+def parse_options(argv: Sequence[str], *, project_dir: Path,
+                  known: frozenset[str]) -> Options:
+    """Validate everything that needs no cloud call. InputError, ConfigError or StackFileError
+    on a user mistake."""
+    args = build_parser().parse_args(argv)
+    nodes = _positive_int("--nodes", args.nodes)
+    try:
+        timeout = float(args.region_timeout)
+    except ValueError:
+        timeout = 0.0
+    if timeout <= 0:
+        raise InputError(f"--region-timeout must be a positive number of seconds, "
+                         f"got {args.region_timeout!r}")
+    _check_instance_type(args.instance_type)
+    if args.stack and not _STACK_NAME_RE.match(args.stack):
+        raise InputError(f"--stack {args.stack!r} is not a stack name (letters, digits, - _ .)")
+    regions = tuple(r.strip() for r in args.regions.split(",") if r.strip())
+    if args.regions and not regions:
+        raise InputError("--regions is empty")
+    current_zone_id = ""
+    if args.stack:
+        path = stack_file(args.stack, project_dir)
+        stackfile.precheck(path)
+        stack_region = stackfile.read_region(path)
+        if not regions and stack_region:
+            regions = (stack_region,)  # with --all-regions: probed first
+        current_zone_id = stackfile.read_zone_id(path)
+    if not regions and not args.all_regions:
+        regions = DEFAULT_REGIONS
+    _check_regions(regions, known)
+    if not args.stack:
+        for region in regions:
+            stackfile.precheck(stack_file(region, project_dir))
+    return Options(
+        request=ProbeRequest(instance_type=args.instance_type, node_count=nodes, regions=regions,
+                             reserve=args.reserve, current_zone_id=current_zone_id),
+        stack=args.stack, all_regions=args.all_regions, dry_run=args.dry_run,
+        as_json=args.json, region_timeout_s=timeout, project_dir=project_dir)
+
+
+def _home_region(session: boto3.Session, regions: Sequence[str]) -> str:
+    return session.region_name or (regions[0] if regions else "us-east-1")
+
+
+def _fail(err: Console, message: str, code: int) -> int:
+    err.print(f"capacity probe: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return code
+
+
+def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
+              err: Console) -> int:
+    request = opts.request
+    if opts.all_regions:
+        enabled = api.enabled_regions(region=home_region)
+        # Preference order: the stack's region, then the usual large GPU regions, then the rest.
+        preferred = [r for r in (*request.regions, *DEFAULT_REGIONS) if r in enabled]
+        regions = tuple(dict.fromkeys([*preferred, *sorted(enabled)]))
+        for region in regions if not opts.stack else ():
+            stackfile.precheck(stack_file(region, opts.project_dir))
+        request = ProbeRequest(instance_type=request.instance_type, node_count=request.node_count,
+                               regions=regions, reserve=request.reserve,
+                               current_zone_id=request.current_zone_id)
+    with Progress(TextColumn("probing regions"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.description}"), console=err,
+                  transient=True) as progress:
+        task = progress.add_task("", total=len(request.regions))
+        reports = probe_regions(
+            api, request=request, timeout_s=opts.region_timeout_s,
+            on_done=lambda r: progress.update(task, advance=1, description=r.region))
+    candidates = rank_candidates(reports, request=request)
+    reservations = None
+    if request.reserve and candidates:
+        if not opts.as_json:
+            err.print(f"proving capacity with reservations (cancelled at once) in up to "
+                      f"{len(candidates)} AZs")
+        reservations = prove_capacity(api, candidates=candidates,
+                                      instance_type=request.instance_type,
+                                      count=request.node_count)
+    attempts = reservations.attempts if reservations else ()
+    placement = choose_placement(candidates, attempts, request=request)
+    code = exit_code(placement, reports, attempts)
+    result = report_mod.ProbeResult(
+        request=request, reports=reports, candidates=candidates, reservations=reservations,
+        placement=placement, reasons=unplaced_reasons(reports, attempts), exit_code=code)
+    if code == EXIT_BAD_INPUT:
+        return _fail(err, f"{request.instance_type} does not support EFA in any probed region; "
+                          f"use one of {', '.join(GPU_INSTANCE_TYPES)}", code)
+    if placement is not None:
+        stack = opts.stack or placement.region
+        update = stackfile.plan_update(stack_file(stack, opts.project_dir),
+                                       stackfile.placement_values(placement))
+        written = not opts.dry_run and update.changed
+        if written:
+            stackfile.write(update)
+        result = dataclasses.replace(result, stack=stack, update=update, written=written)
+    if opts.as_json:
+        print(report_mod.as_json(result))
+    else:
+        report_mod.print_human(result, out=out, err=err)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Piped output keeps the whole table on one line per row instead of rich's 80-column default.
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    err = Console(stderr=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        opts = parse_options(argv, project_dir=Path.cwd(), known=known_regions())
+    except (InputError, ConfigError, stackfile.StackFileError) as exc:
+        return _fail(err, str(exc), EXIT_BAD_INPUT)
+    session = boto3.Session()
+    home = _home_region(session, opts.request.regions)
+    api = AwsApi(session=session, call_timeout_s=min(20.0, opts.region_timeout_s))
+    try:
+        api.caller_account(region=home)
+        return run_probe(opts, api=api, home_region=home, out=out, err=err)
+    except AwsFailure as failure:
+        code = (EXIT_PERMISSION if failure.kind in (FailureKind.CREDENTIALS, FailureKind.DENIED)
+                else EXIT_NO_PLACEMENT)
+        return _fail(err, failure.summary, code)
+    except (ConfigError, stackfile.StackFileError) as exc:
+        return _fail(err, str(exc), EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        err.print("capacity probe: interrupted; a reservation in flight was cancelled (or ends by "
+                  "itself within 30 minutes)")
+        return 130
