@@ -206,8 +206,8 @@ def _build(cls: type, d: Any, *, prefix: str) -> Any:
     for key, value in d.items():
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
-            raise ValueError(f"unknown config key {prefix}{key!r}{hint}")
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
+            raise ValueError(f"unknown config key {prefix + key!r}{hint}")
         kwargs[key] = _coerce(hints[key], value, name=f"{prefix}{key}")
     return cls(**kwargs)
 
@@ -271,7 +271,7 @@ def _demo_cpu() -> TrainConfig:
         seq_len=64,
         micro_batch=8,
         steps=60,
-        lr=3e-3,
+        lr=1e-2,
         warmup_steps=5,
         checkpoint_every=20,
         log_every=5,
