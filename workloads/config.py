@@ -205,7 +205,7 @@ def _build(cls: type, d: Any, *, prefix: str) -> Any:
     kwargs = {}
     for key, value in d.items():
         if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
             hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
             raise ValueError(f"unknown config key {prefix + key!r}{hint}")
         kwargs[key] = _coerce(hints[key], value, name=f"{prefix}{key}")
