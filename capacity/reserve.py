@@ -33,6 +33,7 @@ PENDING_POLLS = 10
 POLL_INTERVAL_S = 2.0
 CANCEL_TRIES = 4
 _PLACEHOLDER_ID = "cr-00000000000000000"
+_NO_PERMISSION = (FailureKind.DENIED, FailureKind.CREDENTIALS)
 
 _OUTCOME = {
     FailureKind.NO_CAPACITY: AttemptOutcome.NO_CAPACITY,
@@ -98,13 +99,13 @@ def signals_deferred() -> Iterator[None]:
 
 def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str,
               count: int) -> AwsFailure | None:
-    """DryRun the create, describe and cancel calls; the permission failure, if any."""
+    """DryRun the create and the cancel; the permission failure, if any. (Describe is checked by
+    the sweep of leftovers that follows.)"""
     checks: list[Callable[[], object]] = [
         lambda: api.create_reservation(
             region=candidate.region, availability_zone=candidate.zone, instance_type=instance_type,
             count=count, end_date=api.now() + SAFETY_LIFETIME, tags={TAG_KEY: "preflight"},
             client_token=str(uuid.uuid4()), dry_run=True),
-        lambda: api.reservations_tagged(region=candidate.region, tag_key=TAG_KEY),
         lambda: api.cancel_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
                                        dry_run=True),
     ]
@@ -113,7 +114,7 @@ def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str,
             check()
         except AwsFailure as failure:
             # Anything but a denial (e.g. the placeholder ID not found) means the permission exists.
-            if failure.kind in (FailureKind.DENIED, FailureKind.CREDENTIALS):
+            if failure.kind in _NO_PERMISSION:
                 return failure
     return None
 
@@ -127,7 +128,7 @@ def cancel(api: AwsApi, *, region: str, reservation_id: str) -> bool:
         except AwsFailure as failure:
             if failure.kind is FailureKind.NOT_FOUND:
                 return True
-            if failure.kind in (FailureKind.DENIED, FailureKind.CREDENTIALS):
+            if failure.kind in _NO_PERMISSION:
                 return False
             if attempt + 1 < CANCEL_TRIES:
                 api.sleep(POLL_INTERVAL_S * 2 ** attempt)
@@ -229,6 +230,10 @@ def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_t
                 try:
                     done, stuck = sweep_leftovers(api, region=cand.region)
                 except AwsFailure as failure:
+                    if failure.kind in _NO_PERMISSION:
+                        record(ReservationAttempt(**where, outcome=AttemptOutcome.DENIED,
+                                                  detail=f"sweep of leftovers: {failure.summary}"))
+                        break
                     sweep_errors.append(f"{cand.region}: {failure.summary}")
                 else:
                     swept.extend(done)
