@@ -152,9 +152,11 @@ def judge_rank(
     inter = sum(1 for link in verdict.links if link.scope == "inter")
     problems: tuple[str, ...] = ()
     if not log_text.strip():
-        problems = (f"NCCL log {log_file or '(unnamed)'} is missing or empty (is NCCL_DEBUG=INFO set for this process?)",)
+        problems = (f"rank {rank} on {host}: NCCL log {log_file or '(unnamed)'} is missing or empty "
+                    "(is NCCL_DEBUG=INFO set for this process?)",)
     elif verdict.status != transport.Status.PASS:
-        problems = verdict.problems + verdict.gaps
+        # Link problems name their ranks and hosts already; gaps do not.
+        problems = verdict.problems + tuple(f"rank {rank} on {host}: {gap}" for gap in verdict.gaps)
     return RankVerdict(
         rank=rank, host=host, ok=not problems, problems=problems, transports=transports,
         inter_node_links=inter, log_file=log_file,
@@ -174,11 +176,12 @@ def combine_verdicts(
         f"all-reduce bus bandwidth {busbw_gbps:.2f} GB/s (floor {floor:.2f} GB/s, "
         f"{message_bytes / 2**20:g} MiB, {len(verdicts)} ranks on {nodes} node(s))"
     )
-    failures = [f"rank {v.rank} on {v.host}: {p}" for v in verdicts for p in v.problems]
+    # Both ends of a link log it, so the same problem can come from two ranks.
+    failures = list(dict.fromkeys(p for v in verdicts for p in v.problems))
     if nodes > 1 and all(v.ok for v in verdicts) and not any(v.inter_node_links for v in verdicts):
         failures.append(f"ranks run on {nodes} nodes but no rank logged a connection between nodes")
     if busbw_gbps < floor:
-        failures.append(f"{bw} is under the floor")
+        failures.append(f"bus bandwidth {busbw_gbps:.2f} GB/s is under the floor of {floor:.2f} GB/s")
     common = dict(busbw_gbps=busbw_gbps, floor_gbps=floor, nodes=nodes, verdicts=tuple(verdicts))
     if failures:
         message = (
@@ -221,8 +224,8 @@ def check_transport(
     if log_path is None:
         own = RankVerdict(
             rank=ctx.rank, host=host, ok=False,
-            problems=("NCCL_DEBUG_FILE is not set, so this rank's NCCL log cannot be read "
-                      "(the launcher must set workloads.transport_gate.nccl_log_env)",),
+            problems=(f"rank {ctx.rank} on {host}: NCCL_DEBUG_FILE is not set, so its NCCL log cannot be "
+                      "read (the launcher must set workloads.transport_gate.nccl_log_env)",),
         )
     else:
         text = _read_when_connected(log_path, wait_s=cfg.log_wait_s)
