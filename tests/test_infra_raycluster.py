@@ -1,0 +1,175 @@
+"""The RayCluster builder: valid against the KubeRay v1.7.0 CRD with unknown fields rejected, pod
+templates valid as Kubernetes core objects, and the invariants that keep NCCL on EFA."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from infra.config import StackConfig
+from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
+from infra.raycluster import NCCL_DEBUG_FILE, build_raycluster
+from infra.sizing import allocatable, worker_pod_size
+
+BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
+                   gpu_availability_zone_id="euw1-az2")
+CONFIGS = [dataclasses.replace(BASE, gpu_instance_type=t, gpu_node_count=n)
+           for t in GPU_INSTANCE_TYPES for n in (1, 2)]
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with additionalProperties: false wherever it lists properties and does not
+    preserve unknown fields, so a misspelled field fails instead of being pruned by the API."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def raycluster_schema(shared_dir: Path) -> jsonschema.protocols.Validator:
+    # PyYAML's C loader (PyYAML comes with Ray) reads the 17,000-line CRD in well under a second.
+    text = (shared_dir / "kuberay" / "ray.io_rayclusters.yaml").read_text()
+    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.gpu_instance_type}x{c.gpu_node_count}")
+def test_manifest_validates_against_the_crd(cfg, raycluster_schema):
+    raycluster_schema.validate(build_raycluster(cfg))
+
+
+@pytest.mark.parametrize("misspell", ["serviceTyp", "imagePullPolicyy"])
+def test_the_strict_schema_rejects_a_misspelled_field(raycluster_schema, misspell):
+    manifest = build_raycluster(BASE)
+    head = manifest["spec"]["headGroupSpec"]
+    target = head if misspell == "serviceTyp" else head["template"]["spec"]["containers"][0]
+    target[misspell] = "x"
+    with pytest.raises(jsonschema.ValidationError, match=misspell):
+        raycluster_schema.validate(manifest)
+
+
+def _pods(manifest: dict) -> list[dict]:
+    templates = [manifest["spec"]["headGroupSpec"]["template"]] + [
+        g["template"] for g in manifest["spec"]["workerGroupSpecs"]]
+    return [{"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": f"pod-{i}", **copy.deepcopy(t["metadata"])},
+             "spec": copy.deepcopy(t["spec"])} for i, t in enumerate(templates)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[::2], ids=lambda c: c.gpu_instance_type)
+def test_pod_templates_are_valid_kubernetes_pods(cfg):
+    for pod in _pods(build_raycluster(cfg)):
+        kubernetes_validate.validate(pod, desired_version="1.34", strict=True)
+
+
+def test_kubernetes_validate_catches_a_bad_pod():
+    pod = _pods(build_raycluster(BASE))[1]
+    pod["spec"]["containers"][0]["resources"]["limits"] = "all of it"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, desired_version="1.34", strict=True)
+
+
+def _head(manifest):
+    return manifest["spec"]["headGroupSpec"]
+
+
+def _worker(manifest):
+    (group,) = manifest["spec"]["workerGroupSpecs"]
+    return group
+
+
+def _env(container) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_head_has_no_gpu_runs_on_the_system_node_behind_clusterip_with_token_auth():
+    m = build_raycluster(BASE)
+    head = _head(m)
+    container = head["template"]["spec"]["containers"][0]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert _env(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert head["template"]["spec"]["nodeSelector"] == {"role": "system"}
+    assert head["serviceType"] == "ClusterIP"
+    assert m["spec"]["authOptions"] == {"mode": "token"}
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert container["image"] == BASE.ray_image
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.gpu_instance_type}x{c.gpu_node_count}")
+def test_workers_take_whole_efa_gpu_nodes_with_guaranteed_qos(cfg):
+    worker = _worker(build_raycluster(cfg))
+    instance = INSTANCE_TYPES[cfg.gpu_instance_type]
+    n = cfg.gpu_node_count
+    assert (worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == (n, n, n)
+    resources = worker["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"]
+    limits = resources["limits"]
+    assert limits["nvidia.com/gpu"] == str(instance.gpus)
+    assert limits["vpc.amazonaws.com/efa"] == str(instance.efa_interfaces)
+    cpu, memory = allocatable(instance)
+    assert 0 < int(limits["cpu"]) < cpu
+    assert 0 < int(limits["memory"].removesuffix("Gi")) < memory
+    assert int(limits["cpu"]) >= 0.9 * instance.vcpus
+    assert worker_pod_size(instance).resources() == limits
+
+
+def test_workers_declare_the_efa_transport_and_log_it_per_rank():
+    spec = _worker(build_raycluster(BASE))["template"]["spec"]
+    env = _env(spec["containers"][0])
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["NCCL_NET_PLUGIN"] == "ofi"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert {"INIT", "NET"} <= set(env["NCCL_DEBUG_SUBSYS"].split(","))
+    assert env["NCCL_DEBUG_FILE"] == NCCL_DEBUG_FILE == "/tmp/ray/nccl/nccl.%h.%p.log"
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+    assert "/tmp/ray/nccl" in mounts
+
+
+def test_workers_tolerate_the_gpu_taint_and_land_on_the_gpu_nodes_of_the_gpu_az():
+    spec = _worker(build_raycluster(BASE))["template"]["spec"]
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Equal",
+                                    "value": "true", "effect": "NoSchedule"}]
+    assert spec["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    assert spec["nodeSelector"]["topology.kubernetes.io/zone"] == "eu-west-1b"
+    assert spec["nodeSelector"]["node.kubernetes.io/instance-type"] == BASE.gpu_instance_type
+    assert spec["serviceAccountName"] == "ray-train"
+
+
+def test_every_ray_pod_uses_the_checkpoint_service_account():
+    m = build_raycluster(BASE)
+    assert {t["template"]["spec"]["serviceAccountName"]
+            for t in [_head(m), *m["spec"]["workerGroupSpecs"]]} == {"ray-train"}
+
+
+def test_builder_is_pure_and_deterministic():
+    assert build_raycluster(BASE) == build_raycluster(BASE)
+    first = build_raycluster(BASE)
+    first["spec"]["workerGroupSpecs"][0]["replicas"] = 99
+    assert build_raycluster(BASE)["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
+def test_the_builder_holds_no_instance_specific_literal():
+    source = (Path(__file__).resolve().parent.parent / "infra" / "raycluster.py").read_text()
+    for name, instance in INSTANCE_TYPES.items():
+        assert name not in source
+    assert "L4" not in source
