@@ -32,7 +32,8 @@ EFA_PLUGIN_NAMES = frozenset({"libfabric", "aws libfabric", "ofi"})
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RAY_PREFIX = re.compile(r"^\s*\((?P<actor>[^()]*?)\bpid=(?P<pid>\d+)(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s*")
-_RAY_FOLD = re.compile(r"\s*\[repeated (?P<count>\d+)x across cluster\]\s*$")
+# Ray appends a one-time hint ("(Ray deduplicates logs by default. ...)") after the first fold.
+_RAY_FOLD = re.compile(r"\s*\[repeated (?P<count>\d+)x across cluster\]")
 _NCCL_PREFIX = re.compile(
     r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>.*)$"
 )
