@@ -197,8 +197,9 @@ def _primary_interface(interfaces: list[Any]) -> Any:
 
 def _referenced(by: StackResource, prop: str, candidates: Sequence[StackResource],
                 match_keys: Sequence[str]) -> list[StackResource]:
-    """The candidates that `by.props[prop]` refers to: through the property's dependencies, or
-    through a known value equal to one of the candidate's `match_keys` properties."""
+    """The candidates that `by.props[prop]` refers to: through the property's dependencies, else
+    through a known value equal to one of the candidate's `match_keys` properties, else through
+    the resource's dependencies."""
     urns = set(by.property_dependencies.get(prop, ()))
     found = [c for c in candidates if c.urn in urns]
     if found:
@@ -206,9 +207,10 @@ def _referenced(by: StackResource, prop: str, candidates: Sequence[StackResource
     value = by.props.get(prop)
     values = {v for v in (value, _get(value, "id"), _get(value, "name"), _get(value, "groupName"))
               if isinstance(v, str) and v}
-    return [c for c in candidates
-            if any(isinstance(c.props.get(k), str) and c.props.get(k) in values
-                   for k in match_keys)]
+    found = [c for c in candidates
+             if any(isinstance(c.props.get(k), str) and c.props.get(k) in values
+                    for k in match_keys)]
+    return found or [c for c in candidates if c.urn in by.dependencies]
 
 
 def gpu_node_group_efa_violations(resources: Sequence[StackResource]) -> list[StackViolation]:

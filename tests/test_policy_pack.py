@@ -143,6 +143,13 @@ def test_unknown_values_give_neither_violation_nor_preview_warning(servicer):
     assert analyze(servicer, rules.HELM_RELEASE, {"chart": "c", "version": rules.UNKNOWN}) == []
 
 
+def test_unknown_value_elsewhere_does_not_silence_a_rule(servicer):
+    rc = raycluster()
+    rc["metadata"]["namespace"] = rules.UNKNOWN
+    rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] = "ray:latest"
+    assert [d.policyName for d in analyze(servicer, rules.RAY_CLUSTER, rc)] == ["pinned-images"]
+
+
 def test_stack_policies_on_the_program_stack(servicer):
     assert analyze_stack(servicer, gpu_stack() + bucket_stack()) == []
 

@@ -187,6 +187,14 @@ def test_launch_template_found_by_known_id_without_property_dependencies():
     assert violation.urn == LT_URN
 
 
+def test_launch_template_found_through_dependencies_alone():
+    ng, lt, pg = gpu_stack(placement={"strategy": "spread", "name": "pg"})
+    ng = StackResource(urn=ng.urn, type=ng.type, props=ng.props, dependencies=(LT_URN,))
+    lt = StackResource(urn=lt.urn, type=lt.type, props=lt.props, dependencies=(PG_URN,))
+    (violation,) = rules.gpu_node_group_efa_violations([ng, lt, pg])
+    assert "'spread'" in violation.message
+
+
 # --- Ray workers and exposure ----------------------------------------------------------------
 
 def test_program_raycluster_is_compliant():
