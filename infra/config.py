@@ -170,7 +170,7 @@ def _check(cfg: StackConfig) -> None:
     k = config_key
     if not _REGION_RE.match(cfg.region):
         raise ConfigError(k("region"), cfg.region, "is not an AWS region name",
-                          _fix_cmd(k("region"), "us-west-2"))
+                          _fix_cmd(k("region"), "<region>"))
     if not cfg.gpu_availability_zone.startswith(cfg.region) or not re.fullmatch(
             r"[a-z]", cfg.gpu_availability_zone[len(cfg.region):] or "-"):
         raise ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
