@@ -201,8 +201,11 @@ def environment(runtime: Runtime) -> dict:
 class Document:
     """The JSON written after every run, so a run killed part-way leaves what it measured."""
 
-    def __init__(self, settings: BenchSettings, *, header: dict, flops: float, peak_flops: float, matmul: Optional[dict]):
-        self.settings = settings
+    def __init__(
+        self, settings: BenchSettings, *, header: dict, flops: float, peak_flops: float, matmul: Optional[dict],
+        out: Optional[Path],
+    ):
+        self.settings, self.out = settings, out
         self.flops, self.peak_flops = flops, peak_flops
         self.matmul_flops = matmul["flops"] if matmul else None
         self.runs: list[RunResult] = []
@@ -222,8 +225,8 @@ class Document:
         figures = self.figures()
         self.data["figures"] = [asdict(f) for f in figures]
         self.data["comparisons"] = [asdict(c) for c in comparisons(figures, baseline=REFERENCE, candidate=TUNED)]
-        if self.settings.out:
-            write_json(self.settings.out / "bench.json", self.data)
+        if self.out:
+            write_json(self.out / "bench.json", self.data)
 
     def figures(self):
         return [
@@ -258,7 +261,10 @@ def run_benchmark(
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
         "environment": environment(runtime),
     }
-    document = Document(settings, header=header, flops=flops_per_token(base), peak_flops=base.peak_flops, matmul=matmul)
+    document = Document(
+        settings, header=header, flops=flops_per_token(base), peak_flops=base.peak_flops, matmul=matmul,
+        out=settings.out if runtime.rank == 0 else None,
+    )
     ctx = TrainContext(
         rank=runtime.rank,
         world_size=runtime.world_size,

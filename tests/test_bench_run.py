@@ -1,0 +1,162 @@
+"""The benchmark harness end to end on CPU (gloo, the tiny Qwen2): one rank in process with an
+injected out-of-memory, two ranks under torchrun through the real command line, and the NCCL
+bandwidth command on two ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workloads.bench import train_bench
+from workloads.bench.reference import train_reference
+from workloads.bench.runtime import init_runtime
+from workloads.bench.train_bench import BenchSettings, run_benchmark, train_tuned
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--preset", "demo-cpu", "--seq-len", "32", "--steps", "4", "--warmup", "1", "--matmul-size", "64"]
+FIRST_LOSS_RTOL = 1e-5
+"""Both strategies compute the first loss in fp32 from the same weights and tokens; they differ
+only in summation order (full-logit HF loss under FSDP1 vs chunked linear cross-entropy under
+FSDP2), which moves a loss of ~6.25 by about 1e-6."""
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    assert not dist.is_initialized()
+    runtime = init_runtime()
+    yield runtime
+    dist.destroy_process_group()
+
+
+def _oom_above(limit: int, strategy):
+    def run(cfg, *, ctx, device):
+        if cfg.micro_batch > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.50 GiB")
+        return strategy(cfg, ctx=ctx, device=device)
+
+    return run
+
+
+def test_an_out_of_memory_is_recorded_and_the_sweep_goes_on(one_rank, tmp_path):
+    settings = BenchSettings(
+        preset="demo-cpu", seq_len=32, steps=3, warmup=1, micro_batches=(4, 2), matmul_size=0, out=tmp_path
+    )
+    strategies = {"reference": _oom_above(2, train_reference), "tuned": train_tuned}
+    document = run_benchmark(
+        settings, runtime=one_rank, scratch_dir=tmp_path, strategies=strategies, say=lambda line: None
+    )
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert [(r["strategy"], r["micro_batch"], r["status"]) for r in written["runs"]] == [
+        ("reference", 4, "OOM"),
+        ("tuned", 4, "ok"),
+        ("reference", 2, "ok"),
+        ("tuned", 2, "ok"),
+    ]
+    assert written["runs"][0]["error"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert written["matmul"] is None and written["figures"][0]["tokens_per_s_per_gpu"] is None
+    assert [(c["label"], c["reference_micro_batch"], c["tuned_micro_batch"]) for c in written["comparisons"]] == [
+        ("same micro-batch 2", 2, 2),
+        ("largest micro-batch that fits", 2, 4),
+    ]
+    assert "OOM" in document.table()
+
+
+def test_an_error_that_is_not_out_of_memory_stops_the_benchmark(one_rank, tmp_path):
+    def broken(cfg, *, ctx, device):
+        raise RuntimeError("shape mismatch")
+
+    settings = BenchSettings(preset="demo-cpu", seq_len=32, steps=2, warmup=1, micro_batches=(2,), matmul_size=0)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_benchmark(
+            settings, runtime=one_rank, scratch_dir=tmp_path, strategies={"reference": broken}, say=lambda line: None
+        )
+
+
+def _torchrun(args: list[str], *, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_two_ranks_through_the_command_line(tmp_path):
+    out = tmp_path / "bench"
+    done = _torchrun(["workloads.bench", *TINY, "--micro-batches", "4,2", "--out", str(out)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[bench] reference micro-batch 4: 4 steps at seq 32" in done.stdout
+
+    document = json.loads((out / "bench.json").read_text())
+    assert document["environment"]["world_size"] == 2 and document["environment"]["backend"] == "gloo"
+    assert set(document) >= {"settings", "environment", "flops_per_token", "peak_flops", "matmul", "runs", "figures", "comparisons"}
+    assert [(r["strategy"], r["micro_batch"], r["status"]) for r in document["runs"]] == [
+        ("reference", 4, "ok"), ("tuned", 4, "ok"), ("reference", 2, "ok"), ("tuned", 2, "ok"),
+    ]
+    for run, figures in zip(document["runs"], document["figures"]):
+        assert sorted(map(int, run["step_seconds"])) == [2, 3, 4]
+        assert figures["timed_steps"] == 3 and figures["tokens_per_s_per_gpu"] > 0
+        assert 0 < figures["mfu_vs_peak"] and figures["mfu_vs_matmul"] > 0
+        assert figures["step_s_p90"] >= figures["step_s_median"] and figures["final_step"] == 4
+    assert [c["label"] for c in document["comparisons"]] == [
+        "same micro-batch 4", "same micro-batch 2", "largest micro-batch that fits",
+    ]
+    table = (out / "table.txt").read_text()
+    assert table.splitlines()[0].split()[:3] == ["strategy", "mb", "status"]
+    assert table in done.stdout
+
+    # Both strategies saw the same weights and the same tokens on each rank.
+    by_key = {(r["strategy"], r["micro_batch"]): r for r in document["runs"]}
+    for micro_batch in (4, 2):
+        reference = by_key[("reference", micro_batch)]["losses"]["1"]
+        tuned = by_key[("tuned", micro_batch)]
+        assert tuned["losses"]["1"] == pytest.approx(reference, rel=FIRST_LOSS_RTOL)
+        # the harness's FLOPs per token is the loop's own
+        assert tuned["loop_metrics"][-1]["summary"]["flops_per_token"] == document["flops_per_token"]
+
+
+@pytest.mark.slow
+def test_nccl_command_on_two_ranks(tmp_path):
+    out = tmp_path / "nccl"
+    done = _torchrun(
+        ["workloads.bench", "nccl", "--min-bytes", "4K", "--max-bytes", "16K", "--iters", "2", "--warmup-iters", "1",
+         "--out", str(out)]
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((out / "nccl.json").read_text())
+    assert document["world_size"] == 2
+    rows = [(r["op"], r["size_bytes"]) for r in document["rows"]]
+    sizes = [4096, 8192, 16384]
+    assert rows == [(op, s) for op in ("all_reduce", "all_gather", "reduce_scatter") for s in sizes]
+    for row in document["rows"]:
+        factor = 1.0 if row["op"] == "all_reduce" else 0.5  # 2(n-1)/n and (n-1)/n at n = 2
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+        assert row["algbw_gbps"] == pytest.approx(row["size_bytes"] / (row["time_us"] * 1e-6) / 1e9)
+    assert "busbw GB/s" in (out / "nccl.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "3", "--warmup", "3"], "error: --steps 3 --warmup 3"),
+        (["nccl", "--min-bytes", "1TB"], "error: not a size"),
+        (["nccl", "--ops", "all_to_all"], "error: --ops all_to_all"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(argv, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "workloads.bench", *argv], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
