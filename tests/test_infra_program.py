@@ -205,3 +205,10 @@ def test_a_gpu_az_the_account_lacks_fails_with_a_fix(monkeypatch):
     config["ray-eks:gpuAvailabilityZone"] = "us-west-2d"
     with pytest.raises(Exception, match="us-west-2d is not available.*capacity probe"):
         run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch)
+
+
+def test_the_program_needs_no_pulumi_cli(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `pulumi` (nor any other binary) to find
+    config = read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch)
+    assert run.one("kubernetes:ray.io/v1:RayCluster")
