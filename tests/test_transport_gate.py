@@ -70,10 +70,10 @@ def test_gate_passes_over_nvlink(shared_dir, tmp_path):
     result = run_gate_as_rank(tmp_path, own_log=lines_of(text, "vm:671:"), peer_log=lines_of(text, "vm:672:"),
                               hosts=["vm", "vm"], busbw=330.09)
     assert result.applies and result.passed
-    assert result.nodes == 1 and result.floor_gbps == 5.0
+    assert result.nodes == 1 and result.floor_gbps == 2.0
     assert result.message == (
         "transport gate passed (expect efa; ranks 0@vm, 1@vm; transports P2P/CUMEM; all-reduce bus bandwidth "
-        "330.09 GB/s (floor 5.00 GB/s, 64 MiB, 2 ranks on 1 node(s)))"
+        "330.09 GB/s (floor 2.00 GB/s, 64 MiB, 2 ranks on 1 node(s)))"
     )
 
 
@@ -97,7 +97,7 @@ def test_gate_passes_over_efa_between_nodes(tmp_path):
         cfg, ctx=context(3, 8, tmp_path), device=torch.device("cpu"), measure=lambda **_: 9.5, log_path=log_path,
         all_gather=all_gather, hostname="ip-10-0-1-5",
     )
-    assert result.passed and result.nodes == 2 and result.floor_gbps == 2.5
+    assert result.passed and result.nodes == 2 and result.floor_gbps == 1.0
     assert "transports NET/Libfabric/GDRDMA, P2P/CUMEM/read" in result.message
 
 
@@ -108,10 +108,9 @@ def test_gate_fails_on_sockets_within_a_node_naming_ranks_hosts_transport_and_ba
                          hosts=["vm", "vm"], busbw=3.84)
     assert str(err.value) == (
         "transport gate failed (expect efa; ranks 0@vm, 1@vm; transports NET/Socket; all-reduce bus bandwidth "
-        "3.84 GB/s (floor 5.00 GB/s, 64 MiB, 2 ranks on 1 node(s))):\n"
+        "3.84 GB/s (floor 2.00 GB/s, 64 MiB, 2 ranks on 1 node(s))):\n"
         "  rank 0 (vm) -> rank 1 (vm): NET/Socket within a node (expected P2P, SHM or NVLS)\n"
-        "  rank 1 (vm) -> rank 0 (vm): NET/Socket within a node (expected P2P, SHM or NVLS)\n"
-        "  bus bandwidth 3.84 GB/s is under the floor of 5.00 GB/s"
+        "  rank 1 (vm) -> rank 0 (vm): NET/Socket within a node (expected P2P, SHM or NVLS)"
     )
 
 
@@ -137,7 +136,7 @@ def test_gate_fails_on_tcp_between_nodes(tmp_path):
         )
     lines = str(err.value).splitlines()
     assert lines[0].startswith("transport gate failed (expect efa; ranks 0@ip-10-0-1-5, 1@ip-10-0-1-5, ")
-    assert "transports NET/Socket, P2P/CUMEM/read; all-reduce bus bandwidth 3.10 GB/s (floor 2.50 GB/s" in lines[0]
+    assert "transports NET/Socket, P2P/CUMEM/read; all-reduce bus bandwidth 3.10 GB/s (floor 1.00 GB/s" in lines[0]
     assert lines[1:] == [
         "  rank 7 (ip-10-0-1-6) -> rank 0 (ip-10-0-1-5): NET/Socket between nodes "
         "(expected EFA: NET/Libfabric through aws-ofi-nccl)",
@@ -156,6 +155,13 @@ def test_gate_fails_under_the_floor_with_the_right_transport(shared_dir, tmp_pat
         "120.00 GB/s (floor 250.00 GB/s, 64 MiB, 2 ranks on 1 node(s))):\n"
         "  bus bandwidth 120.00 GB/s is under the floor of 250.00 GB/s"
     )
+
+
+def test_default_floor_for_one_node_applies(shared_dir, tmp_path):
+    text = (shared_dir / "fixtures/nccl/h200x2-single-node-p2p.log").read_text()
+    with pytest.raises(TransportGateError, match=r"\n  bus bandwidth 1.50 GB/s is under the floor of 2.00 GB/s$"):
+        run_gate_as_rank(tmp_path, own_log=lines_of(text, "vm:671:"), peer_log=lines_of(text, "vm:672:"),
+                         hosts=["vm", "vm"], busbw=1.5)
 
 
 def test_gate_fails_when_its_log_shows_no_connections(tmp_path):
