@@ -14,8 +14,10 @@ from infra.config import ConfigError, StackConfig, parse_stack_config
 def running_stack_values() -> dict[str, Any]:
     """Every config key of the running stack, from wherever the engine put it."""
     # Pulumi exposes single keys publicly but not the list of keys, which is what catches a
-    # misspelled key; the engine hands them over in PULUMI_CONFIG or the config map.
-    return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    # misspelled key; the engine hands them over in PULUMI_CONFIG or the config map. Older
+    # engines spelled keys `namespace:config:name`.
+    merged = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    return {key.replace(":config:", ":", 1): value for key, value in merged.items()}
 
 
 def load_running_stack_config() -> StackConfig:
