@@ -327,6 +327,8 @@ def decide(
     `nodes`, when given, is the node count the job ran on: more hosts in the logs fails, and fewer,
     or no connection between nodes when nodes > 1, is inconclusive (logs missing, nothing proven
     wrong). `rank_hosts` supplies hosts for ranks the log does not place (a single rank's own log).
+    A link to a rank on an unknown host is judged by its transport: P2P/SHM/NVLS as within a node,
+    a network as between nodes.
     """
     hosts_by_comm = _rank_hosts(log)
     if rank_hosts:
@@ -470,6 +472,7 @@ def _read(paths: Iterable[str]) -> str:
 
 
 def verify_transport(text: str, *, expect: Expect = "efa", nodes: Optional[int] = None) -> Verdict:
+    """Parse and judge NCCL debug output in one call (what the CLI and the submitter's check run)."""
     return decide(parse_nccl_log(text), expect=expect, nodes=nodes)
 
 
