@@ -1,7 +1,7 @@
 """The stack's invariants as pure functions over resource properties.
 
 Each resource rule takes one resource's properties (plain dicts and lists, camelCase keys as the
-Pulumi engine sends them) and returns a list of violation messages; an empty list means compliant.
+Pulumi engine sends them; the image rule also its type) and returns a list of violation messages; an empty list means compliant.
 Each stack rule takes every resource of the stack and returns (urn, message) pairs. Nothing here
 imports Pulumi, so the rules are tested as data.
 
