@@ -171,8 +171,10 @@ class AwsApi:
         self._session = session
         self.sleep = sleep
         self._now = now or (lambda: datetime.now(timezone.utc))
+        # Standard retries (3 attempts unless AWS_MAX_ATTEMPTS says otherwise): throttling and 5xx
+        # are retried; capacity errors are 4xx and fail fast, so the next AZ is tried at once.
         self._config = Config(connect_timeout=min(5.0, call_timeout_s), read_timeout=call_timeout_s,
-                              retries={"mode": "standard", "max_attempts": 3})
+                              retries={"mode": "standard"})
         self._clients: dict[tuple[str, str], BaseClient] = {}
         self._lock = threading.Lock()
 

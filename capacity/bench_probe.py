@@ -29,7 +29,11 @@ from capacity.regions import probe_regions
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_SESSION_TOKEN": "testing", "AWS_REGION": "us-east-1",
-                    "AWS_EC2_METADATA_DISABLED": "true"}
+                    "AWS_EC2_METADATA_DISABLED": "true",
+                    # moto answers GetAWSDefaultServiceQuota for EC2 with HTTP 500 (not
+                    # implemented); without this, botocore's retry backoff on that one call would
+                    # dominate both timings.
+                    "AWS_MAX_ATTEMPTS": "1"}
 
 
 def free_port() -> int:

@@ -1,0 +1,138 @@
+"""`python -m capacity probe` end to end: a subprocess against a real moto server on 127.0.0.1,
+reached through AWS_ENDPOINT_URL with fake credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from capacity.bench_probe import free_port
+from infra.config import parse_stack_config, read_stack_values
+
+FAKE_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            # moto answers the EC2 default-quota call with HTTP 500 (not implemented); one attempt
+            # keeps botocore's retry backoff out of the test time.
+            "AWS_MAX_ATTEMPTS": "1"}
+PLACEMENT_KEYS = ("aws:region:", "ray-eks:gpuAvailabilityZone:", "ray-eks:gpuAvailabilityZoneId:",
+                  "ray-eks:gpuInstanceType:", "ray-eks:gpuNodeCount:")
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> str:
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def probe(moto_url: str, repo_root: Path, tmp_path: Path):
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        full_env = {**base, **FAKE_ENV, "AWS_ENDPOINT_URL": moto_url,
+                    "PYTHONPATH": str(repo_root), **(env or {})}
+        return subprocess.run([sys.executable, "-m", "capacity", "probe", *args], cwd=tmp_path,
+                              env={k: v for k, v in full_env.items() if v is not None},
+                              capture_output=True, text=True, timeout=120)
+    return run
+
+
+def moto_ec2(moto_url: str, region: str):
+    return boto3.client("ec2", region_name=region, endpoint_url=moto_url,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def other_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines(keepends=True)
+            if not line.strip().startswith(PLACEMENT_KEYS)]
+
+
+def test_done_when_probe_writes_a_us_west_2_az_and_keeps_the_rest(probe, moto_url, repo_root,
+                                                                 tmp_path):
+    original = (repo_root / "Pulumi.us-west-2.yaml").read_text()
+    stack = tmp_path / "Pulumi.us-west-2.yaml"
+    stack.write_text(original)
+    proc = probe("--regions", "us-west-2,eu-west-1", "--nodes", "2", "--stack", "us-west-2")
+    assert proc.returncode == 0, proc.stderr
+    cfg = parse_stack_config(read_stack_values(stack))
+    ec2 = moto_ec2(moto_url, "us-west-2")
+    offered = {o["Location"] for o in ec2.describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["g6.12xlarge"]}])["InstanceTypeOfferings"]}
+    zone_ids = {z["ZoneName"]: z["ZoneId"]
+                for z in ec2.describe_availability_zones()["AvailabilityZones"]}
+    assert cfg.region == "us-west-2" and cfg.gpu_availability_zone in offered
+    assert cfg.gpu_availability_zone_id == zone_ids[cfg.gpu_availability_zone]
+    assert (cfg.gpu_instance_type, cfg.gpu_node_count) == ("g6.12xlarge", 2)
+    # The stack's AZ ID (usw2-az1) is still offered, so the node group stays in that zone.
+    assert cfg.gpu_availability_zone_id == "usw2-az1"
+    assert other_lines(stack.read_text()) == other_lines(original)
+    assert "eu-west-1" in proc.stdout and "not offered" in proc.stdout
+    assert "quota not checked" in proc.stdout  # moto has no EC2 quotas: said, not hidden
+
+
+def test_json_is_pure_json_and_dry_run_writes_nothing(probe, tmp_path):
+    proc = probe("--regions", "eu-west-1,us-east-2", "--nodes", "3", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["placement"]["region"] == "us-east-2" and doc["placement"]["node_count"] == 3
+    assert doc["stack"] == "us-east-2" and doc["written"] is False and doc["changed"] is True
+    assert "+  ray-eks:gpuNodeCount: 3" in doc["diff"]
+    assert doc["reasons"] == ["eu-west-1: g6.12xlarge not offered in any AZ"]
+    quota = doc["regions"][1]["quota"]
+    assert quota["verdict"] == "unknown" and "L-DB2E81BA" in quota["problem"]
+    assert not list(tmp_path.glob("Pulumi.*.yaml"))
+
+
+def test_stack_region_is_probed_when_no_regions_are_given(probe, tmp_path):
+    stack = tmp_path / "Pulumi.dev.yaml"
+    stack.write_text("config:\n  aws:region: us-east-2\n  ray-eks:rayNamespace: ray\n")
+    proc = probe("--stack", "dev", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["request"]["regions"] == ["us-east-2"]
+    cfg = parse_stack_config(read_stack_values(stack))
+    assert cfg.region == "us-east-2" and cfg.gpu_availability_zone.startswith("us-east-2")
+
+
+def test_no_placement_exits_1_with_a_reason_per_location(probe, tmp_path):
+    proc = probe("--regions", "eu-west-1", "--instance-type", "p5.48xlarge")
+    assert proc.returncode == 1, proc.stderr
+    assert "eu-west-1: " in proc.stdout and "No placement" in proc.stdout
+    assert not list(tmp_path.glob("Pulumi.*.yaml"))
+
+
+MALFORMED = "config:\n  aws:region: [unclosed\n"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--regions", "us-west-9"), "unknown region 'us-west-9'"),
+    (("--regions", "us-west-2", "--nodes", "0"), "--nodes must be a whole number of at least 1"),
+    (("--regions", "us-west-2", "--instance-type", "t3.micro"), "t3.micro is not an EFA-capable"),
+    (("--stack", "broken"), "is not valid YAML"),
+    (("--regions", "us-west-2", "--all-regions"), "not allowed with argument"),
+])
+def test_bad_input_exits_2_with_one_line_and_touches_nothing(probe, tmp_path, args, message):
+    (tmp_path / "Pulumi.broken.yaml").write_text(MALFORMED)
+    proc = probe(*args)
+    assert proc.returncode == 2
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+    assert (tmp_path / "Pulumi.broken.yaml").read_text() == MALFORMED
+    assert [p.name for p in tmp_path.glob("Pulumi.*.yaml")] == ["Pulumi.broken.yaml"]
+
+
+def test_missing_credentials_exit_3(probe):
+    proc = probe("--regions", "us-west-2",
+                 env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
+    assert proc.returncode == 3
+    assert "credentials" in proc.stderr.lower() and "Traceback" not in proc.stderr
