@@ -95,3 +95,13 @@ def test_no_region_literal_in_infra_code():
              for p in [REPO_ROOT / "__main__.py", *(REPO_ROOT / "infra").rglob("*.py")]}
     assert {p: set(hits) for p, hits in found.items() if hits} == ALLOWED
 
+
+
+def test_docs_list_every_output_and_setting():
+    from dataclasses import fields
+
+    from infra import outputs
+    from infra.config import StackConfig, config_key
+    docs = (REPO_ROOT / "docs" / "INFRA.md").read_text()
+    assert [name for name in outputs.ALL if f"`{name}`" not in docs] == []
+    assert [f.name for f in fields(StackConfig) if f"`{config_key(f.name)}`" not in docs] == []
