@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -197,7 +197,3 @@ def write_json(path: Path, document: dict) -> None:
     partial.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
     os.replace(partial, path)
 
-
-def as_json(value: object) -> object:
-    """Dataclasses to dicts; integer dict keys stay as JSON object keys (strings)."""
-    return asdict(value) if hasattr(value, "__dataclass_fields__") else value

@@ -5,9 +5,14 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=4)
+"""An out-of-memory on some ranks only leaves the others waiting in a collective; this bounds the
+wait so the run fails well inside a 10-minute command instead of hanging to its end."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,8 +31,8 @@ class Runtime:
 
 def init_runtime() -> Runtime:
     """Join the process group torchrun describes (env://), or a one-rank group without torchrun."""
-    # NVLink multicast (NVLS) stays off unless the caller turns it on: the lent H200 hosts
-    # require it off, and the figures recorded in docs/ were measured without it.
+    # NVLink multicast (NVLS) stays off unless the caller sets it: the recorded figures are
+    # measured without it, so that runs compare.
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
@@ -38,9 +43,11 @@ def init_runtime() -> Runtime:
     if not dist.is_initialized():
         if "RANK" in os.environ:
             # No device_id, as Ray Train creates its group: NCCL starts at the first collective.
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT
+            )
     return Runtime(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

@@ -15,7 +15,6 @@ import itertools
 import os
 import platform
 import statistics
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from workloads.bench.reference import train_reference
 from workloads.bench.report import (
     OK,
     OOM,
+    RunFigures,
     RunResult,
     comparisons,
     format_table,
@@ -144,7 +144,7 @@ def run_job(name: str, strategy: Strategy, cfg: TrainConfig, *, runtime: Runtime
     result: Optional[StrategyResult] = None
     try:
         result = strategy(cfg, ctx=ctx, device=runtime.device)
-    except Exception as e:  # noqa: BLE001 - anything but an out-of-memory is re-raised
+    except Exception as e:
         if not is_out_of_memory(e):
             raise
         error = _first_line(e)
@@ -228,7 +228,7 @@ class Document:
         if self.out:
             write_json(self.out / "bench.json", self.data)
 
-    def figures(self):
+    def figures(self) -> list[RunFigures]:
         return [
             run_figures(
                 run, warmup=self.settings.warmup, flops_per_token=self.flops,
@@ -257,7 +257,6 @@ def run_benchmark(
     if matmul:
         say(f"[bench] matmul {settings.matmul_size}^3 bf16: {matmul['flops'] / 1e12:.1f} TFLOP/s (median over ranks)")
     header = {
-        "command": sys.argv,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
         "environment": environment(runtime),
     }
