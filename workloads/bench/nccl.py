@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from workloads.bandwidth import measure_allreduce
 from workloads.bench.report import write_json
-from workloads.bench.runtime import Runtime, init_runtime, max_over_ranks
+from workloads.bench.runtime import Runtime, init_runtime, max_over_ranks, nccl_version
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 _FLOAT32_BYTES = 4
@@ -102,11 +102,13 @@ def measure_gather_scatter(
     per_rank = max(1, size_bytes // _FLOAT32_BYTES // world_size)
     big = torch.zeros(per_rank * world_size, device=device)
     small = torch.zeros(per_rank, device=device)
+    # The *_single names are torch 2.13's; 2.11 (still supported) has only the older ones.
     if op == "all_gather":
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
         def launch() -> None:
-            dist.all_gather_into_tensor(big, small)
+            all_gather(big, small)
     elif op == "reduce_scatter":
-        # reduce_scatter_single is the name from torch 2.13 on; 2.11 has only reduce_scatter_tensor.
         reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
         def launch() -> None:
@@ -169,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         "world_size": runtime.world_size,
         "device": torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else "cpu",
         "backend": dist.get_backend(),
-        "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if runtime.is_cuda else None,
+        "nccl_version": nccl_version(),
         "torch": torch.__version__,
         "dtype": "float32",
         "iters": args.iters,

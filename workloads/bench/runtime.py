@@ -57,6 +57,14 @@ def init_runtime() -> Runtime:
     )
 
 
+def nccl_version() -> str | None:
+    """The NCCL version torch was built with, as "2.27.5", or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """True when the error, or one it was raised from, is a device out-of-memory.
 

@@ -39,7 +39,15 @@ from workloads.bench.report import (
     run_figures,
     write_json,
 )
-from workloads.bench.runtime import Runtime, any_rank, init_runtime, is_out_of_memory, max_over_ranks, release_memory
+from workloads.bench.runtime import (
+    Runtime,
+    any_rank,
+    init_runtime,
+    is_out_of_memory,
+    max_over_ranks,
+    nccl_version,
+    release_memory,
+)
 from workloads.bench.strategy import Strategy, StrategyResult
 from workloads.bench.timing import StepClock
 from workloads.config import ModelConfig, TrainConfig, preset
@@ -187,12 +195,12 @@ def matmul_rate(settings: BenchSettings, *, runtime: Runtime) -> Optional[dict]:
 def environment(runtime: Runtime) -> dict:
     return {
         "world_size": runtime.world_size,
-        "device": torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else "cpu",
         "backend": dist.get_backend(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if runtime.is_cuda else None,
+        "nccl": nccl_version(),
         "python": platform.python_version(),
         "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
     }
