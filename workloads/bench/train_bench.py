@@ -291,8 +291,8 @@ def run_benchmark(
             figures = document.figures()[-1]
             if run.status == OK:
                 say(
-                    f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-                    f"step median {figures.step_s_median:.4f} s, loss {figures.final_loss:.4f} at step {figures.final_step}"
+                    f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+                    f"({figures.mfu_vs_peak:.1%} MFU), step median {figures.step_s_median:.4f} s, loss {figures.final_loss:.4f} at step {figures.final_step}"
                 )
             else:
                 say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
