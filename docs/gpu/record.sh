@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Reproduces the GPU runs recorded in docs/ on a 2-GPU host (torchrun; Ray is not needed):
+#   docs/gpu/record.sh gate OUT    the in-band transport gate over NVLink, then with P2P/SHM disabled
+#   docs/gpu/record.sh nccl OUT    NCCL bus bandwidth by message size
+#   docs/gpu/record.sh bench OUT   reference vs tuned training throughput
+# Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -uo pipefail
+what=$1 out=$2
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+run() { echo "\$ $*" | tee -a "$out/commands.txt"; "$@"; }
+
+case $what in
+gate)
+  # Passes: ranks on one node must connect through P2P/NVLink, and bandwidth clears the floor.
+  run torchrun --nproc-per-node "$gpus" -m workloads.torchrun --preset qwen2.5-1.5b --steps 6 \
+      --out "$out/gate-nvlink" 2>&1 | tee "$out/gate-nvlink.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/gate-nvlink.txt"
+  # Must stop before the first training step: NCCL is pushed onto TCP sockets.
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run torchrun --nproc-per-node "$gpus" -m workloads.torchrun \
+      --preset qwen2.5-1.5b --steps 6 --out "$out/gate-socket" 2>&1 | tee "$out/gate-socket.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/gate-socket.txt"
+  for d in gate-nvlink gate-socket; do
+    run python3 -m workloads verify-transport "$out/$d"/nccl/*.log --nodes 1 2>&1 | tee -a "$out/$d.txt"
+  done
+  ;;
+nccl)
+  run torchrun --nproc-per-node "$gpus" -m workloads.bench nccl --out "$out/nccl" 2>&1 | tee "$out/nccl.txt"
+  ;;
+bench)
+  shift 2
+  run torchrun --nproc-per-node "$gpus" -m workloads.bench --out "$out/bench" "$@" 2>&1 | tee "$out/bench.txt"
+  ;;
+*) echo "usage: $0 gate|nccl|bench OUT" >&2; exit 2 ;;
+esac
