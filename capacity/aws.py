@@ -19,6 +19,7 @@ from typing import Any, Callable
 import boto3
 from botocore.client import BaseClient
 from botocore.config import Config
+from botocore.parsers import ResponseParserError
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -83,6 +84,9 @@ class AwsFailure(Exception):
     """An AWS call that failed, classified. `action` is the IAM action of the failing call."""
 
     def __init__(self, *, kind: FailureKind, code: str, message: str, action: str):
+        # One line: some errors carry a whole response body.
+        first_line = message.strip().splitlines()[0] if message.strip() else ""
+        message = first_line if len(first_line) <= 300 else first_line[:297] + "..."
         self.kind, self.code, self.message, self.action = kind, code, message, action
         super().__init__(self.summary)
 
@@ -99,7 +103,9 @@ def classify(error: Exception, *, action: str) -> AwsFailure:
     """Turn a botocore exception into an `AwsFailure` (pure: inspects the exception only)."""
     if isinstance(error, ClientError):
         err = error.response.get("Error", {})
-        code = str(err.get("Code", "Unknown"))
+        code = str(err.get("Code") or "")
+        if not code or code.isdigit():  # some endpoints answer with a bare HTTP status
+            code = f"HTTP {error.response.get('ResponseMetadata', {}).get('HTTPStatusCode', code)}"
         message = str(err.get("Message", "")).strip()
         kind = _KIND_OF_CODE.get(code, FailureKind.OTHER)
         if kind is FailureKind.DENIED and (m := _ACTION_IN_MESSAGE.search(message)):
@@ -171,31 +177,35 @@ class AwsApi:
         self._session = session
         self.sleep = sleep
         self._now = now or (lambda: datetime.now(timezone.utc))
-        # Standard retries (3 attempts unless AWS_MAX_ATTEMPTS says otherwise): throttling and 5xx
-        # are retried; capacity errors are 4xx and fail fast, so the next AZ is tried at once.
-        self._config = Config(connect_timeout=min(5.0, call_timeout_s), read_timeout=call_timeout_s,
-                              retries={"mode": "standard"})
-        self._clients: dict[tuple[str, str], BaseClient] = {}
+        # Standard retries (3 attempts unless AWS_MAX_ATTEMPTS says otherwise) for throttling and
+        # 5xx. Creating a reservation is sent once: EC2 reports no capacity as a 5xx, and the next
+        # AZ should be tried at once rather than the same one after a backoff.
+        timeouts = {"connect_timeout": min(5.0, call_timeout_s), "read_timeout": call_timeout_s}
+        self._configs = {True: Config(**timeouts, retries={"mode": "standard"}),
+                         False: Config(**timeouts, retries={"mode": "standard",
+                                                            "total_max_attempts": 1})}
+        self._clients: dict[tuple[str, str, bool], BaseClient] = {}
         self._lock = threading.Lock()
 
-    def client(self, service: str, region: str) -> BaseClient:
-        key = (service, region)
+    def client(self, service: str, region: str, *, retry: bool = True) -> BaseClient:
+        key = (service, region, retry)
         with self._lock:
             if key not in self._clients:
                 try:
                     self._clients[key] = self._session.client(service, region_name=region,
-                                                              config=self._config)
+                                                              config=self._configs[retry])
                 except BotoCoreError as exc:
                     raise classify(exc, action=f"{service}:client") from None
             return self._clients[key]
 
-    def _call(self, service: str, region: str, operation: str, **kwargs: Any) -> dict[str, Any]:
-        client = self.client(service, region)
+    def _call(self, service: str, region: str, operation: str, *, retry: bool = True,
+              **kwargs: Any) -> dict[str, Any]:
+        client = self.client(service, region, retry=retry)
         op_name = client.meta.method_to_api_mapping.get(operation, operation)
         action = f"{_IAM_PREFIX.get(service, service)}:{op_name}"
         try:
             return getattr(client, operation)(**kwargs)
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, ResponseParserError) as exc:
             raise classify(exc, action=action) from None
 
     def _paginate(self, service: str, region: str, operation: str, key: str,
@@ -323,7 +333,7 @@ class AwsApi:
         checks permissions: success raises nothing and returns an empty Reservation."""
         try:
             res = self._call(
-                "ec2", region, "create_capacity_reservation", ClientToken=client_token,
+                "ec2", region, "create_capacity_reservation", retry=False, ClientToken=client_token,
                 InstanceType=instance_type, InstancePlatform="Linux/UNIX",
                 AvailabilityZone=availability_zone, InstanceCount=count, Tenancy="default",
                 InstanceMatchCriteria="targeted", EndDateType="limited", EndDate=end_date,

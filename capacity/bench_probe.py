@@ -1,10 +1,14 @@
 """Time a probe of every region against a local moto server: concurrent versus one region at a time.
 
-    python -m capacity.bench_probe [--repeats N] [--nodes N] [--instance-type T]
+    python -m capacity.bench_probe [--repeats N] [--nodes N] [--instance-type T] [--added-latency-ms MS]
 
 Starts `python -m moto.server` on a free 127.0.0.1 port (a separate process, so the server does not
 share the probe's interpreter), points boto3 at it with fake credentials, and runs both modes in the
 same run, alternating, so they see the same machine state. Needs the dev extras (moto[server]).
+
+moto answers on loopback in about a millisecond and spends CPU on every call, so the server, not
+the network, bounds a local run. `--added-latency-ms` delays every request by a fixed time before it
+is sent, standing in for the round trip to a distant region (simulated, and labelled so).
 """
 
 from __future__ import annotations
@@ -69,6 +73,13 @@ def moto_server_process(*, startup_timeout_s: float = 30.0) -> Iterator[str]:
             proc.wait()
 
 
+def _session(latency_s: float) -> boto3.Session:
+    session = boto3.Session()
+    if latency_s > 0:
+        session.events.register("before-send", lambda **_: time.sleep(latency_s))
+    return session
+
+
 def _time_probe(api: AwsApi, request: ProbeRequest, *, concurrent: bool) -> float:
     start = time.perf_counter()
     reports = probe_regions(api, request=request, timeout_s=300, concurrent=concurrent)
@@ -84,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--instance-type", default="g6.12xlarge")
+    parser.add_argument("--added-latency-ms", type=float, default=0.0,
+                        help="simulated round-trip time added to every request")
     args = parser.parse_args(argv)
     os.environ.update(FAKE_CREDENTIALS)
+    load_at_start = os.getloadavg()[0]
     with moto_server_process() as url:
         os.environ["AWS_ENDPOINT_URL"] = url
         session = boto3.Session()
@@ -95,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {"concurrent": [], "one at a time": []}
         for _ in range(args.repeats):
             # A fresh AwsApi per run, so both modes pay for creating their clients.
-            times["concurrent"].append(_time_probe(AwsApi(session=boto3.Session()), request,
-                                                   concurrent=True))
-            times["one at a time"].append(_time_probe(AwsApi(session=boto3.Session()), request,
-                                                      concurrent=False))
+            for mode, concurrent in (("concurrent", True), ("one at a time", False)):
+                api = AwsApi(session=_session(args.added_latency_ms / 1000))
+                times[mode].append(_time_probe(api, request, concurrent=concurrent))
+    latency = (f", {args.added_latency_ms:g} ms simulated latency per request"
+               if args.added_latency_ms else "")
     print(f"probe of {len(regions)} regions for {args.nodes} x {args.instance_type} against moto "
-          f"({args.repeats} runs each, alternating)")
+          f"({args.repeats} runs each, alternating{latency}; {os.cpu_count()} CPUs, load average "
+          f"{load_at_start:.1f} at start)")
     for mode, runs in times.items():
         print(f"  {mode:14s} median {statistics.median(runs):6.2f} s   runs: "
               + ", ".join(f"{t:.2f}" for t in runs))

@@ -17,7 +17,7 @@ import contextlib
 import signal
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, Iterator
 
@@ -99,23 +99,25 @@ def signals_deferred() -> Iterator[None]:
 
 def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str,
               count: int) -> AwsFailure | None:
-    """DryRun the create and the cancel; the permission failure, if any. (Describe is checked by
+    """DryRun the create and the cancel; None when both are allowed. A create that fails for
+    another reason than permissions passes (the real create will say why); a cancel that cannot be
+    confirmed fails, so nothing is created that might not be cancellable. (Describe is checked by
     the sweep of leftovers that follows.)"""
-    checks: list[Callable[[], object]] = [
-        lambda: api.create_reservation(
+    try:
+        api.create_reservation(
             region=candidate.region, availability_zone=candidate.zone, instance_type=instance_type,
             count=count, end_date=api.now() + SAFETY_LIFETIME, tags={TAG_KEY: "preflight"},
-            client_token=str(uuid.uuid4()), dry_run=True),
-        lambda: api.cancel_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
-                                       dry_run=True),
-    ]
-    for check in checks:
-        try:
-            check()
-        except AwsFailure as failure:
-            # Anything but a denial (e.g. the placeholder ID not found) means the permission exists.
-            if failure.kind in _NO_PERMISSION:
-                return failure
+            client_token=str(uuid.uuid4()), dry_run=True)
+    except AwsFailure as failure:
+        if failure.kind in _NO_PERMISSION:
+            return failure
+    try:
+        api.cancel_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
+                               dry_run=True)
+    except AwsFailure as failure:
+        # The placeholder ID not being found still means the call was authorized.
+        if failure.kind is not FailureKind.NOT_FOUND:
+            return failure
     return None
 
 
@@ -195,6 +197,34 @@ def _cancel_attempt(api: AwsApi, *, region: str, created_id: str, token: str,
     return all([cancel(api, region=region, reservation_id=r.reservation_id) for r in found])
 
 
+def _prepare_region(api: AwsApi, *, candidate: Candidate, instance_type: str, count: int,
+                    run: _RunLog) -> tuple[AttemptOutcome, str] | None:
+    """Preflight, then sweep leftovers, once per region; why the region cannot be tried, if so."""
+    refused = preflight(api, candidate=candidate, instance_type=instance_type, count=count)
+    if refused is not None:
+        outcome = (AttemptOutcome.DENIED if refused.kind in _NO_PERMISSION
+                   else AttemptOutcome.FAILED)
+        return outcome, f"DryRun preflight: {refused.summary}"
+    try:
+        done, stuck = sweep_leftovers(api, region=candidate.region)
+    except AwsFailure as failure:
+        if failure.kind in _NO_PERMISSION:
+            return AttemptOutcome.DENIED, f"sweep of leftovers: {failure.summary}"
+        run.sweep_errors.append(f"{candidate.region}: {failure.summary}")
+        return None
+    run.swept.extend(done)
+    run.leaked.extend(stuck)
+    return None
+
+
+@dataclass
+class _RunLog:
+    attempts: list[ReservationAttempt] = field(default_factory=list)
+    swept: list[str] = field(default_factory=list)
+    leaked: list[str] = field(default_factory=list)
+    sweep_errors: list[str] = field(default_factory=list)
+
+
 def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_type: str,
                    count: int,
                    on_attempt: Callable[[ReservationAttempt], None] = lambda _: None
@@ -202,50 +232,37 @@ def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_t
     """Try candidates in rank order until one reservation succeeds. No capacity or an unsupported
     AZ moves on to the next AZ; a quota failure skips the rest of that region; a permission
     failure stops everything (it would fail everywhere)."""
-    attempts: list[ReservationAttempt] = []
-    swept: list[str] = []
-    leaked: list[str] = []
-    sweep_errors: list[str] = []
+    run = _RunLog()
+    blocked: dict[str, tuple[AttemptOutcome, str]] = {}
     prepared: set[str] = set()
-    quota_blocked: set[str] = set()
 
     def record(attempt: ReservationAttempt) -> None:
-        attempts.append(attempt)
+        run.attempts.append(attempt)
         on_attempt(attempt)
 
     with sigterm_interrupts():
         for cand in candidates:
             where = {"region": cand.region, "zone": cand.zone, "zone_id": cand.zone_id}
-            if cand.region in quota_blocked:
-                record(ReservationAttempt(**where, outcome=AttemptOutcome.SKIPPED,
-                                          detail="the region's quota was exceeded"))
-                continue
             if cand.region not in prepared:
                 prepared.add(cand.region)
-                denied = preflight(api, candidate=cand, instance_type=instance_type, count=count)
-                if denied is not None:
-                    record(ReservationAttempt(**where, outcome=AttemptOutcome.DENIED,
-                                              detail=f"DryRun preflight: {denied.summary}"))
+                problem = _prepare_region(api, candidate=cand, instance_type=instance_type,
+                                          count=count, run=run)
+                if problem is not None:
+                    blocked[cand.region] = problem
+            if cand.region in blocked:
+                outcome, detail = blocked[cand.region]
+                record(ReservationAttempt(**where, outcome=outcome, detail=detail))
+                if outcome is AttemptOutcome.DENIED:
                     break
-                try:
-                    done, stuck = sweep_leftovers(api, region=cand.region)
-                except AwsFailure as failure:
-                    if failure.kind in _NO_PERMISSION:
-                        record(ReservationAttempt(**where, outcome=AttemptOutcome.DENIED,
-                                                  detail=f"sweep of leftovers: {failure.summary}"))
-                        break
-                    sweep_errors.append(f"{cand.region}: {failure.summary}")
-                else:
-                    swept.extend(done)
-                    leaked.extend(stuck)
+                continue
             attempt = reserve_and_cancel(api, candidate=cand, instance_type=instance_type,
                                          count=count)
             record(attempt)
             if attempt.reservation_id and not attempt.cancelled:
-                leaked.append(attempt.reservation_id)
-            if attempt.outcome is AttemptOutcome.PROVEN or attempt.outcome is AttemptOutcome.DENIED:
+                run.leaked.append(attempt.reservation_id)
+            if attempt.outcome in (AttemptOutcome.PROVEN, AttemptOutcome.DENIED):
                 break
             if attempt.outcome is AttemptOutcome.QUOTA:
-                quota_blocked.add(cand.region)
-    return ReservationRun(attempts=tuple(attempts), swept=tuple(swept), leaked=tuple(leaked),
-                          sweep_errors=tuple(sweep_errors))
+                blocked[cand.region] = (AttemptOutcome.SKIPPED, "the region's quota was exceeded")
+    return ReservationRun(attempts=tuple(run.attempts), swept=tuple(run.swept),
+                          leaked=tuple(run.leaked), sweep_errors=tuple(run.sweep_errors))

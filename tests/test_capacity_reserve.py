@@ -51,11 +51,41 @@ def api(sleep: Recorder, botocore_session) -> AwsApi:
     return AwsApi(session=session, sleep=sleep, now=lambda: NOW)
 
 
+class Ec2Stubs:
+    """Creates go through the client that never retries; every other call through the other."""
+
+    def __init__(self, api: AwsApi, region: str = "us-west-2"):
+        self.calls = Stubber(api.client("ec2", region))
+        self.creates = Stubber(api.client("ec2", region, retry=False))
+
+    def _pick(self, method: str) -> Stubber:
+        return self.creates if method == "create_capacity_reservation" else self.calls
+
+    def add_response(self, method: str, *args, **kwargs) -> None:
+        self._pick(method).add_response(method, *args, **kwargs)
+
+    def add_client_error(self, method: str, *args, **kwargs) -> None:
+        self._pick(method).add_client_error(method, *args, **kwargs)
+
+    def __enter__(self) -> "Ec2Stubs":
+        self.calls.activate()
+        self.creates.activate()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.calls.deactivate()
+        self.creates.deactivate()
+
+    def assert_no_pending_responses(self) -> None:
+        self.calls.assert_no_pending_responses()
+        self.creates.assert_no_pending_responses()
+
+
 @pytest.fixture
 def ec2(api: AwsApi):
-    with Stubber(api.client("ec2", "us-west-2")) as stub:
-        yield stub
-        stub.assert_no_pending_responses()
+    with Ec2Stubs(api) as stubs:
+        yield stubs
+        stubs.assert_no_pending_responses()
 
 
 def cand(zone: str, zone_id: str, region: str = "us-west-2") -> Candidate:
@@ -66,7 +96,7 @@ def reservation(rid: str, zone: str, state: str = "active") -> dict:
     return {"CapacityReservationId": rid, "State": state, "AvailabilityZone": zone}
 
 
-def stub_preflight_ok(stub: Stubber, *, leftovers: tuple[dict, ...] = ()) -> None:
+def stub_preflight_ok(stub: Ec2Stubs, *, leftovers: tuple[dict, ...] = ()) -> None:
     stub.add_client_error("create_capacity_reservation", "DryRunOperation",
                           "Request would have succeeded, but DryRun flag is set.", 412,
                           expected_params={**create_params("us-west-2a"), "DryRun": True})
@@ -86,7 +116,7 @@ def create_params(zone: str, count: int = 2) -> dict:
             "EndDate": NOW + SAFETY_LIFETIME, "TagSpecifications": ANY, "DryRun": False}
 
 
-def stub_cancel(stub: Stubber, rid: str) -> None:
+def stub_cancel(stub: Ec2Stubs, rid: str) -> None:
     stub.add_response("cancel_capacity_reservation", {"Return": True},
                       expected_params={"CapacityReservationId": rid, "DryRun": False})
 
@@ -114,7 +144,7 @@ def test_no_capacity_in_first_az_then_success_in_next(api, ec2):
 
 def test_reservation_is_tagged_with_a_limited_end_date_and_a_client_token(api, ec2):
     sent: list[dict] = []
-    api.client("ec2", "us-west-2").meta.events.register(
+    api.client("ec2", "us-west-2", retry=False).meta.events.register(
         "provide-client-params.ec2.CreateCapacityReservation",
         lambda params, **_: sent.append(dict(params)))
     ec2.add_response("create_capacity_reservation",
@@ -191,7 +221,7 @@ def test_interrupt_before_the_create_answer_arrives_finds_the_reservation_by_tag
     def interrupt(**_):
         raise KeyboardInterrupt
 
-    api.client("ec2", "us-west-2").meta.events.register(
+    api.client("ec2", "us-west-2", retry=False).meta.events.register(
         "after-call.ec2.CreateCapacityReservation", interrupt)
     with pytest.raises(KeyboardInterrupt):
         reserve_and_cancel(api, candidate=cand("us-west-2a", "usw2-az2"),
@@ -257,12 +287,11 @@ def test_leftovers_of_earlier_runs_are_swept_first(api, ec2):
 
 
 def test_quota_exceeded_skips_the_rest_of_the_region(api, ec2):
-    east = api.client("ec2", "us-east-1")
     stub_preflight_ok(ec2)
     ec2.add_client_error("create_capacity_reservation", "InstanceLimitExceeded",
                          "You have requested more vCPU capacity than your current vCPU limit",
                          400, expected_params=create_params("us-west-2a"))
-    with Stubber(east) as east_stub:
+    with Ec2Stubs(api, "us-east-1") as east_stub:
         east_stub.add_client_error("create_capacity_reservation", "DryRunOperation", "", 412,
                                    expected_params={**create_params("us-east-1a"), "DryRun": True})
         east_stub.add_client_error("cancel_capacity_reservation", "DryRunOperation", "", 412,
@@ -295,3 +324,22 @@ def test_pending_reservation_that_turns_active_is_proven(api, ec2, sleep):
                                  instance_type="g6.12xlarge", count=2)
     assert attempt.outcome is AttemptOutcome.PROVEN and attempt.cancelled
     assert sleep.sleeps == [2.0]
+
+
+def test_a_cancel_permission_that_cannot_be_confirmed_creates_nothing_in_that_region(api, ec2):
+    ec2.add_client_error("create_capacity_reservation", "DryRunOperation", "", 412,
+                         expected_params={**create_params("us-west-2a"), "DryRun": True})
+    ec2.add_client_error("cancel_capacity_reservation", "InternalError", "boom", 500,
+                         expected_params={"CapacityReservationId": ANY, "DryRun": True})
+    run = prove_capacity(api, candidates=(cand("us-west-2a", "usw2-az2"),
+                                          cand("us-west-2b", "usw2-az1")),
+                         instance_type="g6.12xlarge", count=2)
+    assert [a.outcome for a in run.attempts] == [AttemptOutcome.FAILED, AttemptOutcome.FAILED]
+    assert all("DryRun preflight: InternalError" in a.detail for a in run.attempts)
+
+
+def test_the_create_is_sent_once_so_no_capacity_moves_on_at_once(api):
+    # EC2 answers InsufficientInstanceCapacity with a 5xx, which standard retries would repeat.
+    create_client = api.client("ec2", "us-west-2", retry=False)
+    assert create_client.meta.config.retries["total_max_attempts"] == 1
+    assert "total_max_attempts" not in api.client("ec2", "us-west-2").meta.config.retries
