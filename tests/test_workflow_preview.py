@@ -86,4 +86,7 @@ def test_preview_uses_the_makefile_oidc_and_comments_on_the_pr(workflow):
     assert pulumi["with"]["command"] == "preview"
     assert pulumi["with"]["comment-on-pr"] is True
     assert pulumi["with"]["stack-name"] == "${{ matrix.stack }}"
+    assert pulumi["with"]["policyPacks"] == "policy"
+    assert any("policy/venv/bin/pip install" in r and "policy/requirements.txt" in r
+               for r in runs)
     assert steps.index(aws) < steps.index(pulumi)
