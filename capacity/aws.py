@@ -1,9 +1,9 @@
 """One typed wrapper over every AWS call the probe makes.
 
-The boto3 session and `sleep` are passed in, so tests can stub clients (botocore Stubber) or point the
-session at moto, and no test ever waits. Every AWS error leaves this module as `AwsFailure`, already
-classified (no capacity, quota, unsupported, permission, credentials, ...) and naming the IAM action
-of the call that failed.
+The boto3 session and `sleep` are passed in, so tests can stub clients (botocore Stubber) or point
+the session at moto, and no test ever waits. Every AWS error leaves this module as `AwsFailure`,
+already classified (no capacity, quota, unsupported, permission, credentials, ...) and naming the
+IAM action of the call that failed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any, Callable
 import boto3
 from botocore.client import BaseClient
 from botocore.config import Config
-from botocore.parsers import ResponseParserError
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -31,6 +30,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
     TokenRetrievalError,
 )
+from botocore.parsers import ResponseParserError
 
 
 class FailureKind(enum.Enum):
@@ -218,7 +218,7 @@ class AwsApi:
                 return items
             kwargs["NextToken"] = page["NextToken"]
 
-    # --- identity and regions -------------------------------------------------------------------
+    # --- identity and regions --------------------------------------------------------------------
 
     def caller_account(self, *, region: str) -> str:
         return str(self._call("sts", region, "get_caller_identity")["Account"])
@@ -227,7 +227,7 @@ class AwsApi:
         regions = self._call("ec2", region, "describe_regions")["Regions"]
         return sorted(r["RegionName"] for r in regions)
 
-    # --- offerings and instance facts -------------------------------------------------------------
+    # --- offerings and instance facts ------------------------------------------------------------
 
     def availability_zones(self, *, region: str) -> dict[str, str]:
         """AZ name -> AZ ID of the region's available, standard AZs (no Local/Wavelength zones)."""
@@ -264,7 +264,7 @@ class AwsApi:
             efa_supported=bool(net.get("EfaSupported", False)),
             max_efa_interfaces=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)))
 
-    # --- quota and usage ---------------------------------------------------------------------------
+    # --- quota and usage -------------------------------------------------------------------------
 
     def applied_quota(self, *, region: str, quota_code: str) -> float | None:
         """The account's applied quota value, or None when no value is applied (default holds)."""
@@ -288,7 +288,7 @@ class AwsApi:
         return float(quota["Quota"]["Value"])
 
     def usage_metric(self, *, region: str, usage_class: str) -> float | None:
-        """Latest AWS/Usage vCPU count of an On-Demand usage class (e.g. G/OnDemand), if published."""
+        """Latest AWS/Usage vCPU count of an On-Demand usage class (e.g. G/OnDemand), if any."""
         end = self._now()
         stats = self._call(
             "cloudwatch", region, "get_metric_statistics", Namespace="AWS/Usage",
@@ -324,7 +324,7 @@ class AwsApi:
             out.update({t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in found})
         return out
 
-    # --- capacity reservations -----------------------------------------------------------------------
+    # --- capacity reservations -------------------------------------------------------------------
 
     def create_reservation(self, *, region: str, availability_zone: str, instance_type: str,
                            count: int, end_date: datetime, tags: dict[str, str],
@@ -348,7 +348,8 @@ class AwsApi:
         return Reservation(reservation_id=res["CapacityReservationId"], state=res["State"],
                            availability_zone=res["AvailabilityZone"])
 
-    def cancel_reservation(self, *, region: str, reservation_id: str, dry_run: bool = False) -> None:
+    def cancel_reservation(self, *, region: str, reservation_id: str,
+                           dry_run: bool = False) -> None:
         try:
             self._call("ec2", region, "cancel_capacity_reservation",
                        CapacityReservationId=reservation_id, DryRun=dry_run)

@@ -1,6 +1,7 @@
 """Time a probe of every region against a local moto server: concurrent versus one region at a time.
 
-    python -m capacity.bench_probe [--repeats N] [--nodes N] [--instance-type T] [--added-latency-ms MS]
+    python -m capacity.bench_probe [--repeats N] [--nodes N] [--instance-type T]
+                                   [--added-latency-ms MS]
 
 Starts `python -m moto.server` on a free 127.0.0.1 port (a separate process, so the server does not
 share the probe's interpreter), points boto3 at it with fake credentials, and runs both modes in the
@@ -50,7 +51,8 @@ def free_port() -> int:
 def moto_server_process(*, startup_timeout_s: float = 30.0) -> Iterator[str]:
     """A moto server in its own process; yields its endpoint URL and stops it afterwards."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                             "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

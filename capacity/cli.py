@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", default="2", help="GPU nodes in one AZ (default 2)")
     p.add_argument("--reserve", action="store_true",
                    help="prove capacity with a capacity reservation, cancelled at once")
-    p.add_argument("--dry-run", action="store_true", help="show the stack-file change, write nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="show the stack-file change, write nothing")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
     p.add_argument("--region-timeout", default="60", help="seconds per region (default 60)")
     return parser

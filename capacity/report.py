@@ -97,8 +97,8 @@ def table(result: ProbeResult) -> Table:
         if report.blocker and not (report.quota and report.offered):
             offered = "?" if report.failure else ("no" if report.facts is None or not report.offered
                                                   else "yes")
-            t.add_row(report.region, "-", "-", offered, _efa_cell(report), _quota_cell(report.quota),
-                      "", f"[red]{report.blocker}[/]")
+            t.add_row(report.region, "-", "-", offered, _efa_cell(report),
+                      _quota_cell(report.quota), "", f"[red]{report.blocker}[/]")
             continue
         for zone in report.offered:
             attempt = attempts.get((report.region, zone.name))

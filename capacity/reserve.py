@@ -1,10 +1,10 @@
 """Prove capacity by creating an On-Demand Capacity Reservation and cancelling it at once.
 
 A reservation bills from the moment it exists, so this module must never leak one:
-- a DryRun preflight checks the create, describe and cancel permissions for free, so a reservation is
-  never created that the caller could not cancel;
-- the cancel runs in `finally`, with SIGINT/SIGTERM deferred until it is done; SIGTERM is turned into
-  an interrupt while the reservation is being made, so it reaches the `finally` too;
+- a DryRun preflight checks the create and cancel permissions for free, so a reservation is never
+  created that the caller could not cancel;
+- the cancel runs in `finally`, with SIGINT/SIGTERM deferred until it is done; SIGTERM is turned
+  into an interrupt while the reservation is being made, so it reaches the `finally` too;
 - when the create was interrupted before its answer arrived, the reservation is found by its tag;
 - every reservation ends by itself (EndDateType=limited) shortly after, should all of that fail;
 - reservations tagged by earlier runs that are still active are swept (cancelled) first;

@@ -30,8 +30,8 @@ PLACEMENT_KEYS = tuple(config_key(name) for name in (
 # (mapping, sequence, offset) layouts tried in order; the first that reproduces the file is used.
 _LAYOUTS = ((2, 4, 2), (2, 2, 0), (4, 4, 2), (4, 4, 0), (4, 6, 4), (2, 4, 0), (4, 2, 0))
 
-_HEADER = ("# GPU placement written by `python -m capacity probe`; it rewrites only the placement keys\n"
-           "# and keeps every other key and comment you add here.\n")
+_HEADER = ("# GPU placement written by `python -m capacity probe`; it rewrites only the placement\n"
+           "# keys and keeps every other key and comment you add here.\n")
 
 
 class StackFileError(ValueError):
@@ -101,8 +101,8 @@ def _faithful_yaml(text: str, path: Path) -> tuple[YAML, Any]:
         doc = yaml.load(text)
         if _dump(yaml, doc) == text:
             return yaml, doc
-    raise StackFileError(f"{path}: its layout cannot be reproduced exactly by a YAML round trip, so "
-                         f"it is left untouched; set {', '.join(PLACEMENT_KEYS)} by hand")
+    raise StackFileError(f"{path}: its layout cannot be reproduced exactly by a YAML round trip, "
+                         f"so it is left untouched; set {', '.join(PLACEMENT_KEYS)} by hand")
 
 
 def _set_placement(config: CommentedMap, values: Mapping[str, Any]) -> None:
