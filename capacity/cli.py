@@ -189,7 +189,7 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
                                current_zone_id=request.current_zone_id)
     with Progress(TextColumn("probing regions"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.description}"), console=err,
-                  transient=True) as progress:
+                  transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("", total=len(request.regions))
         reports = probe_regions(
             api, request=request, timeout_s=opts.region_timeout_s,
