@@ -28,7 +28,11 @@ def sharded_model_and_optimizer():
     cfg = preset("demo-cpu")
     model, _ = build_model(cfg, device=torch.device("cpu"))
     model = parallelize(
-        model, mesh=init_device_mesh("cpu", (1,)), compile=False, mixed_precision=False, reshard_after_forward=True
+        model,
+        mesh=init_device_mesh("cpu", (1,)),
+        compile=False,
+        mixed_precision=False,
+        reshard_after_forward=True,
     )
     return cfg, model, build_optimizer(model, cfg, device=torch.device("cpu"))
 
@@ -36,21 +40,31 @@ def sharded_model_and_optimizer():
 def snapshot(model, optimizer) -> dict[str, torch.Tensor]:
     out = {f"p.{n}": p.detach().full_tensor().clone() for n, p in model.named_parameters()}
     for i, state in enumerate(optimizer.state.values()):
-        out |= {f"s{i}.{k}": v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone() for k, v in state.items()}
+        out |= {
+            f"s{i}.{k}": v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
+            for k, v in state.items()
+        }
     return out
 
 
 def test_load_restores_weights_optimizer_state_and_progress(one_rank_group, tmp_path):
-    cfg, model, optimizer = sharded_model_and_optimizer()
-    data = batches(SyntheticSource(vocab_size=512, seq_len=16, seed=0), position=0, micro_batch=2, rank=0, world_size=1)
+    _, model, optimizer = sharded_model_and_optimizer()
+    data = batches(
+        SyntheticSource(vocab_size=512, seq_len=16, seed=0), position=0, micro_batch=2, rank=0, world_size=1
+    )
     train_step(model, optimizer, next(data), lr=1e-2, grad_clip=1.0)
     saved = snapshot(model, optimizer)
     folder = checkpoint.save(
-        tmp_path / "ckpt", model=model, optimizer=optimizer, progress=checkpoint.Progress(step=7, data_position=112)
+        tmp_path / "ckpt",
+        model=model,
+        optimizer=optimizer,
+        progress=checkpoint.Progress(step=7, data_position=112),
     )
 
     _, fresh_model, fresh_optimizer = sharded_model_and_optimizer()
-    train_step(fresh_model, fresh_optimizer, next(data), lr=5e-2, grad_clip=1.0)  # different weights and state
+    train_step(
+        fresh_model, fresh_optimizer, next(data), lr=5e-2, grad_clip=1.0
+    )  # different weights and state
     progress = checkpoint.load(folder, model=fresh_model, optimizer=fresh_optimizer)
 
     assert progress == checkpoint.Progress(step=7, data_position=112)
@@ -62,7 +76,7 @@ def test_load_restores_weights_optimizer_state_and_progress(one_rank_group, tmp_
 
 def test_loading_a_folder_that_is_not_a_checkpoint_is_a_clear_error(one_rank_group, tmp_path):
     _, model, optimizer = sharded_model_and_optimizer()
-    with pytest.raises(ValueError, match="not a torch.distributed.checkpoint folder"):
+    with pytest.raises(ValueError, match=r"not a torch\.distributed\.checkpoint folder"):
         checkpoint.load(tmp_path, model=model, optimizer=optimizer)
 
 

@@ -32,7 +32,9 @@ def write_corpus(folder: Path, *, documents: int = 60) -> tuple[Path, Path]:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer_dir = folder / "tokenizer"
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>").save_pretrained(tokenizer_dir)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>").save_pretrained(
+        tokenizer_dir
+    )
     gen = torch.Generator().manual_seed(0)
     jsonl = folder / "corpus.jsonl"
     with jsonl.open("w") as f:
@@ -64,7 +66,11 @@ def test_pack_tokens_too_little_text_names_the_fix():
 def test_jsonl_is_tokenized_packed_and_separated_by_eos(corpus):
     jsonl, tokenizer_dir = corpus
     source = load_jsonl_source(
-        DataConfig(kind="jsonl", path=str(jsonl)), seq_len=16, seed=0, tokenizer_name=str(tokenizer_dir), vocab_size=512
+        DataConfig(kind="jsonl", path=str(jsonl)),
+        seq_len=16,
+        seed=0,
+        tokenizer_name=str(tokenizer_dir),
+        vocab_size=512,
     )
     texts = read_jsonl_texts(jsonl, text_field="text")
     total_tokens = sum(len(t.split()) + 1 for t in texts)  # each word is one token, plus EOS
@@ -79,7 +85,11 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_refused(corpus):
     jsonl, tokenizer_dir = corpus
     with pytest.raises(ValueError, match="model's vocabulary has 10"):
         load_jsonl_source(
-            DataConfig(kind="jsonl", path=str(jsonl)), seq_len=16, seed=0, tokenizer_name=str(tokenizer_dir), vocab_size=10
+            DataConfig(kind="jsonl", path=str(jsonl)),
+            seq_len=16,
+            seed=0,
+            tokenizer_name=str(tokenizer_dir),
+            vocab_size=10,
         )
 
 
@@ -132,8 +142,17 @@ def test_resuming_at_a_data_position_continues_the_same_stream():
 
 def test_a_data_position_stays_valid_on_another_number_of_ranks():
     consumed = 2 * samples_per_step(micro_batch=3, world_size=4)
-    before = {g for step in range(2) for r in range(4) for g in global_indices(position=0, batch=step, micro_batch=3, rank=r, world_size=4)}
-    after = {g for r in range(2) for g in global_indices(position=consumed, batch=0, micro_batch=3, rank=r, world_size=2)}
+    before = {
+        g
+        for step in range(2)
+        for r in range(4)
+        for g in global_indices(position=0, batch=step, micro_batch=3, rank=r, world_size=4)
+    }
+    after = {
+        g
+        for r in range(2)
+        for g in global_indices(position=consumed, batch=0, micro_batch=3, rank=r, world_size=2)
+    }
     assert before == set(range(consumed))
     assert after == set(range(consumed, consumed + 6))
 
@@ -149,6 +168,10 @@ def test_synthetic_samples_are_learnable_progressions_and_deterministic():
 
 
 def test_batch_labels_are_inputs_shifted_by_one():
-    batch = next(batches(SyntheticSource(vocab_size=31, seq_len=6, seed=0), position=0, micro_batch=2, rank=0, world_size=1))
+    batch = next(
+        batches(
+            SyntheticSource(vocab_size=31, seq_len=6, seed=0), position=0, micro_batch=2, rank=0, world_size=1
+        )
+    )
     assert batch.input_ids.shape == batch.labels.shape == (2, 6)
     assert torch.equal(batch.input_ids[:, 1:], batch.labels[:, :-1])

@@ -56,14 +56,23 @@ def test_mistakes_are_value_errors_naming_the_field(d, match):
 
 
 def test_jsonl_with_a_pretrained_model_takes_its_tokenizer():
-    cfg = TrainConfig(model=ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B"), data=DataConfig(kind="jsonl", path="a.jsonl"))
+    cfg = TrainConfig(
+        model=ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B"), data=DataConfig(kind="jsonl", path="a.jsonl")
+    )
     assert cfg.data.tokenizer == ""
 
 
 def test_overrides_parse_json_values_and_dotted_keys():
     cfg = with_overrides(
         preset("demo-cpu"),
-        ["steps=7", "lr=0.5", "compile=true", "model.name_or_path=org/model", "transport.min_busbw_gbps=null", "betas=[0.8,0.9]"],
+        [
+            "steps=7",
+            "lr=0.5",
+            "compile=true",
+            "model.name_or_path=org/model",
+            "transport.min_busbw_gbps=null",
+            "betas=[0.8,0.9]",
+        ],
     )
     assert (cfg.steps, cfg.lr, cfg.compile, cfg.betas) == (7, 0.5, True, (0.8, 0.9))
     assert cfg.model.name_or_path == "org/model"
@@ -72,7 +81,11 @@ def test_overrides_parse_json_values_and_dotted_keys():
 
 @pytest.mark.parametrize(
     ("item", "match"),
-    [("steps", r"use key=value"), ("steps.x=1", r"'steps' is not a nested config section"), ("step=3", r"did you mean 'steps'")],
+    [
+        ("steps", r"use key=value"),
+        ("steps.x=1", r"'steps' is not a nested config section"),
+        ("step=3", r"did you mean 'steps'"),
+    ],
 )
 def test_bad_overrides_say_how_to_write_them(item, match):
     with pytest.raises(ValueError, match=match):

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from test_data_jsonl import write_corpus
+
 from workloads.config import TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
 from workloads.data import Batch, batches, build_source
@@ -49,7 +49,10 @@ def scenarios(root: Path) -> dict[str, dict]:
             "cfg": with_overrides(demo, [f"steps={REFERENCE_STEPS}", *short, "mixed_precision=true"]),
             "resume_from": None,
         },
-        "resume-a": {"cfg": with_overrides(demo, ["steps=4", "log_every=1", "warmup_steps=1", "checkpoint_every=2"]), "resume_from": None},
+        "resume-a": {
+            "cfg": with_overrides(demo, ["steps=4", "log_every=1", "warmup_steps=1", "checkpoint_every=2"]),
+            "resume_from": None,
+        },
         "resume-b": {
             "cfg": with_overrides(demo, ["steps=4", "log_every=1", "warmup_steps=1", "checkpoint_every=2"]),
             "resume_from": root / "resume-a" / "checkpoint-0000002",
@@ -57,11 +60,27 @@ def scenarios(root: Path) -> dict[str, dict]:
         "jsonl": {
             "cfg": with_overrides(
                 demo,
-                ["steps=3", "seq_len=16", *short, "data.kind=jsonl", f"data.path={jsonl}", f"data.tokenizer={tokenizer}"],
+                [
+                    "steps=3",
+                    "seq_len=16",
+                    *short,
+                    "data.kind=jsonl",
+                    f"data.path={jsonl}",
+                    f"data.tokenizer={tokenizer}",
+                ],
             ),
             "resume_from": None,
         },
     }
+
+
+def recorder(reports: list[dict]):
+    def report(metrics: dict, checkpoint_dir: Path | None = None) -> None:
+        reports.append(
+            {"metrics": metrics, "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir)}
+        )
+
+    return report
 
 
 def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
@@ -76,9 +95,7 @@ def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
                 local_rank=rank,
                 local_world_size=WORLD_SIZE,
                 node_rank=0,
-                report=lambda m, checkpoint_dir=None: reports.append(
-                    {"metrics": m, "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir)}
-                ),
+                report=recorder(reports),
                 latest_checkpoint=lambda s=scenario: s["resume_from"],
                 scratch_dir=root / name,
             )
@@ -105,7 +122,8 @@ def runs(tmp_path_factory) -> tuple[dict, dict[str, list[dict]]]:
     wire = {name: {**s, "cfg": s["cfg"].to_dict()} for name, s in plan.items()}
     mp.spawn(worker, args=(free_port(), root, wire), nprocs=WORLD_SIZE, join=True)
     records = {
-        name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)] for name in plan
+        name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+        for name in plan
     }
     return plan, records
 
@@ -147,7 +165,10 @@ def test_rank_zero_prints_one_json_line_per_log_step_and_a_summary(runs):
     assert [m["step"] for m in logged] == [10, 20, 30, 40]
     assert logged == [r["metrics"] for r in records["learn"][0]["reports"]]
     summaries = [line for line in lines if line.startswith(SUMMARY_PREFIX)]
-    assert len(summaries) == 1 and json.loads(summaries[0].removeprefix(SUMMARY_PREFIX))["last_loss"] == logged[-1]["loss"]
+    assert (
+        len(summaries) == 1
+        and json.loads(summaries[0].removeprefix(SUMMARY_PREFIX))["last_loss"] == logged[-1]["loss"]
+    )
     assert records["learn"][1]["stdout"] == ""
 
 
@@ -159,7 +180,8 @@ def reference_losses(cfg: TrainConfig) -> list[float]:
     optimizer = build_optimizer(model, cfg, device=cpu)
     source = build_source(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=512, model_name_or_path="")
     streams = [
-        batches(source, position=0, micro_batch=cfg.micro_batch, rank=r, world_size=WORLD_SIZE) for r in range(WORLD_SIZE)
+        batches(source, position=0, micro_batch=cfg.micro_batch, rank=r, world_size=WORLD_SIZE)
+        for r in range(WORLD_SIZE)
     ]
     out = []
     for step in range(1, cfg.steps + 1):
@@ -186,7 +208,9 @@ def fp32_reference(runs) -> list[float]:
 def test_fsdp2_steps_match_a_single_process_fp32_reference(runs, fp32_reference):
     _, records = runs
     got = losses(records["reference"][0])
-    assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] == pytest.approx(fp32_reference, rel=REFERENCE_RTOL)
+    assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] == pytest.approx(
+        fp32_reference, rel=REFERENCE_RTOL
+    )
 
 
 @pytest.mark.slow
@@ -195,7 +219,9 @@ def test_bf16_mixed_precision_tracks_the_fp32_reference(runs, fp32_reference):
     got = losses(records["tuned-bf16"][0])
     assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] == pytest.approx(fp32_reference, rel=BF16_RTOL)
     # bf16 really was in use: the losses are not the fp32 ones.
-    assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] != pytest.approx(fp32_reference, rel=REFERENCE_RTOL)
+    assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] != pytest.approx(
+        fp32_reference, rel=REFERENCE_RTOL
+    )
 
 
 @pytest.mark.slow

@@ -26,14 +26,18 @@ def test_qwen2_5_1_5b_shape_counts_the_tied_embedding_once(qwen_1_5b_shape):
 
 def test_flops_per_token_at_2048_is_10_32_gflop(qwen_1_5b_shape):
     s = qwen_1_5b_shape
-    f = flops_per_token(n_params=s.n_params, n_layers=s.n_layers, n_heads=s.n_heads, head_dim=s.head_dim, seq_len=2048)
+    f = flops_per_token(
+        n_params=s.n_params, n_layers=s.n_layers, n_heads=s.n_heads, head_dim=s.head_dim, seq_len=2048
+    )
     assert f == 6 * 1_543_714_304 + 12 * 28 * 12 * 128 * 2048
     assert round(f / 1e9, 2) == 10.32
 
 
 def test_mfu_of_the_measured_fsdp2_run():
     # DESIGN.md: 39,933 tokens/s/GPU at 10.32 GFLOP/token is 41.7% of 989 TFLOP/s.
-    assert round(mfu(tokens_per_s=39_933, flops_per_token=10.32e9, peak_flops=H100_BF16_DENSE_FLOPS), 3) == 0.417
+    assert (
+        round(mfu(tokens_per_s=39_933, flops_per_token=10.32e9, peak_flops=H100_BF16_DENSE_FLOPS), 3) == 0.417
+    )
 
 
 def test_tokens_per_s():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -19,7 +18,12 @@ CPU = torch.device("cpu")
 
 def test_named_architectures_tie_the_embedding_and_use_qwen2_5_rope():
     big = named_architecture("qwen2.5-1.5b")
-    assert (big.hidden_size, big.num_hidden_layers, big.num_attention_heads, big.num_key_value_heads) == (1536, 28, 12, 2)
+    assert (big.hidden_size, big.num_hidden_layers, big.num_attention_heads, big.num_key_value_heads) == (
+        1536,
+        28,
+        12,
+        2,
+    )
     assert (big.intermediate_size, big.vocab_size, big.tie_word_embeddings) == (8960, 151936, True)
     assert big.rope_parameters["rope_theta"] == 1e6
     lm = build_causal_lm(ModelConfig(name_or_path="tiny-qwen2"), device=CPU, seed=0)
@@ -54,7 +58,13 @@ def test_fully_shard_wraps_each_decoder_layer_then_the_root(tmp_path):
     try:
         lm = build_causal_lm(ModelConfig(name_or_path="tiny-qwen2"), device=CPU, seed=0)
         model = CausalLMWithLoss(lm, loss=LinearCrossEntropy(implementation="chunked"))
-        parallelize(model, mesh=init_device_mesh("cpu", (1,)), compile=False, mixed_precision=False, reshard_after_forward=True)
+        parallelize(
+            model,
+            mesh=init_device_mesh("cpu", (1,)),
+            compile=False,
+            mixed_precision=False,
+            reshard_after_forward=True,
+        )
         units = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
         assert units == ["", "lm.model.layers.0", "lm.model.layers.1"]
         assert all(isinstance(p, DTensor) for p in model.parameters())

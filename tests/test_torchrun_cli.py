@@ -20,11 +20,11 @@ def free_port() -> int:
 
 
 def launch(repo_root, out, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-        "-m", "workloads.torchrun", "--preset", "demo-cpu", "--out", str(out),
-        "--set", "log_every=2", "--set", "checkpoint_every=2", *extra,
-    ]  # fmt: skip
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    launcher += ["--master-port", str(free_port())]
+    job = ["-m", "workloads.torchrun", "--preset", "demo-cpu", "--out", str(out)]
+    job += ["--set", "log_every=2", "--set", "checkpoint_every=2", *extra]
+    cmd = launcher + job
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
 
@@ -37,7 +37,10 @@ def test_torchrun_trains_reports_checkpoints_and_resumes(repo_root, tmp_path):
     assert summary["steps_done"] == 4 and summary["resumed_from_step"] == 0
     assert json.loads((tmp_path / "config.json").read_text())["steps"] == 4
     for rank in (0, 1):
-        records = [json.loads(line) for line in (tmp_path / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (tmp_path / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        ]
         assert [r["metrics"]["step"] for r in records] == [2, 4]
         assert all(r["checkpoint_dir"] for r in records)
     assert (tmp_path / "checkpoint-0000004" / ".metadata").is_file()

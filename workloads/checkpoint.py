@@ -48,4 +48,6 @@ def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) ->
     state = {"model": model_state, "optim": optim_state, "progress": {"step": 0, "data_position": 0}}
     dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return Progress(step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"]))
+    return Progress(
+        step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"])
+    )

@@ -12,9 +12,10 @@ A sample is seq_len + 1 tokens: inputs are its first seq_len, labels its last se
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 
@@ -93,7 +94,9 @@ class PackedSource:
         return self.samples[order[offset]]
 
 
-def load_jsonl_source(cfg: DataConfig, *, seq_len: int, seed: int, tokenizer_name: str, vocab_size: int) -> PackedSource:
+def load_jsonl_source(
+    cfg: DataConfig, *, seq_len: int, seed: int, tokenizer_name: str, vocab_size: int
+) -> PackedSource:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
@@ -126,7 +129,13 @@ class Batch:
 
 
 def batches(
-    source: SampleSource, *, position: int, micro_batch: int, rank: int, world_size: int, pin_memory: bool = False
+    source: SampleSource,
+    *,
+    position: int,
+    micro_batch: int,
+    rank: int,
+    world_size: int,
+    pin_memory: bool = False,
 ) -> Iterator[Batch]:
     """This rank's batches from data position `position` on, forever."""
     batch = 0
@@ -141,9 +150,15 @@ def batches(
         batch += 1
 
 
-def build_source(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, model_name_or_path: str) -> SampleSource:
+def build_source(
+    cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, model_name_or_path: str
+) -> SampleSource:
     if cfg.kind == "synthetic":
         return SyntheticSource(vocab_size=vocab_size, seq_len=seq_len, seed=seed)
     return load_jsonl_source(
-        cfg, seq_len=seq_len, seed=seed, tokenizer_name=cfg.tokenizer or model_name_or_path, vocab_size=vocab_size
+        cfg,
+        seq_len=seq_len,
+        seed=seed,
+        tokenizer_name=cfg.tokenizer or model_name_or_path,
+        vocab_size=vocab_size,
     )

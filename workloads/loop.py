@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,9 @@ def build_model(cfg: TrainConfig, *, device: torch.device) -> tuple[CausalLMWith
     return CausalLMWithLoss(lm, loss=loss), shape_of(lm)
 
 
-def shard_model(model: CausalLMWithLoss, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> CausalLMWithLoss:
+def shard_model(
+    model: CausalLMWithLoss, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device
+) -> CausalLMWithLoss:
     mesh = init_device_mesh(device.type, (ctx.world_size,))
     return parallelize(
         model,
@@ -60,20 +63,33 @@ def shard_model(model: CausalLMWithLoss, cfg: TrainConfig, *, ctx: TrainContext,
     )
 
 
-def resume(ctx: TrainContext, *, model: CausalLMWithLoss, optimizer: torch.optim.Optimizer) -> checkpoint.Progress:
+def resume(
+    ctx: TrainContext, *, model: CausalLMWithLoss, optimizer: torch.optim.Optimizer
+) -> checkpoint.Progress:
     folder = ctx.latest_checkpoint()
     if folder is None:
         return checkpoint.Progress(step=0, data_position=0)
     return checkpoint.load(folder, model=model, optimizer=optimizer)
 
 
-def device_batches(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, vocab_size: int, position: int) -> Iterator[Batch]:
+def device_batches(
+    cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, vocab_size: int, position: int
+) -> Iterator[Batch]:
     source = build_source(
-        cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size, model_name_or_path=cfg.model.name_or_path
+        cfg.data,
+        seq_len=cfg.seq_len,
+        seed=cfg.seed,
+        vocab_size=vocab_size,
+        model_name_or_path=cfg.model.name_or_path,
     )
     on_cuda = device.type == "cuda"
     for batch in batches(
-        source, position=position, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size, pin_memory=on_cuda
+        source,
+        position=position,
+        micro_batch=cfg.micro_batch,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        pin_memory=on_cuda,
     ):
         yield Batch(
             input_ids=batch.input_ids.to(device, non_blocking=on_cuda),
@@ -94,6 +110,19 @@ def train_step(
     return loss.detach(), grad_norm.detach()
 
 
+def save_checkpoint(
+    ctx: TrainContext,
+    *,
+    model: CausalLMWithLoss,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    data_position: int,
+) -> Path:
+    folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
+    progress = checkpoint.Progress(step=step, data_position=data_position)
+    return checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress)
+
+
 def mean_across_ranks(values: torch.Tensor) -> list[float]:
     """All-reduce average (gloo has no AVG op), read back to the host: a sync point."""
     total = values.detach().to(torch.float32).clone()
@@ -111,7 +140,10 @@ class Throughput:
 
     def close_window(self, *, micro_batch: int, seq_len: int) -> float:
         rate = metrics.tokens_per_s(
-            steps=self.steps, micro_batch=micro_batch, seq_len=seq_len, seconds=time.perf_counter() - self.started
+            steps=self.steps,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            seconds=time.perf_counter() - self.started,
         )
         self.windows.append(rate)
         return rate
@@ -119,7 +151,7 @@ class Throughput:
     def restart(self) -> None:
         self.started, self.steps = time.perf_counter(), 0
 
-    def mean(self) -> Optional[float]:
+    def mean(self) -> float | None:
         """The mean over windows, leaving out the first (compilation, allocator warm-up) when
         there are others."""
         steady = self.windows[1:] or self.windows
@@ -137,20 +169,29 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     model = shard_model(model, cfg, ctx=ctx, device=device)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
-    data = device_batches(cfg, ctx=ctx, device=device, vocab_size=shape.vocab_size, position=progress.data_position)
+    data = device_batches(
+        cfg, ctx=ctx, device=device, vocab_size=shape.vocab_size, position=progress.data_position
+    )
     gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
-    print_rank0(ctx, "[transport-gate] ", {"applies": gate.applies, "passed": gate.passed, "message": gate.message})
+    print_rank0(
+        ctx, "[transport-gate] ", {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
+    )
 
     flops = metrics.flops_per_token(
-        n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim, seq_len=cfg.seq_len
+        n_params=shape.n_params,
+        n_layers=shape.n_layers,
+        n_heads=shape.n_heads,
+        head_dim=shape.head_dim,
+        seq_len=cfg.seq_len,
     )
     per_step = samples_per_step(micro_batch=cfg.micro_batch, world_size=ctx.world_size)
     throughput = Throughput()
-    first_loss: Optional[torch.Tensor] = None
-    first_value: Optional[float] = None
+    first_loss: torch.Tensor | None = None
+    first_value: float | None = None
     last: dict = {}
     for step in range(progress.step + 1, cfg.steps + 1):
-        loss, grad_norm = train_step(model, optimizer, next(data), lr=schedule(cfg, step), grad_clip=cfg.grad_clip)
+        lr = schedule(cfg, step)
+        loss, grad_norm = train_step(model, optimizer, next(data), lr=lr, grad_clip=cfg.grad_clip)
         throughput.steps += 1
         if first_loss is None:
             first_loss = loss
@@ -163,17 +204,18 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         last = {
             "step": step,
             "loss": loss_value,
-            "lr": schedule(cfg, step),
+            "lr": lr,
             "tokens_per_s_per_device": round(rate, 1),
-            "mfu": None if device.type != "cuda" else round(metrics.mfu(tokens_per_s=rate, flops_per_token=flops, peak_flops=cfg.peak_flops), 4),
+            "mfu": metrics.device_mfu(
+                device, tokens_per_s=rate, flops_per_token=flops, peak_flops=cfg.peak_flops
+            ),
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "grad_norm": grad_norm.item(),
         }
         print_rank0(ctx, LOG_PREFIX, last)
         if save_now:
-            folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
             position = progress.data_position + (step - progress.step) * per_step
-            checkpoint.save(folder, model=model, optimizer=optimizer, progress=checkpoint.Progress(step=step, data_position=position))
+            folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position)
             ctx.report(last, checkpoint_dir=folder)
         else:
             ctx.report(last)
@@ -185,8 +227,10 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "last_loss": last.get("loss"),
         "tokens_per_s_per_device": None if mean_rate is None else round(mean_rate, 1),
         "mfu": None
-        if mean_rate is None or device.type != "cuda"
-        else round(metrics.mfu(tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=cfg.peak_flops), 4),
+        if mean_rate is None
+        else metrics.device_mfu(
+            device, tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=cfg.peak_flops
+        ),
         "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
         "steps_done": max(0, cfg.steps - progress.step),
         "resumed_from_step": progress.step,

@@ -49,7 +49,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         hidden, weight, targets, valid, lse, n_valid = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        )
         token_scale = valid * (grad_loss / n_valid)
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             end = start + ctx.chunk_size

@@ -22,6 +22,15 @@ def mfu(*, tokens_per_s: float, flops_per_token: float, peak_flops: float) -> fl
     return tokens_per_s * flops_per_token / peak_flops
 
 
+def device_mfu(
+    device: torch.device, *, tokens_per_s: float, flops_per_token: float, peak_flops: float
+) -> float | None:
+    """MFU rounded for reporting on CUDA; None on CPU, which has no meaningful bf16 peak."""
+    if device.type != "cuda":
+        return None
+    return round(mfu(tokens_per_s=tokens_per_s, flops_per_token=flops_per_token, peak_flops=peak_flops), 4)
+
+
 def tokens_per_s(*, steps: int, micro_batch: int, seq_len: int, seconds: float) -> float:
     """Tokens one device processed per second over `steps` steps."""
     return steps * micro_batch * seq_len / seconds if seconds > 0 else 0.0

@@ -23,7 +23,9 @@ def lr_at(step: int, *, peak: float, warmup_steps: int, total_steps: int, min_lr
 
 
 def schedule(cfg: TrainConfig, step: int) -> float:
-    return lr_at(step, peak=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps, min_lr_ratio=cfg.min_lr_ratio)
+    return lr_at(
+        step, peak=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps, min_lr_ratio=cfg.min_lr_ratio
+    )
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, *, device: torch.device) -> torch.optim.AdamW:

@@ -16,7 +16,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -27,14 +26,22 @@ from workloads.transport_gate import TransportGateError, nccl_log_env
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m workloads.torchrun", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="torchrun ... -m workloads.torchrun", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--preset", default="qwen2.5-1.5b", help=f"one of {', '.join(PRESETS)}")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config field (dotted for nested ones: model.name_or_path=...); repeatable",
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/torchrun"), help="folder for reports, checkpoints, NCCL logs")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/torchrun"), help="folder for reports, checkpoints, NCCL logs"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     return parser.parse_args(argv)
 
@@ -46,7 +53,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
     return with_overrides(preset(args.preset), overrides)
 
 
-def newest_checkpoint(out: Path) -> Optional[Path]:
+def newest_checkpoint(out: Path) -> Path | None:
     done = [p.parent for p in out.glob("checkpoint-*/.metadata")]
     return max(done, key=lambda p: p.name) if done else None
 
@@ -54,8 +61,11 @@ def newest_checkpoint(out: Path) -> Optional[Path]:
 def jsonl_reporter(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
-        record = {"metrics": metrics, "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir)}
+    def report(metrics: dict, checkpoint_dir: Path | None = None) -> None:
+        record = {
+            "metrics": metrics,
+            "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir),
+        }
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -90,7 +100,7 @@ def init_process_group() -> None:
         dist.init_process_group("gloo")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = build_config(args)
