@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
 from workloads import checkpoint
@@ -83,3 +84,21 @@ def test_loading_a_folder_that_is_not_a_checkpoint_is_a_clear_error(one_rank_gro
 def test_checkpoint_folders_sort_by_step(tmp_path):
     names = [checkpoint.checkpoint_dir(tmp_path, step=s).name for s in (9, 10, 200)]
     assert names == sorted(names)
+
+
+def test_checkpoint_keys_do_not_depend_on_compile(one_rank_group):
+    """A run may resume with torch.compile switched on or off: the compiled wrapper's `_orig_mod`
+    never reaches the checkpoint's keys (compilation itself is lazy, so this costs nothing)."""
+    keys = {}
+    for compiled in (False, True):
+        model, _ = build_model(preset("demo-cpu"), device=torch.device("cpu"))
+        parallelize(
+            model,
+            mesh=init_device_mesh("cpu", (1,)),
+            compile=compiled,
+            mixed_precision=False,
+            reshard_after_forward=True,
+        )
+        keys[compiled] = set(get_model_state_dict(model))
+    assert keys[True] == keys[False]
+    assert "lm.model.layers.0.self_attn.q_proj.weight" in keys[True]
