@@ -85,6 +85,8 @@ def train_worker(config: dict) -> None:
     # environment) only at the first collective, inside the loop: setting the log file here works.
     nccl_dir = ctx.scratch_dir / "nccl"
     nccl_dir.mkdir(exist_ok=True)
+    for stale in nccl_dir.glob("*"):  # from an earlier attempt of this run
+        stale.unlink()
     os.environ.update(nccl_log_env(log_dir=nccl_dir))
     try:
         train(cfg, ctx)

@@ -1,0 +1,625 @@
+"""`python -m workloads submit|logs|stop|list`: run the fine-tune on a RayCluster through the Jobs API.
+
+With `--stack NAME` the cluster is found from the Pulumi stack's outputs: the kubeconfig goes to a
+private temporary file, the Ray token is read from its Kubernetes Secret, and a `kubectl
+port-forward` to the head's dashboard port is opened for the duration of the command (the head is
+never exposed). `--address URL` talks to a Jobs API directly (token from --token or RAY_AUTH_TOKEN).
+
+Exit codes: 0 the job succeeded (and, on GPUs, its NCCL connections passed the transport check);
+1 it failed, was stopped, or failed the check; 2 bad input; 3 the cluster could not be reached;
+130 interrupted (the job keeps running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Optional
+
+from rich.console import Console
+
+from workloads.driver import parse_driver_line
+from workloads.report import format_record, parse_prefixed, parse_train_line, train_records
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+EFA_ENV = {
+    "FI_PROVIDER": "efa",
+    "NCCL_NET_PLUGIN": "ofi",
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    "FI_EFA_FORK_SAFE": "1",
+}
+"""Declares the transport instead of trusting NCCL's silent fallback to TCP sockets."""
+
+GATE_PREFIX = "[transport-gate] "
+"""The loop's line with the in-band transport gate's result."""
+
+JOB_ENV = {
+    "RAY_DEDUP_LOGS": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+"""Every worker line reaches the job logs unfolded and at once (progress and the NCCL logs)."""
+
+
+class UnreachableError(RuntimeError):
+    """The cluster (or a tool needed to reach it) did not answer; exit code 3."""
+
+
+# --- the cluster: stack outputs, kubeconfig, token, port-forward ---------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackOutputs:
+    kubeconfig: str
+    """The cluster's kubeconfig (YAML or JSON text)."""
+    cluster_name: str
+    region: str
+    ray_namespace: str
+    """Namespace of the RayCluster and its Secret."""
+    ray_cluster_name: str
+    ray_head_service: str
+    """The head's Service, target of the port-forward."""
+    ray_dashboard_port: int
+    """The head's dashboard (Jobs API) port."""
+    ray_auth_secret_name: str
+    ray_auth_secret_key: str
+    """Secret and key holding the Ray auth token."""
+    checkpoint_bucket_uri: str
+    """`s3://bucket[/prefix]`: Ray Train's storage_path."""
+
+
+STACK_OUTPUT_NAMES = {
+    "kubeconfig": "kubeconfig",
+    "clusterName": "cluster_name",
+    "region": "region",
+    "rayNamespace": "ray_namespace",
+    "rayClusterName": "ray_cluster_name",
+    "rayHeadService": "ray_head_service",
+    "rayDashboardPort": "ray_dashboard_port",
+    "rayAuthSecretName": "ray_auth_secret_name",
+    "rayAuthSecretKey": "ray_auth_secret_key",
+    "checkpointBucketUri": "checkpoint_bucket_uri",
+}
+
+
+def stack_outputs_from_json(data: dict, *, stack: str) -> StackOutputs:
+    """Map `pulumi stack output --json` to StackOutputs; ValueError names any missing output."""
+    missing = [name for name in STACK_OUTPUT_NAMES if data.get(name) in (None, "")]
+    if missing:
+        raise ValueError(
+            f"stack {stack!r} lacks output(s) {', '.join(missing)}: run `pulumi up --stack {stack}` first"
+        )
+    values = {attr: data[name] for name, attr in STACK_OUTPUT_NAMES.items()}
+    if not isinstance(values["kubeconfig"], str):
+        values["kubeconfig"] = json.dumps(values["kubeconfig"])
+    values["ray_dashboard_port"] = int(values["ray_dashboard_port"])
+    for attr in STACK_OUTPUT_NAMES.values():
+        if attr not in ("kubeconfig", "ray_dashboard_port"):
+            values[attr] = str(values[attr])
+    return StackOutputs(**values)
+
+
+def _tool(argv: list[str], *, what: str) -> str:
+    """Run a CLI tool and return its stdout; UnreachableError with its stderr when it fails."""
+    if shutil.which(argv[0]) is None:
+        raise UnreachableError(f"{argv[0]} is not on PATH; it is needed to {what}")
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UnreachableError(f"could not {what}: `{shlex.join(argv[:3])} ...` exited {proc.returncode}: {detail}")
+    return proc.stdout
+
+
+def read_stack_outputs(stack: str) -> StackOutputs:
+    text = _tool(
+        ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
+        what=f"read the outputs of stack {stack!r}",
+    )
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UnreachableError(f"`pulumi stack output --json` printed invalid JSON: {exc}") from None
+    return stack_outputs_from_json(data, stack=stack)
+
+
+@contextmanager
+def private_kubeconfig(content: str) -> Iterator[Path]:
+    """The kubeconfig in a file only this user can read, deleted on exit."""
+    fd, name = tempfile.mkstemp(prefix="kubeconfig-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content)
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def read_ray_token(*, kubeconfig: Path, namespace: str, secret: str, key: str) -> str:
+    text = _tool(
+        ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "get", "secret", secret, "-o", "json"],
+        what=f"read the Ray token from Secret {namespace}/{secret}",
+    )
+    data = json.loads(text).get("data") or {}
+    if key not in data:
+        raise UnreachableError(f"Secret {namespace}/{secret} has no key {key!r} (keys: {', '.join(data) or 'none'})")
+    return base64.b64decode(data[key]).decode().strip()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, *, timeout_s: float, alive: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+@contextmanager
+def port_forward(*, kubeconfig: Path, namespace: str, service: str, remote_port: int,
+                 timeout_s: float = 30.0) -> Iterator[int]:
+    """`kubectl port-forward svc/<service>` on a free local port, stopped on exit; yields the port."""
+    if shutil.which("kubectl") is None:
+        raise UnreachableError("kubectl is not on PATH; it is needed to reach the Ray head")
+    local = free_port()
+    argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "port-forward",
+            "--address", "127.0.0.1", f"svc/{service}", f"{local}:{remote_port}"]
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors)
+        try:
+            if not wait_for_port(local, timeout_s=timeout_s, alive=lambda: proc.poll() is None):
+                errors.seek(0)
+                detail = (errors.read().strip().splitlines() or ["no output"])[-1]
+                raise UnreachableError(f"kubectl port-forward to svc/{service}:{remote_port} did not open: {detail}")
+            yield local
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Connection:
+    address: str
+    """The Jobs API URL (the local end of the port-forward for a stack)."""
+    token: Optional[str]
+    """Ray auth token, sent as `Authorization: Bearer`; None for a cluster without token auth."""
+    storage_path: Optional[str]
+    """Default Ray Train storage (the stack's checkpoint bucket); None with --address."""
+    target_args: tuple[str, ...]
+    """The options that reach this cluster again, for the reattach/stop hints."""
+
+
+@contextmanager
+def stack_connection(stack: str) -> Iterator[Connection]:
+    outputs = read_stack_outputs(stack)
+    with private_kubeconfig(outputs.kubeconfig) as kubeconfig:
+        token = read_ray_token(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
+                               secret=outputs.ray_auth_secret_name, key=outputs.ray_auth_secret_key)
+        with port_forward(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
+                          service=outputs.ray_head_service, remote_port=outputs.ray_dashboard_port) as port:
+            yield Connection(address=f"http://127.0.0.1:{port}", token=token,
+                             storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack))
+
+
+@contextmanager
+def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str]) -> Iterator[Connection]:
+    if address:
+        token = token or os.environ.get("RAY_AUTH_TOKEN") or None
+        yield Connection(address=address, token=token, storage_path=None, target_args=("--address", address))
+    elif stack:
+        with stack_connection(stack) as conn:
+            yield conn
+    else:
+        raise ValueError("say which cluster: --stack NAME (a Pulumi stack) or --address URL (a Jobs API)")
+
+
+def job_client(conn: Connection):
+    from ray.job_submission import JobSubmissionClient
+
+    # The SDK logs each closed log stream at INFO; the console already says how the job ended.
+    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
+
+    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else None
+    try:
+        return JobSubmissionClient(conn.address, headers=headers)
+    except (ConnectionError, RuntimeError) as exc:
+        raise UnreachableError(f"no Ray Jobs API at {conn.address}: {_first_line(str(exc))}") from None
+
+
+# --- the submission -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submission:
+    entrypoint: str
+    runtime_env: dict
+    metadata: dict
+
+
+def build_submission(*, train: dict, run_name: str, storage_path: str, max_failures: int,
+                     working_dir: str, expect: Literal["efa", "any"]) -> Submission:
+    """The Jobs API request: the driver command, a pinned runtime_env and searchable metadata."""
+    driver_args = ["python", "-m", "workloads.driver", "--config-json", json.dumps(train, separators=(",", ":")),
+                   "--run-name", run_name, "--storage-path", storage_path, "--max-failures", str(max_failures)]
+    env = {**JOB_ENV, **(EFA_ENV if expect == "efa" else {})}
+    return Submission(
+        entrypoint=shlex.join(driver_args),
+        runtime_env={"working_dir": working_dir, "env_vars": env},
+        metadata={"run_name": run_name, "storage_path": storage_path},
+    )
+
+
+@contextmanager
+def staged_package() -> Iterator[Path]:
+    """A temporary folder holding only the `workloads` package: what the job's working_dir uploads."""
+    with tempfile.TemporaryDirectory(prefix="workloads-job-") as tmp:
+        shutil.copytree(PACKAGE_DIR, Path(tmp) / "workloads",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        yield Path(tmp)
+
+
+# --- following a job ----------------------------------------------------------------------------
+
+
+class LogPrinter:
+    """Feeds log chunks in, prints progress lines (and, unless quiet, every other line)."""
+
+    def __init__(self, *, console: Console, quiet: bool, total_steps: Optional[int] = None) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.total_steps = total_steps
+        self._partial = ""
+        # Ray Train forwards each worker line to the job logs twice; show a record once.
+        self._last_shown: Optional[str] = None
+
+    def feed(self, chunk: str) -> None:
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self.line(line)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.line(self._partial)
+            self._partial = ""
+
+    def line(self, line: str) -> None:
+        if self._is_repeat(line):
+            return
+        record = parse_train_line(line)
+        if record is not None:
+            self.console.print(f"[bold cyan]train[/] {format_record(record, total_steps=self.total_steps)}")
+            return
+        gate = parse_prefixed(line, GATE_PREFIX)
+        if gate is not None:
+            style = "red" if not gate.get("passed") else "green" if gate.get("applies") else "dim"
+            self.console.print(f"[bold cyan]gate[/] [{style}]{gate.get('message', '')}[/]")
+            return
+        plan = parse_driver_line(line)
+        if plan is not None and plan.get("event") == "plan":
+            kind = "GPU" if plan["use_gpu"] else "CPU"
+            self.console.print(f"[bold cyan]job[/] {plan['num_workers']} {kind} workers on {plan['nodes']} node(s), "
+                               f"run {plan['run_name']}")
+            return
+        if not self.quiet:
+            self.console.out(line, highlight=False)
+
+    def _is_repeat(self, line: str) -> bool:
+        keyed = parse_train_line(line) is not None or GATE_PREFIX in line
+        if not keyed:
+            return False
+        if line == self._last_shown:
+            return True
+        self._last_shown = line
+        return False
+
+
+async def _tail(client, job_id: str, printer: LogPrinter) -> None:
+    async for chunk in client.tail_job_logs(job_id):
+        printer.feed(chunk)
+    printer.flush()
+
+
+def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
+    while True:
+        status = client.get_job_status(job_id)
+        if status.is_terminal():
+            return status
+        time.sleep(poll_s)
+
+
+def follow(client, job_id: str, printer: LogPrinter):
+    """Stream the job's logs through printer until it ends; returns its terminal JobStatus."""
+    asyncio.run(_tail(client, job_id, printer))
+    return wait_terminal(client, job_id)
+
+
+# --- the outcome --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateOutcome:
+    applies: bool
+    passed: bool
+    message: str
+
+
+def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
+    """The second gate: NCCL's connections as the job logs show them, judged offline."""
+    from workloads import transport
+
+    plan = next((p for p in map(parse_driver_line, logs.splitlines()) if p and p.get("event") == "plan"), None)
+    if plan is None:
+        return GateOutcome(applies=False, passed=True,
+                           message="transport check skipped: the job never sized its workers")
+    if not plan["use_gpu"]:
+        return GateOutcome(applies=False, passed=True,
+                           message="transport check does not apply: CPU workers talk over gloo, not NCCL")
+    verdict = transport.verify_transport(logs, expect=expect, nodes=plan["nodes"])
+    return GateOutcome(applies=True, passed=verdict.status == transport.Status.PASS,
+                       message=transport.render(verdict))
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOutcome:
+    job_id: str
+    status: str
+    """The job's terminal status (SUCCEEDED, FAILED, STOPPED)."""
+    records: list[dict] = field(default_factory=list)
+    """Every `[train]` step record in the job's logs."""
+    reason: str = ""
+    """Why the job did not succeed: the last line of its logs, or the Jobs API's message."""
+    gate: Optional[GateOutcome] = None
+    logs: str = field(default="", repr=False)
+    """The job's whole log."""
+
+    @property
+    def exit_code(self) -> int:
+        passed = self.status == "SUCCEEDED" and (self.gate is None or self.gate.passed)
+        return EXIT_OK if passed else EXIT_FAILED
+
+
+def finish(client, job_id: str, status, *, expect: Literal["efa", "any"]) -> JobOutcome:
+    logs = client.get_job_logs(job_id)
+    records = train_records(logs.splitlines())
+    if str(status) != "SUCCEEDED":
+        last = next((line.strip() for line in reversed(logs.splitlines()) if line.strip()), "")
+        message = client.get_job_info(job_id).message or ""
+        return JobOutcome(job_id=job_id, status=str(status), records=records, reason=last or message, logs=logs)
+    return JobOutcome(job_id=job_id, status=str(status), records=records,
+                      gate=transport_check(logs, expect=expect), logs=logs)
+
+
+def report_outcome(outcome: JobOutcome, console: Console) -> None:
+    if outcome.status != "SUCCEEDED":
+        console.print(f"[bold red]job {outcome.job_id} {outcome.status}[/]: {outcome.reason}", highlight=False)
+        return
+    gate = outcome.gate
+    if gate is not None:
+        style = "green" if gate.passed else "bold red"
+        console.print(f"[{style}]{gate.message}[/]", highlight=False)
+    verdict = "[bold green]SUCCEEDED[/]" if outcome.exit_code == EXIT_OK else "[bold red]FAILED the transport check[/]"
+    console.print(f"job {outcome.job_id} {verdict}")
+
+
+def reattach_hint(job_id: str, target_args: tuple[str, ...]) -> str:
+    target = shlex.join(target_args)
+    return (f"stopped following; job {job_id} keeps running.\n"
+            f"  reattach: python -m workloads logs --follow {job_id} {target}\n"
+            f"  stop:     python -m workloads stop {job_id} {target}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmitRequest:
+    train: dict
+    """TrainConfig.to_dict() of the run."""
+    run_name: str
+    """Ray Train run name; submitting again with the same name and storage resumes the run."""
+    storage_path: str
+    max_failures: int
+    expect: Literal["efa", "any"]
+    """Network required between nodes, for the in-band gate, the job env and the offline check."""
+    quiet: bool
+    """Print only progress, not every job log line."""
+
+
+def submit_job(client, request: SubmitRequest) -> str:
+    """Upload the staged package with the driver command; returns the job's submission id."""
+    with staged_package() as working_dir:
+        submission = build_submission(train=request.train, run_name=request.run_name,
+                                      storage_path=request.storage_path, max_failures=request.max_failures,
+                                      working_dir=str(working_dir), expect=request.expect)
+        return client.submit_job(entrypoint=submission.entrypoint, runtime_env=submission.runtime_env,
+                                 metadata=submission.metadata)
+
+
+def submit_and_follow(conn: Connection, request: SubmitRequest, *, console: Console,
+                      on_submitted: Callable[[str], None] = lambda job_id: None) -> JobOutcome:
+    """Submit the driver, follow it to the end and judge it. KeyboardInterrupt propagates;
+    `on_submitted` has had the job id by then."""
+    client = job_client(conn)
+    job_id = submit_job(client, request)
+    on_submitted(job_id)
+    console.print(f"[bold cyan]job[/] submitted {job_id} to {conn.address} (run {request.run_name})")
+    printer = LogPrinter(console=console, quiet=request.quiet, total_steps=request.train.get("steps"))
+    status = follow(client, job_id, printer)
+    return finish(client, job_id, status, expect=request.expect)
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(message)
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cluster (one of)")
+    group.add_argument("--stack", help="Pulumi stack whose RayCluster to use (port-forwarded with kubectl)")
+    group.add_argument("--address", help="Ray Jobs API URL, e.g. http://127.0.0.1:8265 (skips the stack)")
+    group.add_argument("--token", help="Ray auth token with --address (default: $RAY_AUTH_TOKEN)")
+
+
+def _arg_parser(command: str) -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"python -m workloads {command}")
+    _target_options(parser)
+    if command == "submit":
+        parser.description = "Submit the fine-tune and follow it to the end."
+        parser.add_argument("--preset", default="qwen2.5-1.5b", help="training preset (default: qwen2.5-1.5b)")
+        parser.add_argument("--config", type=Path, help="a TrainConfig JSON file instead of a preset")
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="override a config field, e.g. --set steps=20 (repeatable)")
+        parser.add_argument("--run-name", help="Ray Train run name; reuse one to resume that run")
+        parser.add_argument("--storage-path", help="Ray Train storage (default: the stack's checkpoint bucket)")
+        parser.add_argument("--max-failures", type=int, default=1, help="worker-group restarts (default: 1)")
+        parser.add_argument("--expect", choices=("efa", "any"),
+                            help="network between nodes (default: efa with --stack, any with --address)")
+        parser.add_argument("--no-follow", action="store_true", help="print the job id and return")
+        parser.add_argument("--quiet", action="store_true", help="show progress only, not every log line")
+    elif command == "logs":
+        parser.description = "Print a job's logs; --follow streams them until the job ends."
+        parser.add_argument("job_id")
+        parser.add_argument("--follow", action="store_true")
+    elif command == "stop":
+        parser.description = "Stop a job."
+        parser.add_argument("job_id")
+    elif command == "list":
+        parser.description = "List the cluster's jobs."
+    return parser
+
+
+def _train_config(args: argparse.Namespace, *, expect: str) -> dict:
+    from workloads.config import TrainConfig, preset, with_overrides
+
+    if args.config is not None:
+        try:
+            cfg = TrainConfig.from_json(args.config.read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read --config {args.config}: {exc.strerror or exc}") from None
+    else:
+        cfg = preset(args.preset)
+    cfg = with_overrides(cfg, [*args.set, f"transport.expect={expect}"])
+    return cfg.to_dict()
+
+
+def _submit(args: argparse.Namespace, console: Console) -> int:
+    expect = args.expect or ("efa" if args.stack and not args.address else "any")
+    train = _train_config(args, expect=expect)
+    if args.max_failures < 0:
+        raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
+    run_name = args.run_name or f"{args.preset if args.config is None else args.config.stem}-" + \
+        datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+        storage_path = args.storage_path or conn.storage_path
+        if not storage_path:
+            raise ValueError("--storage-path is needed with --address (s3://bucket/prefix or an absolute folder)")
+        request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
+                                max_failures=args.max_failures, expect=expect, quiet=args.quiet)
+        if args.no_follow:
+            print(submit_job(job_client(conn), request))
+            return EXIT_OK
+        submitted: list[str] = []
+        try:
+            outcome = submit_and_follow(conn, request, console=console, on_submitted=submitted.append)
+        except KeyboardInterrupt:
+            if submitted:
+                console.print(reattach_hint(submitted[0], conn.target_args))
+            return EXIT_INTERRUPTED
+    report_outcome(outcome, console)
+    return outcome.exit_code
+
+
+def _logs(args: argparse.Namespace, console: Console) -> int:
+    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+        client = job_client(conn)
+        if not args.follow:
+            sys.stdout.write(client.get_job_logs(args.job_id))
+            return EXIT_OK
+        try:
+            status = follow(client, args.job_id, LogPrinter(console=console, quiet=False))
+        except KeyboardInterrupt:
+            console.print(reattach_hint(args.job_id, conn.target_args))
+            return EXIT_INTERRUPTED
+    console.print(f"job {args.job_id} {status}")
+    return EXIT_OK if str(status) == "SUCCEEDED" else EXIT_FAILED
+
+
+def _stop(args: argparse.Namespace, console: Console) -> int:
+    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+        client = job_client(conn)
+        stopped = client.stop_job(args.job_id)
+        status = wait_terminal(client, args.job_id)
+    console.print(f"job {args.job_id} {status}" + ("" if stopped else " (it had already ended)"))
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+        jobs = job_client(conn).list_jobs()
+    table = Table("job", "status", "run", "started (UTC)", "entrypoint", box=None)
+    for job in sorted(jobs, key=lambda j: j.start_time or 0):
+        started = (datetime.fromtimestamp(job.start_time / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+                   if job.start_time else "")
+        table.add_row(job.submission_id or job.job_id or "", str(job.status),
+                      (job.metadata or {}).get("run_name", ""), started, _first_line(job.entrypoint)[:60])
+    console.print(table)
+    return EXIT_OK
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
+
+
+COMMANDS = {"submit": _submit, "logs": _logs, "stop": _stop, "list": _list}
+
+
+def main(command: str, argv: list[str]) -> int:
+    console = Console(highlight=False)
+    try:
+        args = _arg_parser(command).parse_args(argv)
+        return COMMANDS[command](args, console)
+    except (_UsageError, ValueError) as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnreachableError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except RuntimeError as exc:  # the Jobs API refused a request (unknown job id, ...)
+        print(f"{command}: error: {_first_line(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
