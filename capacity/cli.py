@@ -182,11 +182,10 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
         # Preference order: the stack's region, then the usual large GPU regions, then the rest.
         preferred = [r for r in (*request.regions, *DEFAULT_REGIONS) if r in enabled]
         regions = tuple(dict.fromkeys([*preferred, *sorted(enabled)]))
-        for region in regions if not opts.stack else ():
-            stackfile.precheck(stack_file(region, opts.project_dir))
-        request = ProbeRequest(instance_type=request.instance_type, node_count=request.node_count,
-                               regions=regions, reserve=request.reserve,
-                               current_zone_id=request.current_zone_id)
+        if not opts.stack:  # any of them may become the stack: refuse a malformed one now
+            for region in regions:
+                stackfile.precheck(stack_file(region, opts.project_dir))
+        request = dataclasses.replace(request, regions=regions)
     with Progress(TextColumn("probing regions"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.description}"), console=err,
                   transient=True, disable=not err.is_terminal) as progress:

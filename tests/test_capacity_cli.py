@@ -136,3 +136,18 @@ def test_missing_credentials_exit_3(probe):
                  env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
     assert proc.returncode == 3
     assert "credentials" in proc.stderr.lower() and "Traceback" not in proc.stderr
+
+
+def test_all_regions_probes_every_enabled_region_stack_region_first(probe, moto_url, tmp_path):
+    stack = tmp_path / "Pulumi.dev.yaml"
+    stack.write_text("config:\n  aws:region: us-east-2\n")
+    proc = probe("--all-regions", "--stack", "dev", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    listed = moto_ec2(moto_url, "us-east-1").describe_regions()["Regions"]
+    enabled = {r["RegionName"] for r in listed}
+    assert set(doc["request"]["regions"]) == enabled
+    assert doc["request"]["regions"][:3] == ["us-east-2", "us-west-2", "us-east-1"]
+    assert doc["placement"]["region"] == "us-east-2" and doc["written"] is False
+    assert all(r["failure"] is None for r in doc["regions"])
+    assert stack.read_text() == "config:\n  aws:region: us-east-2\n"
