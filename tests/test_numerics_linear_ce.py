@@ -61,6 +61,16 @@ def test_a_scaled_upstream_gradient_scales_both_gradients():
     torch.testing.assert_close(w1.grad, w2.grad, **TOL)
 
 
+def test_without_autograd_only_the_loss_is_computed():
+    gen = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(10, 8, generator=gen), torch.randn(30, 8, generator=gen)
+    labels = torch.randint(30, (10,), generator=gen)
+    with torch.no_grad():
+        loss = LinearCrossEntropy(implementation="chunked", chunk_size=3)(hidden, weight, labels)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, reference(hidden, weight, labels), **TOL)
+
+
 def test_model_loss_through_the_tied_embedding_matches_the_hf_logits():
     """The whole model: loss from hidden states + tied weight (what training uses) against the HF
     model's own fp32 logits, and the gradient that reaches the tied embedding/lm_head weight."""

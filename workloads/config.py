@@ -289,7 +289,6 @@ def _qwen25_1_5b() -> TrainConfig:
         # one all-gather per layer.
         reshard_after_forward=False,
         fused_linear_ce=True,
-        loss_chunk_size=8192,
         checkpoint_every=50,
         log_every=10,
     )

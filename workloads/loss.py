@@ -4,7 +4,7 @@ With a 151,936-token vocabulary the fp32 logits of one micro-batch of 16 x 2048 
 18.5 GiB. Three implementations of the same mean loss over tokens whose label is not ignored:
 - "liger": liger-kernel's fused Triton kernel (CUDA only, when installed);
 - "chunked": `ChunkedLinearCrossEntropy`, plain torch, any device: logits exist one chunk of
-  tokens at a time, in forward and again (recomputed) in backward;
+  tokens at a time, and only during forward;
 - "plain": full logits then `F.cross_entropy`, the reference the others are tested against.
 """
 
@@ -21,52 +21,44 @@ IMPLEMENTATIONS = ("liger", "chunked", "plain")
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """mean over valid tokens of logsumexp(h W^T) - (h W^T)[label], chunk by chunk.
+    """mean over valid tokens of logsumexp(h W^T) - (h W^T)[label], one chunk of tokens at a time.
 
-    Forward keeps only the per-token logsumexp; backward recomputes each chunk's logits to form
-    softmax - onehot. Logits are upcast to fp32 before the softmax, as the HF loss does.
+    Each chunk's logits are formed once: when gradients are wanted, forward also turns them into
+    the chunk's share of both gradients (softmax - onehot, times h and W), as liger-kernel does,
+    so backward only scales the stored gradients and the lm_head matmul runs three times per
+    step instead of four. Logits are upcast to fp32 before the softmax, as the HF loss does.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk_size: int, ignore_index: int):
+    def forward(ctx, hidden, weight, labels, chunk_size: int, ignore_index: int, with_grads: bool):
         valid = labels != ignore_index
         targets = labels.masked_fill(~valid, 0)
-        lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        target_logit = torch.empty_like(lse)
+        token_weight = valid / valid.sum().clamp(min=1)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if with_grads else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if with_grads else None
+        )
         for start in range(0, hidden.shape[0], chunk_size):
             end = start + chunk_size
-            logits = (hidden[start:end] @ weight.T).float()
-            lse[start:end] = torch.logsumexp(logits, dim=-1)
-            target_logit[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1)
-        n_valid = valid.sum().clamp(min=1)
-        loss = ((lse - target_logit) * valid).sum() / n_valid
-        ctx.save_for_backward(hidden, weight, targets, valid, lse, n_valid)
-        ctx.chunk_size = chunk_size
+            h, tgt, w = hidden[start:end], targets[start:end], token_weight[start:end]
+            logits = (h @ weight.T).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += ((lse - logits.gather(1, tgt[:, None]).squeeze(1)) * w).sum()
+            if with_grads:
+                probs = logits.sub_(lse[:, None]).exp_()
+                probs[torch.arange(probs.shape[0], device=probs.device), tgt] -= 1.0
+                grad_logits = probs.mul_(w[:, None]).to(hidden.dtype)
+                grad_hidden[start:end] = grad_logits @ weight
+                grad_weight += (grad_logits.T @ h).float()
+        if with_grads:
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        hidden, weight, targets, valid, lse, n_valid = ctx.saved_tensors
-        need_hidden, need_weight = ctx.needs_input_grad[:2]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        )
-        token_scale = valid * (grad_loss / n_valid)
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
-            end = start + ctx.chunk_size
-            h = hidden[start:end]
-            probs = torch.exp((h @ weight.T).float() - lse[start:end, None])
-            rows = torch.arange(probs.shape[0], device=probs.device)
-            probs[rows, targets[start:end]] -= 1.0
-            grad_logits = (probs * token_scale[start:end, None]).to(hidden.dtype)
-            if need_hidden:
-                grad_hidden[start:end] = grad_logits @ weight
-            if need_weight:
-                grad_weight += (grad_logits.T @ h).float()
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
 
 
 def liger_available() -> bool:
@@ -100,7 +92,10 @@ class LinearCrossEntropy(nn.Module):
         if self._liger is not None:
             return self._liger(weight, hidden, labels)
         if self.implementation == "chunked":
-            return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, self.chunk_size, IGNORE_INDEX)
+            with_grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+            return ChunkedLinearCrossEntropy.apply(
+                hidden, weight, labels, self.chunk_size, IGNORE_INDEX, with_grads
+            )
         logits = F.linear(hidden, weight).float()
         return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
 
