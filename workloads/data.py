@@ -124,8 +124,20 @@ def samples_per_step(*, micro_batch: int, world_size: int) -> int:
 
 @dataclass(frozen=True)
 class Batch:
-    input_ids: torch.Tensor
-    labels: torch.Tensor
+    """[micro_batch, seq_len + 1] tokens, kept whole so that one contiguous copy moves them."""
+
+    tokens: torch.Tensor
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.tokens[:, :-1]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.tokens[:, 1:]
+
+    def to(self, device: torch.device, *, non_blocking: bool = False) -> Batch:
+        return Batch(tokens=self.tokens.to(device, non_blocking=non_blocking))
 
 
 def batches(
@@ -146,7 +158,7 @@ def batches(
         tokens = torch.stack([source.sample(i) for i in idx])
         if pin_memory:
             tokens = tokens.pin_memory()
-        yield Batch(input_ids=tokens[:, :-1], labels=tokens[:, 1:])
+        yield Batch(tokens=tokens)
         batch += 1
 
 

@@ -91,10 +91,7 @@ def device_batches(
         world_size=ctx.world_size,
         pin_memory=on_cuda,
     ):
-        yield Batch(
-            input_ids=batch.input_ids.to(device, non_blocking=on_cuda),
-            labels=batch.labels.to(device, non_blocking=on_cuda),
-        )
+        yield batch.to(device, non_blocking=on_cuda)
 
 
 def train_step(
