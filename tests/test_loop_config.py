@@ -47,7 +47,8 @@ def test_demo_preset_is_small_learnable_and_checkpoints():
         ({"data": {"kind": "parquet"}}, r"data.kind is 'parquet': use one of synthetic, jsonl"),
         ({"data": {"kind": "jsonl"}}, r"data.path is empty"),
         ({"data": {"kind": "jsonl", "path": "a.jsonl"}}, r"data.tokenizer is empty"),
-        ({"transport": {"expect": "tcp"}}, r"expect must be 'efa' or 'any'"),
+        ({"transport": {"expect": "tcp"}}, r"transport.expect is 'tcp': use one of 'efa', 'any'"),
+        ({"transport": {"min_busbw_gbps": "fast"}}, r"transport.min_busbw_gbps must be a number"),
     ],
 )
 def test_mistakes_are_value_errors_naming_the_field(d, match):

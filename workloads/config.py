@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,6 +213,18 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, prefix=f"{name}.")
     origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None and len(options) < len(typing.get_args(hint)):
+            return None
+        if len(options) == 1:
+            return _coerce(options[0], value, name=name)
+        return value
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ValueError(f"{name} is {value!r}: use one of {', '.join(map(repr, choices))}")
+        return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{name} must be a list, got {value!r}")
