@@ -42,7 +42,7 @@ class LocalClusterSpec:
     """Logical CPUs each node offers (one worker each), whatever the machine has."""
     start_timeout_s: float = 120.0
     """How long a node may take to come up."""
-    stop_grace_s: float = 10.0
+    stop_grace_s: float = 5.0
     """How long a node may take to stop after SIGTERM before its process group is killed."""
 
     def __post_init__(self) -> None:
@@ -211,7 +211,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
 
 
 def main(command: str, argv: list[str]) -> int:
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         args = _arg_parser().parse_args(argv)
     except SystemExit as exc:

@@ -6,7 +6,8 @@ port-forward` to the head's dashboard port is opened for the duration of the com
 never exposed). `--address URL` talks to a Jobs API directly (token from --token or RAY_AUTH_TOKEN).
 
 Exit codes: 0 the job succeeded (and, on GPUs, its NCCL connections passed the transport check);
-1 it failed, was stopped, or failed the check; 2 bad input; 3 the cluster could not be reached;
+1 it failed, was stopped, or failed the check; 2 bad input; 3 the cluster could not be reached or
+refused the token;
 130 interrupted (the job keeps running).
 """
 
@@ -31,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Optional
 
+from ray.exceptions import AuthenticationError
 from rich.console import Console
 
 from workloads.driver import parse_driver_line
@@ -586,17 +588,17 @@ def _stop(args: argparse.Namespace, console: Console) -> int:
 
 
 def _list(args: argparse.Namespace, console: Console) -> int:
-    from rich.table import Table
-
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
         jobs = job_client(conn).list_jobs()
-    table = Table("job", "status", "run", "started (UTC)", "entrypoint", box=None)
+    rows = [("JOB", "STATUS", "STARTED (UTC)", "RUN")]
     for job in sorted(jobs, key=lambda j: j.start_time or 0):
         started = (datetime.fromtimestamp(job.start_time / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-                   if job.start_time else "")
-        table.add_row(job.submission_id or job.job_id or "", str(job.status),
-                      (job.metadata or {}).get("run_name", ""), started, _first_line(job.entrypoint)[:60])
-    console.print(table)
+                   if job.start_time else "-")
+        rows.append((job.submission_id or job.job_id or "-", str(job.status), started,
+                     (job.metadata or {}).get("run_name", "-")))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        console.out("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
     return EXIT_OK
 
 
@@ -608,7 +610,7 @@ COMMANDS = {"submit": _submit, "logs": _logs, "stop": _stop, "list": _list}
 
 
 def main(command: str, argv: list[str]) -> int:
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         args = _arg_parser(command).parse_args(argv)
         return COMMANDS[command](args, console)
@@ -617,6 +619,9 @@ def main(command: str, argv: list[str]) -> int:
         return EXIT_USAGE
     except UnreachableError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except AuthenticationError as exc:
+        print(f"{command}: error: the cluster refused the Ray token: {_first_line(str(exc))}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except RuntimeError as exc:  # the Jobs API refused a request (unknown job id, ...)
         print(f"{command}: error: {_first_line(str(exc))}", file=sys.stderr)

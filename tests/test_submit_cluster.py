@@ -1,0 +1,223 @@
+"""submit, logs, stop and list against a real two-node Ray cluster on 127.0.0.1 (token auth on), and the
+stack path with `pulumi` and `kubectl` replaced by scripts that answer like them: the fake
+port-forward relays to the real cluster, so the whole path is exercised."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+from workloads import submit
+from workloads.local import LocalClusterSpec, local_ray_cluster
+
+pytestmark = pytest.mark.slow
+
+TINY_RUN = ["--preset", "demo-cpu", "--set", "micro_batch=2", "--set", "seq_len=32", "--set", "warmup_steps=1",
+            "--set", "log_every=2", "--set", "checkpoint_every=2", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    with local_ray_cluster(LocalClusterSpec(nodes=2, cpus_per_node=1),
+                           log_dir=tmp_path_factory.mktemp("ray-logs")) as cluster:
+        yield cluster
+
+
+@pytest.fixture()
+def target(ray_cluster) -> list[str]:
+    return ["--address", ray_cluster.address, "--token", ray_cluster.token]
+
+
+def _client(cluster) -> JobSubmissionClient:
+    return JobSubmissionClient(cluster.address, headers={"Authorization": f"Bearer {cluster.token}"})
+
+
+def _job_id(output: str) -> str:
+    return re.search(r"submitted (raysubmit_\w+)", output).group(1)
+
+
+def test_submit_follows_the_run_to_success_and_a_resubmitted_run_resumes(target, tmp_path, capsys):
+    run = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "storage"), "--run-name", "resume-me"]
+    assert submit.main("submit", [*run, "--set", "steps=2"]) == 0
+    first = capsys.readouterr().out
+    assert "job 2 CPU workers on 2 node(s), run resume-me" in first
+    assert "train step 2/2" in " ".join(first.split())
+    assert "transport check does not apply" in first and "SUCCEEDED" in first
+
+    assert submit.main("submit", [*run, "--set", "steps=4"]) == 0
+    second = capsys.readouterr().out
+    assert "step 2/4" not in " ".join(second.split()) and "train step 4/4" in " ".join(second.split())
+    assert submit.main("logs", [_job_id(second), *target]) == 0
+    logs = capsys.readouterr().out
+    summary = json.loads(logs.split("[train-summary] ", 1)[1].splitlines()[0])
+    assert summary["resumed_from_step"] == 2 and summary["steps_done"] == 2
+
+
+def test_a_failing_run_exits_1_with_the_reason_on_the_last_line(target, tmp_path, capsys):
+    empty_model = tmp_path / "no-model-here"
+    empty_model.mkdir()
+    argv = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--max-failures", "0",
+            "--set", f"model.name_or_path={empty_model}"]
+    assert submit.main("submit", argv) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"job raysubmit_\w+ FAILED: error: training failed: rank 0: .*no-model-here", out), out
+
+
+def test_list_logs_and_stop(target, ray_cluster, tmp_path, capsys):
+    argv = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--set", "steps=100000", "--no-follow"]
+    assert submit.main("submit", argv) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert submit.main("list", target) == 0
+    assert job_id in capsys.readouterr().out
+    assert submit.main("stop", [job_id, *target]) == 0
+    assert f"job {job_id} STOPPED" in capsys.readouterr().out
+    assert _client(ray_cluster).get_job_status(job_id) == JobStatus.STOPPED
+    assert submit.main("logs", [job_id, *target]) == 0
+    assert "workloads.driver" in capsys.readouterr().out
+    assert submit.main("stop", ["raysubmit_nosuchjob", *target]) == 1
+    assert "raysubmit_nosuchjob" in capsys.readouterr().err
+
+
+def test_a_wrong_token_is_refused(ray_cluster, capsys):
+    assert submit.main("list", ["--address", ray_cluster.address, "--token", "0" * 64]) == 3
+    err = capsys.readouterr().err
+    assert "refused the Ray token: Authentication failed" in err and err.count("\n") == 1
+
+
+# --- the stack path -----------------------------------------------------------------------------
+
+FAKE_PULUMI = """\
+#!{python}
+import json, os, sys
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(json.dumps(["pulumi", *sys.argv[1:]]) + "\\n")
+print(os.environ["FAKE_OUTPUTS"])
+"""
+
+FAKE_KUBECTL = """\
+#!{python}
+import asyncio, base64, json, os, sys
+argv = sys.argv[1:]
+kubeconfig = argv[argv.index("--kubeconfig") + 1]
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    mode = oct(os.stat(kubeconfig).st_mode & 0o777)
+    f.write(json.dumps(["kubectl", *argv, {{"kubeconfig_mode": mode, "kubeconfig": open(kubeconfig).read()}}]) + "\\n")
+if "get" in argv:
+    token = base64.b64encode(os.environ["FAKE_TOKEN"].encode()).decode()
+    print(json.dumps({{"data": {{"token": token}}}}))
+    sys.exit(0)
+if os.environ.get("FAKE_FORWARD_FAILS"):
+    print('error: services "ray-head-svc" not found', file=sys.stderr)
+    sys.exit(1)
+with open(os.environ["FAKE_PIDS"], "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+local = int(argv[-1].split(":")[0])
+target = int(os.environ["FAKE_DASHBOARD_PORT"])
+
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+
+async def relay(reader, writer):
+    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
+    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+async def main():
+    server = await asyncio.start_server(relay, "127.0.0.1", local)
+    print(f"Forwarding from 127.0.0.1:{{local}} -> 8265", flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture()
+def fake_tools(ray_cluster, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, source in (("pulumi", FAKE_PULUMI), ("kubectl", FAKE_KUBECTL)):
+        path = bin_dir / name
+        path.write_text(source.format(python=sys.executable))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    outputs = {
+        "kubeconfig": {"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "ray-eks"}]},
+        "clusterName": "ray-eks", "region": "us-west-2", "rayNamespace": "ray", "rayClusterName": "ray",
+        "rayHeadService": "ray-head-svc", "rayDashboardPort": 8265, "rayAuthSecretName": "ray-auth",
+        "rayAuthSecretKey": "token", "checkpointBucketUri": "s3://ckpt",
+    }
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_OUTPUTS", json.dumps(outputs))
+    monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("FAKE_TOKEN", ray_cluster.token)
+    monkeypatch.setenv("FAKE_DASHBOARD_PORT", ray_cluster.address.rsplit(":", 1)[1])
+    return tmp_path
+
+
+def _calls(tmp_path: Path) -> list[list]:
+    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_the_stack_path_port_forwards_authenticates_and_cleans_up(fake_tools, ray_cluster, capsys):
+    job_id = _client(ray_cluster).submit_job(entrypoint="echo hello-through-the-port-forward")
+    assert submit.main("logs", [job_id, "--follow", "--stack", "us-west-2"]) == 0
+    assert "hello-through-the-port-forward" in capsys.readouterr().out
+
+    pulumi, secret, forward = _calls(fake_tools)
+    assert pulumi == ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", "us-west-2"]
+    assert secret[1:3] == ["--kubeconfig", secret[2]] and secret[3:] [:6] == [
+        "--namespace", "ray", "get", "secret", "ray-auth", "-o"]
+    assert forward[3:5] == ["--namespace", "ray"] and "svc/ray-head-svc" in forward
+    assert forward[-2].endswith(":8265")
+    written = forward[-1]
+    assert written["kubeconfig_mode"] == "0o600" and json.loads(written["kubeconfig"])["kind"] == "Config"
+    assert not Path(forward[2]).exists()  # the private kubeconfig is gone
+    pid = int((fake_tools / "pids").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)  # the port-forward was stopped
+
+
+def test_a_port_forward_that_cannot_open_is_exit_3_and_still_cleans_up(fake_tools, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_FORWARD_FAILS", "1")
+    assert submit.main("list", ["--stack", "us-west-2"]) == 3
+    err = capsys.readouterr().err
+    assert 'did not open: error: services "ray-head-svc" not found' in err and err.count("\n") == 1
+    forward = _calls(fake_tools)[-1]
+    assert not Path(forward[2]).exists()
+
+
+def test_a_stack_without_the_outputs_is_exit_2(fake_tools, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_OUTPUTS", json.dumps({"clusterName": "ray-eks"}))
+    assert submit.main("list", ["--stack", "us-west-2"]) == 2
+    assert "run `pulumi up --stack us-west-2` first" in capsys.readouterr().err
+
+
+def test_missing_tools_are_named(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert submit.main("list", ["--stack", "us-west-2"]) == 3
+    assert "pulumi is not on PATH" in capsys.readouterr().err
