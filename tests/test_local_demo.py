@@ -1,0 +1,87 @@
+"""`make demo`'s code path end to end (`python -m workloads run --local` as a subprocess): a two-node
+local Ray cluster, the real loop, a falling loss, the run report, and no process left behind, also
+when the demo is stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _ray_local_pids() -> set[int]:
+    """Processes of any cluster that workloads.local started (their command lines name its temp dir)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if b"ray-local-" in (proc / "cmdline").read_bytes():
+                    pids.add(int(proc.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _demo(runs_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "workloads", "run", "--local", "--runs-dir", str(runs_dir), *extra],
+        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path):
+    before = _ray_local_pids()
+    proc = _demo(tmp_path, "--set", "steps=20")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "2 CPU workers on 2 node(s)" in out and "train step 20/20" in " ".join(out.split())
+
+    (run_dir,) = tmp_path.iterdir()
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "SUCCEEDED" and report["cluster"]["nodes"] == 2
+    assert [r["step"] for r in report["steps"]] == [5, 10, 15, 20]
+    summary = report["summary"]
+    assert summary["last_loss"] < 0.8 * summary["first_loss"]
+    assert f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}" in out
+    assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "[train]" in (run_dir / "job.log").read_text()
+    assert _ray_local_pids() <= before
+
+
+def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
+    before = _ray_local_pids()
+    proc = _demo(tmp_path)
+    lines = []
+    for line in proc.stdout:  # wait until the cluster is up and the job submitted
+        lines.append(line)
+        if "submitted raysubmit_" in line:
+            break
+    started = _ray_local_pids() - before
+    assert started, "".join(lines)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "the local Ray cluster was stopped" in out
+    groups = {_pgid(pid) for pid in started} - {None}
+    deadline = time.monotonic() + 10
+    while _in_groups(groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _in_groups(groups)  # the nodes, and every worker they started in their groups
+
+
+def _pgid(pid: int):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _in_groups(groups: set[int]) -> set[int]:
+    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(int(p.name)) in groups}
