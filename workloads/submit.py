@@ -245,8 +245,10 @@ def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str
 def job_client(conn: Connection):
     from ray.job_submission import JobSubmissionClient
 
-    # The SDK logs each closed log stream at INFO; the console already says how the job ended.
-    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
+    # The SDK logs each package upload and closed log stream at INFO; the console says what matters.
+    for name in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk",
+                 "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else None
     try:
