@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return 0
     except TransportGateError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # Every rank raises the same all-gathered verdict; one copy of it is enough.
+        if dist.get_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,25 @@
+"""The offline verifier on NCCL logs captured by the in-band gate runs on 2x H200 (docs/gpu/).
+
+The NVLink run's logs also say "Using network Socket" (NCCL initialises a net plugin even when no
+traffic uses it): the verdict must come from the connections, so that run passes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workloads.transport import main
+
+RUNS = Path(__file__).resolve().parent.parent / "docs" / "gpu" / "2026-11-30-h200x2"
+
+
+@pytest.mark.parametrize(("folder", "exit_code"), [("gate-nvlink-nccl", 0), ("gate-socket-nccl", 1)])
+def test_captured_gate_logs(folder: str, exit_code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    logs = sorted(str(p) for p in (RUNS / folder).glob("nccl.*.log"))
+    assert len(logs) == 2, logs
+    assert "Using network Socket" in Path(logs[0]).read_text()
+    assert main("verify-transport", [*logs, "--nodes", "1"]) == exit_code
+    out = capsys.readouterr().out
+    assert ("P2P/CUMEM" if exit_code == 0 else "NET/Socket within a node") in out
