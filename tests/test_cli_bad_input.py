@@ -1,0 +1,122 @@
+"""No command line prints a traceback for a user mistake: each bad invocation of every CLI, run as a
+subprocess, exits with its documented code and says what is wrong in one line on stderr.
+
+The table is listed in docs/RELIABILITY.md. The processes run concurrently (they are mostly
+interpreter start-up), with no AWS credentials and an AWS endpoint nobody listens on, so no row can
+reach a cloud.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+NO_CLUSTER = "http://127.0.0.1:9"
+"""A Jobs API address nothing answers; every row below fails before connecting to it."""
+
+
+@dataclass(frozen=True)
+class Case:
+    module: str
+    args: tuple[str, ...]
+    exit_code: int
+    message: str
+    """A fragment of the one-line error on stderr."""
+
+    @property
+    def id(self) -> str:
+        return " ".join((self.module, *self.args))
+
+
+CASES = (
+    Case("capacity", (), 2, "the following arguments are required: command"),
+    Case("capacity", ("probe", "--bogus"), 2, "unrecognized arguments: --bogus"),
+    Case("capacity", ("probe", "--nodes", "0"), 2,
+         "--nodes must be a whole number of at least 1, got '0'"),
+    Case("capacity", ("probe", "--instance-type", "m7i.xlarge"), 2,
+         "--instance-type m7i.xlarge has no GPU or no EFA"),
+    Case("capacity", ("probe", "--regions", "us-wets-2"), 2,
+         "unknown region 'us-wets-2'; did you mean us-west-2?"),
+    Case("capacity", ("probe", "--regions", "us-west-2", "--all-regions"), 2,
+         "--all-regions: not allowed with argument --regions"),
+    Case("capacity", ("probe", "--region-timeout", "-1"), 2,
+         "--region-timeout must be a positive number of seconds"),
+    Case("capacity", ("probe", "--stack", "broken"), 2, "is not valid YAML"),
+    Case("capacity", ("probe", "--regions", "us-west-2"), 3,
+         "AWS credentials problem calling sts:GetCallerIdentity"),
+    Case("workloads", ("frobnicate",), 2, "unknown command 'frobnicate'"),
+    Case("workloads", ("verify-transport",), 2, "the following arguments are required: LOG"),
+    Case("workloads", ("verify-transport", "missing.log"), 2, "cannot read missing.log"),
+    Case("workloads", ("verify-transport", "--nodes", "0", "some.log"), 2,
+         "--nodes: must be a whole number >= 1"),
+    Case("workloads", ("verify-transport", "--expect", "ib", "some.log"), 2,
+         "invalid choice: 'ib'"),
+    Case("workloads", ("submit",), 2, "say which cluster: --stack NAME"),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--set", "nosuchkey=1"), 2,
+         "unknown config key 'nosuchkey'"),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--config", "missing.json"), 2,
+         "cannot read --config missing.json"),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--max-failures", "-1"), 2,
+         "--max-failures must be >= 0"),
+    Case("workloads", ("logs", "--address", NO_CLUSTER), 2,
+         "the following arguments are required: job_id"),
+    Case("workloads", ("run",), 2, "the following arguments are required: --local"),
+    Case("workloads", ("run", "--local", "--preset", "nope"), 2, "unknown preset 'nope'"),
+    Case("infra", (), 2, "the following arguments are required: command"),
+    Case("infra", ("render", "--stack", "nope"), 2, "Pulumi.nope.yaml = None: does not exist"),
+    Case("infra", ("render", "--stack", "bad"), 2,
+         "ray-eks:gpuNodeCount = 'two': must be a whole number"),
+    Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
+    Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
+    Case("workloads.torchrun", ("--preset", "nope"), 2, "unknown preset 'nope'"),
+    Case("workloads.torchrun", ("--set", "steps=0"), 2, "steps is 0: it must be at least 1"),
+)
+
+STACK_FILES = {
+    "Pulumi.bad.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
+                       "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n"
+                       "  ray-eks:gpuNodeCount: two\n",
+    "Pulumi.broken.yaml": "config: [\n",
+    "some.log": "not an NCCL log\n",
+}
+
+
+def _run(case: Case, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", case.module, *case.args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, repo_root: Path) -> dict[str, subprocess.CompletedProcess]:
+    cwd = tmp_path_factory.mktemp("cli")
+    for name, text in STACK_FILES.items():
+        (cwd / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RAY_"))}
+    env.update({"PYTHONPATH": str(repo_root), "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+                "AWS_ENDPOINT_URL": NO_CLUSTER, "AWS_MAX_ATTEMPTS": "1"})
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {case.id: pool.submit(_run, case, cwd=cwd, env=env) for case in CASES}
+        return {key: future.result() for key, future in futures.items()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_user_mistake_gets_one_line_and_its_exit_code(case: Case, results):
+    proc = results[case.id]
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    assert proc.returncode == case.exit_code, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if case.message in line]
+    assert "error" in line
+
+
+def test_every_cli_is_in_the_table():
+    assert {c.module for c in CASES} == {"capacity", "workloads", "infra", "workloads.bench",
+                                         "workloads.torchrun"}
+    commands = {c.args[0] for c in CASES if c.module == "workloads" and c.args}
+    assert {"submit", "logs", "run", "verify-transport"} <= commands
