@@ -308,6 +308,44 @@ def test_a_signal_at_any_point_leaves_no_reservation_active(scenario_name, sig, 
     assert_next_run_sweeps_everything(ec2, scenario)
 
 
+_LAST_CALL = {name: max(i for i, _, _ in interrupt_points(s)) for name, s in SCENARIOS.items()}
+SECOND_SIGNAL_AFTER = [(name, sig, point) for name, sig, point in POINTS
+                       if point[1] in ("create", "cancel_failing", "sleep")
+                       and point[0] < _LAST_CALL[name]]
+
+
+@pytest.mark.parametrize(("scenario_name", "sig", "first"), SECOND_SIGNAL_AFTER,
+                         ids=[f"{n}-{s}-{i}:{op}:{ph}" for n, s, (i, op, ph) in SECOND_SIGNAL_AFTER])
+def test_a_second_signal_during_the_cleanup_changes_nothing(scenario_name, sig, first,
+                                                            guarded_handlers):
+    """Ctrl-C pressed again (or SIGTERM after SIGINT) while the interrupted probe looks the
+    reservation up by its tag or cancels it: at every call of that cleanup."""
+    scenario = SCENARIOS[scenario_name]
+    other = signal.SIGTERM if SIGNALS[sig] == signal.SIGINT else signal.SIGINT
+
+    def run_with(second: tuple[int, str, str] | None) -> FakeEc2:
+        def hook(i: int, op: str, ph: str) -> None:
+            if (i, op, ph) == first:
+                signal.raise_signal(SIGNALS[sig])
+            elif (i, op, ph) == second:
+                signal.raise_signal(other)
+
+        ec2 = FakeEc2(behaviour=scenario.behaviour(), hook=hook)
+        with pytest.raises(KeyboardInterrupt):
+            run_probe(scenario, ec2)
+        return ec2
+
+    cleanup = run_with(None).trace[first[0] + 1:]
+    assert cleanup, "the interrupted probe made no call to clean up"
+    offset = first[0] + 1
+    for j, op in enumerate(cleanup):
+        for phase in ("sleep",) if op == "sleep" else ("before", "after"):
+            ec2 = run_with((offset + j, op, phase))
+            assert {s: signal.getsignal(s) for s in SIGNALS.values()} == guarded_handlers
+            assert_nothing_of_this_run_left_active(ec2, scenario)
+            assert_next_run_sweeps_everything(ec2, scenario)
+
+
 def test_every_kind_of_point_is_covered():
     kinds = {(op, phase) for _, _, (_, op, phase) in POINTS}
     assert {("create", "before"), ("create", "after"), ("describe", "after"), ("sleep", "sleep"),
