@@ -16,17 +16,26 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def _ray_local_pids() -> set[int]:
-    """Processes of any cluster that workloads.local started (their command lines name its temp dir)."""
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if b"ray-local-" in (proc / "cmdline").read_bytes():
-                    pids.add(int(proc.name))
-            except OSError:
-                pass
-    return pids
+def _pgid(pid: int):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _ppid(pid: int):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _in_groups(groups: set[int]) -> set[int]:
+    return {pid for pid in _pids() if _pgid(pid) in groups}
 
 
 def _demo(runs_dir: Path, *extra: str) -> subprocess.Popen:
@@ -36,10 +45,34 @@ def _demo(runs_dir: Path, *extra: str) -> subprocess.Popen:
     )
 
 
+def _read_until(proc: subprocess.Popen, marker: str) -> list[str]:
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            return lines
+    raise AssertionError(f"the demo ended before printing {marker!r}:\n{''.join(lines)}")
+
+
+def _node_groups(proc: subprocess.Popen) -> set[int]:
+    """The process groups of the demo's Ray nodes: each `ray start` is a child leading its own group."""
+    groups = {pid for pid in _pids() if _ppid(pid) == proc.pid and _pgid(pid) == pid}
+    assert len(groups) == 2, groups
+    return groups
+
+
+def _assert_all_stopped(groups: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while _in_groups(groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _in_groups(groups)  # the nodes, and every process they started in their groups
+
+
 def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path):
-    before = _ray_local_pids()
     proc = _demo(tmp_path, "--set", "steps=20")
-    out, _ = proc.communicate(timeout=300)
+    head = _read_until(proc, "Jobs API at")
+    groups = _node_groups(proc)
+    out = "".join(head) + proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out
     assert "2 CPU workers on 2 node(s)" in out and "train step 20/20" in " ".join(out.split())
 
@@ -52,36 +85,16 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}" in out
     assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert "[train]" in (run_dir / "job.log").read_text()
-    assert _ray_local_pids() <= before
+    _assert_all_stopped(groups)
 
 
 def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
-    before = _ray_local_pids()
     proc = _demo(tmp_path)
-    lines = []
-    for line in proc.stdout:  # wait until the cluster is up and the job submitted
-        lines.append(line)
-        if "submitted raysubmit_" in line:
-            break
-    started = _ray_local_pids() - before
-    assert started, "".join(lines)
+    _read_until(proc, "Jobs API at")
+    groups = _node_groups(proc)
+    _read_until(proc, "submitted raysubmit_")
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
-    groups = {_pgid(pid) for pid in started} - {None}
-    deadline = time.monotonic() + 10
-    while _in_groups(groups) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _in_groups(groups)  # the nodes, and every worker they started in their groups
-
-
-def _pgid(pid: int):
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _in_groups(groups: set[int]) -> set[int]:
-    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(int(p.name)) in groups}
+    _assert_all_stopped(groups)

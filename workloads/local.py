@@ -155,8 +155,8 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[Loca
         subprocess.run(["rm", "-rf", str(temp_dir)], check=False)
 
 
-class _Terminated(Exception):
-    pass
+class _Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that no library's `except Exception` swallows it."""
 
 
 def _raise_terminated(signum, frame) -> None:
