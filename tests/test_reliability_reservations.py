@@ -93,6 +93,7 @@ class FakeEc2:
     hook: Hook
     ledger: dict[str, Entry] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
+    slept: list[float] = field(default_factory=list)
     meta: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
         method_to_api_mapping=dict(_API_NAMES)))
     _tokens: dict[str, str] = field(default_factory=dict)
@@ -218,6 +219,7 @@ class Sleeper:
         self.ec2 = ec2
 
     def __call__(self, seconds: float) -> None:
+        self.ec2.slept.append(seconds)
         self.ec2.trace.append("sleep")
         self.ec2.hook(len(self.ec2.trace) - 1, "sleep", "sleep")
 
@@ -361,7 +363,7 @@ def test_a_cancel_that_keeps_failing_names_the_reservation_and_relies_on_its_end
     run = run_probe(scenario, ec2)
     (attempt,) = run.attempts
     (entry,) = ec2.active()
-    assert ec2.trace.count("cancel_failing") == CANCEL_TRIES
+    assert ec2.trace.count("cancel_failing") == CANCEL_TRIES and ec2.slept == [2.0, 4.0, 8.0]
     assert run.leaked == (entry.reservation_id,) == (attempt.reservation_id,)
     assert not attempt.cancelled and attempt.outcome is AttemptOutcome.PROVEN
     assert entry.reservation_id in attempt.detail and "ends by itself" in attempt.detail
