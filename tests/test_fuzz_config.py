@@ -125,7 +125,8 @@ bad_cidrs = st.one_of(
 
 BAD: dict[str, st.SearchStrategy] = {
     "aws:region": st.one_of(
-        st.sampled_from(["europe", "us-west", "US-WEST-2", "us_west_2", "uswest2", "", "us-west-2a"]),
+        st.sampled_from(["europe", "us-west", "US-WEST-2", "us_west_2", "uswest2", "",
+                         "us-west-2a"]),
         regex(r"[a-z]{2}-[a-z]+-\d{2,3}"), regex(r"[A-Z]{2}-[a-z]+-\d"), not_a_scalar),
     "ray-eks:gpuAvailabilityZone": st.one_of(
         st.sampled_from(["mx-none-9b", "us-west-2", "us-west-2-a", "us-west-2A", "usw2-az1"]),

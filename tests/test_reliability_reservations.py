@@ -1,5 +1,6 @@
-"""No reservation is ever leaked: SIGINT and SIGTERM are delivered at every point between the probe's
-first reservation call and its last cancel, and the ledger of what EC2 holds is checked after each.
+"""No reservation is ever leaked: SIGINT and SIGTERM are delivered at every point between the
+probe's first reservation call and its last cancel, and the ledger of what EC2 holds is checked
+after each.
 
 In process, the real `AwsApi` and `capacity.reserve` run over a fake EC2 client (the session seam):
 it keeps a ledger of every reservation and raises a real signal (`signal.raise_signal`) before a
@@ -317,7 +318,8 @@ SECOND_SIGNAL_AFTER = [(name, sig, point) for name, sig, point in POINTS
 
 
 @pytest.mark.parametrize(("scenario_name", "sig", "first"), SECOND_SIGNAL_AFTER,
-                         ids=[f"{n}-{s}-{i}:{op}:{ph}" for n, s, (i, op, ph) in SECOND_SIGNAL_AFTER])
+                         ids=[f"{n}-{s}-{i}:{op}:{ph}"
+                              for n, s, (i, op, ph) in SECOND_SIGNAL_AFTER])
 def test_a_second_signal_during_the_cleanup_changes_nothing(scenario_name, sig, first,
                                                             guarded_handlers):
     """Ctrl-C pressed again (or SIGTERM after SIGINT) while the interrupted probe looks the
