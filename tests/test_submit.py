@@ -140,6 +140,7 @@ def test_the_reattach_hint_repeats_how_the_cluster_was_reached():
         (["--preset", "demo-cpu"], "say which cluster: --stack NAME"),
         (["--address", "http://127.0.0.1:1", "--preset", "demo-cpu"], "--storage-path is needed with --address"),
         (["--address", "http://127.0.0.1:1", "--preset", "demo"], "unknown preset 'demo'"),
+        (["--address", "http://127.0.0.1:1", "--storage-path", "runs"], "'runs' must be a URI"),
         (["--address", "http://127.0.0.1:1", "--set", "stepz=3"], "did you mean 'steps'"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],

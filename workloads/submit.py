@@ -7,8 +7,7 @@ never exposed). `--address URL` talks to a Jobs API directly (token from --token
 
 Exit codes: 0 the job succeeded (and, on GPUs, its NCCL connections passed the transport check);
 1 it failed, was stopped, or failed the check; 2 bad input; 3 the cluster could not be reached or
-refused the token;
-130 interrupted (the job keeps running).
+refused the token; 130 interrupted (the job keeps running).
 """
 
 from __future__ import annotations
@@ -543,12 +542,15 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     train = _train_config(args, expect=expect)
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
-    run_name = args.run_name or f"{args.preset if args.config is None else args.config.stem}-" + \
-        datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    config_name = args.preset if args.config is None else args.config.stem
+    run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
         storage_path = args.storage_path or conn.storage_path
         if not storage_path:
             raise ValueError("--storage-path is needed with --address (s3://bucket/prefix or an absolute folder)")
+        if "://" not in storage_path and not storage_path.startswith("/"):
+            raise ValueError(f"--storage-path {storage_path!r} must be a URI (s3://...) or an absolute folder "
+                             "on the cluster's nodes")
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet)
         if args.no_follow:
