@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,9 +64,11 @@ class LocalCluster:
 
 
 def _node_argv(*, head: bool, gcs_port: int, dashboard_port: int, temp_dir: Path, cpus: int) -> list[str]:
-    ray = str(Path(sys.executable).with_name("ray"))
+    ray = Path(sys.executable).with_name("ray")
+    if not ray.is_file():
+        raise RuntimeError(f"the ray CLI is not installed beside {sys.executable}; run `make venv`")
     free = submit.free_port
-    argv = [ray, "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
+    argv = [str(ray), "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
             f"--num-cpus={cpus}", "--num-gpus=0", f"--dashboard-agent-listen-port={free()}",
             f"--dashboard-agent-grpc-port={free()}", f"--metrics-export-port={free()}",
             f"--runtime-env-agent-port={free()}"]
@@ -152,7 +155,7 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[Loca
     finally:
         for proc in reversed(procs):
             _stop(proc, grace_s=spec.stop_grace_s)
-        subprocess.run(["rm", "-rf", str(temp_dir)], check=False)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 class _Terminated(BaseException):
