@@ -21,7 +21,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from capacity.probe import Placement
-from infra.config import ConfigError, config_key, parse_stack_config, read_stack_values
+from infra.config import ConfigError, check_settings, config_key, parse_stack_config, read_stack_values
 
 PLACEMENT_KEYS = tuple(config_key(name) for name in (
     "region", "gpu_availability_zone", "gpu_availability_zone_id", "gpu_instance_type",
@@ -141,10 +141,11 @@ def _parses(text: str) -> ConfigError | None:
 
 
 def precheck(path: Path) -> None:
-    """Fail now, before any cloud call, if an existing stack file could not be updated later."""
+    """Fail now, before any cloud call, if an existing stack file could not be updated later or
+    holds a bad value in a key the probe keeps."""
     if not path.exists():
         return
-    read_stack_values(path)
+    check_settings(read_stack_values(path))
     text = path.read_text()
     if _yaml(_LAYOUTS[0]).load(text) is not None:
         _faithful_yaml(text, path)

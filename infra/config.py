@@ -166,7 +166,14 @@ def _coerce(name: str, key: str, raw: Any) -> Any:
     return _as_str(key, raw)
 
 
-def _check(cfg: StackConfig) -> None:
+def _check(cfg: StackConfig, *, placement: bool = True) -> None:
+    k = config_key
+    if placement:
+        _check_placement(cfg)
+    _check_settings(cfg)
+
+
+def _check_placement(cfg: StackConfig) -> None:
     k = config_key
     if not _REGION_RE.match(cfg.region):
         raise ConfigError(k("region"), cfg.region, "is not an AWS region name",
@@ -189,6 +196,10 @@ def _check(cfg: StackConfig) -> None:
     if cfg.gpu_node_count < 1:
         raise ConfigError(k("gpu_node_count"), cfg.gpu_node_count, "must be at least 1",
                           _fix_cmd(k("gpu_node_count"), 2))
+
+
+def _check_settings(cfg: StackConfig) -> None:
+    k = config_key
     if cfg.system_instance_type not in SYSTEM_INSTANCE_TYPES:
         raise ConfigError(k("system_instance_type"), cfg.system_instance_type,
                           "is not a known non-GPU instance type",
@@ -260,6 +271,33 @@ def parse_stack_config(values: Mapping[str, Any]) -> StackConfig:
     Keys of other namespaces (aws:profile, pulumi:tags, ...) are left alone; unknown keys in this
     program's namespace are refused with the nearest known key as a hint.
     """
+    kwargs = _coerce_values(values)
+    for f in fields(StackConfig):
+        if f.name not in kwargs and f.default is MISSING:  # no default: required
+            key = config_key(f.name)
+            raise ConfigError(key, None, "is required",
+                              "run `python -m capacity probe --stack <stack>` to write it")
+    cfg = StackConfig(**kwargs)
+    _check(cfg)
+    return cfg
+
+
+PLACEMENT_FIELDS = ("region", "gpu_availability_zone", "gpu_availability_zone_id",
+                    "gpu_instance_type", "gpu_node_count")
+"""What `python -m capacity probe` writes into a stack file; it keeps every other key."""
+
+
+def check_settings(values: Mapping[str, Any]) -> None:
+    """Validate every key of a stack file except the placement the probe is about to write, so a
+    bad value fails before the probe makes any cloud call."""
+    kwargs = {name: value for name, value in _coerce_values(values).items()
+              if name not in PLACEMENT_FIELDS}
+    _check(StackConfig(region="", gpu_availability_zone="", gpu_availability_zone_id="", **kwargs),
+           placement=False)
+
+
+def _coerce_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Field name -> typed value for this program's keys; unknown keys of its namespace refused."""
     kwargs: dict[str, Any] = {}
     for key, raw in values.items():
         if key in _FIELDS:
@@ -272,14 +310,7 @@ def parse_stack_config(values: Mapping[str, Any]) -> StackConfig:
             raise ConfigError(key, raw, "is not a setting of this program",
                               f"did you mean {hint[0]}?" if hint else
                               f"remove it; known keys: {', '.join(KNOWN_KEYS)}")
-    for f in fields(StackConfig):
-        if f.name not in kwargs and f.default is MISSING:  # no default: required
-            key = config_key(f.name)
-            raise ConfigError(key, None, "is required",
-                              "run `python -m capacity probe --stack <stack>` to write it")
-    cfg = StackConfig(**kwargs)
-    _check(cfg)
-    return cfg
+    return kwargs
 
 
 def stack_file(stack: str, project_dir: Path | str = ".") -> Path:

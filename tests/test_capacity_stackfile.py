@@ -142,3 +142,18 @@ def test_a_layout_no_round_trip_reproduces_is_left_untouched(tmp_path: Path):
     with pytest.raises(StackFileError, match="left untouched"):
         precheck(path)
     assert path.read_text() == text
+
+
+
+def test_precheck_refuses_a_bad_kept_value_before_any_cloud_call(tmp_path):
+    """A bad value in a key the probe keeps (here the Ray namespace) fails the precheck, which the
+    CLI runs before its first AWS call; the placement keys it rewrites are not judged there."""
+    from capacity.stackfile import precheck
+
+    path = tmp_path / "Pulumi.us-west-2.yaml"
+    path.write_text("config:\n  aws:region: us-west-2\n  ray-eks:gpuNodeCount: 0\n"
+                    "  ray-eks:rayNamespace: Not_A_Label\n")
+    with pytest.raises(ConfigError, match="ray-eks:rayNamespace"):
+        precheck(path)
+    path.write_text("config:\n  aws:region: us-west-2\n  ray-eks:gpuNodeCount: 0\n")
+    precheck(path)  # gpuNodeCount is the probe's to rewrite

@@ -48,6 +48,8 @@ CASES = (
     Case("capacity", ("probe", "--region-timeout", "-1"), 2,
          "--region-timeout must be a positive number of seconds"),
     Case("capacity", ("probe", "--stack", "broken"), 2, "is not valid YAML"),
+    Case("capacity", ("probe", "--stack", "badns"), 2,
+         "ray-eks:rayNamespace = 'Not_A_Label': must be a Kubernetes namespace name"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
          "AWS credentials problem calling sts:GetCallerIdentity"),
     Case("workloads", ("frobnicate",), 2, "unknown command 'frobnicate'"),
@@ -83,6 +85,7 @@ STACK_FILES = {
                        "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n"
                        "  ray-eks:gpuNodeCount: two\n",
     "Pulumi.broken.yaml": "config: [\n",
+    "Pulumi.badns.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:rayNamespace: Not_A_Label\n",
     "some.log": "not an NCCL log\n",
 }
 
