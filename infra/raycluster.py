@@ -16,6 +16,7 @@ import pulumi_kubernetes as k8s
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.sizing import head_pod_size, worker_pod_size
+from workloads.transport_gate import EFA_TRANSPORT_ENV, NCCL_LOG_NAME, nccl_log_env
 
 RAY_CLUSTER_NAME = "ray-train"
 SERVICE_ACCOUNT = "ray-train"
@@ -28,10 +29,8 @@ CLIENT_PORT = 10001
 AUTH_SECRET_KEY = "auth_token"
 """The key KubeRay writes the Ray auth token under in the Secret it generates."""
 NCCL_LOG_DIR = "/tmp/ray/nccl"
-NCCL_DEBUG_FILE = f"{NCCL_LOG_DIR}/nccl.%h.%p.log"
+NCCL_DEBUG_FILE = f"{NCCL_LOG_DIR}/{NCCL_LOG_NAME}"
 """One file per process (%h host, %p pid): the transport gate reads each rank's own file."""
-POD_INTERFACE = "eth0"
-"""The pod's VPC CNI interface: NCCL bootstraps over it; the EFA device carries the data."""
 
 
 def head_service_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
@@ -46,18 +45,10 @@ def auth_secret_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
 
 
 def nccl_env() -> list[dict[str, str]]:
-    """The network transport, declared rather than left to NCCL's silent fallback to sockets."""
-    return [
-        {"name": "FI_PROVIDER", "value": "efa"},
-        # aws-ofi-nccl installs libnccl-net-ofi.so; NCCL loads libnccl-net-<NCCL_NET_PLUGIN>.so.
-        {"name": "NCCL_NET_PLUGIN", "value": "ofi"},
-        {"name": "NCCL_SOCKET_IFNAME", "value": POD_INTERFACE},
-        {"name": "NCCL_DEBUG", "value": "INFO"},
-        # INIT logs each channel's "via NET/<plugin>" or "via P2P/..." line, NET the plugin
-        # chosen, ENV the NCCL settings each process actually saw.
-        {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET,ENV"},
-        {"name": "NCCL_DEBUG_FILE", "value": NCCL_DEBUG_FILE},
-    ]
+    """The network transport, declared rather than left to NCCL's silent fallback to sockets, and
+    NCCL's log as the transport gate reads it (one file per process under NCCL_LOG_DIR)."""
+    env = {**EFA_TRANSPORT_ENV, **nccl_log_env(log_dir=NCCL_LOG_DIR)}
+    return [{"name": name, "value": value} for name, value in env.items()]
 
 
 def _shm_volume() -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.raycluster import NCCL_DEBUG_FILE, build_raycluster
 from infra.sizing import allocatable, worker_pod_size
+from workloads.transport_gate import EFA_TRANSPORT_ENV, nccl_log_env
 
 BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
                    gpu_availability_zone_id="euw1-az2")
@@ -136,9 +139,12 @@ def test_workers_declare_the_efa_transport_and_log_it_per_rank():
     assert env["FI_PROVIDER"] == "efa"
     assert env["NCCL_NET_PLUGIN"] == "ofi"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["FI_EFA_FORK_SAFE"] == "1"
     assert env["NCCL_DEBUG"] == "INFO"
     assert {"INIT", "NET"} <= set(env["NCCL_DEBUG_SUBSYS"].split(","))
     assert env["NCCL_DEBUG_FILE"] == NCCL_DEBUG_FILE == "/tmp/ray/nccl/nccl.%h.%p.log"
+    # The same declaration as the job's runtime_env, and the log the transport gate reads.
+    assert env == {**EFA_TRANSPORT_ENV, **nccl_log_env(log_dir="/tmp/ray/nccl")}
     mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
@@ -173,3 +179,11 @@ def test_the_builder_holds_no_instance_specific_literal():
     for name, instance in INSTANCE_TYPES.items():
         assert name not in source
     assert "L4" not in source
+
+
+def test_the_pulumi_program_imports_the_transport_env_without_torch_or_ray():
+    code = ("import sys, infra.raycluster; "
+            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"

@@ -1,16 +1,21 @@
-"""submit's pure parts: stack outputs, the Jobs API request, the log printer, the offline transport check."""
+"""submit's and cluster's pure parts: stack outputs, the Jobs API request, the log printer, the offline transport check."""
 
 from __future__ import annotations
 
 import io
 import json
 import shlex
+import tomllib
+from pathlib import Path
 
 import pytest
+from ray.runtime_env import RuntimeEnv
 from rich.console import Console
 
-from workloads import submit
+from workloads import cluster, submit
 from workloads.driver import parse_args as parse_driver_args
+from workloads.loop import GATE_PREFIX
+from workloads.transport_gate import EFA_TRANSPORT_ENV
 
 OUTPUTS = {
     "kubeconfig": {"apiVersion": "v1", "clusters": []},
@@ -27,7 +32,7 @@ OUTPUTS = {
 
 
 def test_stack_outputs_map_to_a_typed_record():
-    outputs = submit.stack_outputs_from_json(OUTPUTS, stack="us-west-2")
+    outputs = cluster.stack_outputs_from_json(OUTPUTS, stack="us-west-2")
     assert outputs.ray_head_service == "ray-head-svc" and outputs.ray_dashboard_port == 8265
     assert json.loads(outputs.kubeconfig) == OUTPUTS["kubeconfig"]  # an object output becomes text
     assert outputs.checkpoint_bucket_uri == "s3://ckpt-bucket"
@@ -36,7 +41,7 @@ def test_stack_outputs_map_to_a_typed_record():
 def test_missing_stack_outputs_are_named_with_the_fix():
     partial = {k: v for k, v in OUTPUTS.items() if k not in ("rayHeadService", "rayAuthSecretKey")}
     with pytest.raises(ValueError, match=r"lacks output\(s\) rayHeadService, rayAuthSecretKey: run `pulumi up"):
-        submit.stack_outputs_from_json(partial, stack="us-west-2")
+        cluster.stack_outputs_from_json(partial, stack="us-west-2")
 
 
 def test_the_submission_runs_the_driver_with_a_config_that_round_trips():
@@ -48,16 +53,32 @@ def test_the_submission_runs_the_driver_with_a_config_that_round_trips():
     args = parse_driver_args(argv[3:])
     assert (args.train, args.run_name, args.storage_path, args.max_failures) == (train, "r1", "s3://b/runs", 2)
     assert sub.runtime_env["working_dir"] == "/tmp/stage"
-    assert set(sub.runtime_env) == {"working_dir", "env_vars"}  # nothing installed at job start
+    assert set(sub.runtime_env) == {"working_dir", "env_vars", "pip"}
+    assert sub.runtime_env["pip"] == {"packages": ["liger-kernel==0.8.5"], "pip_check": False}
     env = sub.runtime_env["env_vars"]
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_NET_PLUGIN"] == "ofi" and env["RAY_DEDUP_LOGS"] == "0"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["FI_EFA_FORK_SAFE"] == "1"
+    assert EFA_TRANSPORT_ENV.items() <= env.items()  # the pods' declaration, from the same place
     assert sub.metadata == {"run_name": "r1", "storage_path": "s3://b/runs"}
 
 
-def test_without_efa_the_job_env_declares_no_network():
+def test_without_efa_the_job_env_declares_no_network_and_installs_nothing():
     sub = submit.build_submission(train={}, run_name="r", storage_path="/tmp/s", max_failures=0,
                                   working_dir="/w", expect="any")
+    assert set(sub.runtime_env) == {"working_dir", "env_vars"}  # a CPU run needs no network at job start
     assert not any(key.startswith(("FI_", "NCCL_")) for key in sub.runtime_env["env_vars"])
+
+
+@pytest.mark.parametrize("expect", ["efa", "any"])
+def test_rays_own_parser_accepts_the_runtime_env(expect, tmp_path):
+    parsed = RuntimeEnv(**submit.runtime_env(working_dir=str(tmp_path), expect=expect))
+    packages = (parsed.pip_config() or {}).get("packages", [])
+    assert packages == (["liger-kernel==0.8.5"] if expect == "efa" else [])
+
+
+def test_the_gpu_packages_are_the_pins_of_pyprojects_gpu_extra():
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert list(submit.GPU_PACKAGES) == pyproject["project"]["optional-dependencies"]["gpu"]
 
 
 def test_the_working_dir_holds_only_the_workloads_package():
@@ -89,6 +110,14 @@ def test_the_printer_shows_progress_from_split_chunks_once():
         "train step      5/60  loss 2.5000  1,234 tokens/s/worker",
         "train step     10/60  loss 2.0000",
     ]
+
+
+def test_the_printer_shows_the_loops_gate_line_once():
+    printer, out = _printer(quiet=True)
+    gate = {"applies": False, "passed": True, "message": "transport gate does not apply: gloo"}
+    line = f"(RayTrainWorker pid=7) {GATE_PREFIX}{json.dumps(gate)}\n"
+    printer.feed(line + line)
+    assert out.getvalue().splitlines() == ["gate transport gate does not apply: gloo"]
 
 
 def test_the_printer_passes_other_lines_through_unless_quiet():
@@ -152,6 +181,6 @@ def test_bad_submit_input_is_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_an_address_without_a_jobs_api_is_exit_3(capsys):
-    port = submit.free_port()  # nothing listens there
+    port = cluster.free_port()  # nothing listens there
     assert submit.main("list", ["--address", f"http://127.0.0.1:{port}"]) == 3
     assert f"no Ray Jobs API at http://127.0.0.1:{port}" in capsys.readouterr().err

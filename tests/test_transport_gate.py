@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from workloads.context import TrainContext
 from workloads.transport_gate import (
+    EFA_TRANSPORT_ENV,
     GateConfig,
     RankVerdict,
     TransportGateError,
@@ -217,6 +218,16 @@ def test_nccl_log_env_is_what_the_gate_reads(tmp_path):
         "NCCL_DEBUG_SUBSYS": "INIT,NET",
         "NCCL_DEBUG_FILE": f"{tmp_path}/nccl.%h.%p.log",
     }
+
+
+def test_the_efa_transport_is_declared_apart_from_the_log_settings(tmp_path):
+    assert EFA_TRANSPORT_ENV == {
+        "FI_PROVIDER": "efa",
+        "NCCL_NET_PLUGIN": "ofi",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "FI_EFA_FORK_SAFE": "1",
+    }
+    assert not EFA_TRANSPORT_ENV.keys() & nccl_log_env(log_dir=tmp_path).keys()  # merging overrides nothing
 
 
 @pytest.mark.parametrize(

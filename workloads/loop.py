@@ -31,6 +31,7 @@ from workloads.transport_gate import run_transport_gate
 
 LOG_PREFIX = "[train] "
 SUMMARY_PREFIX = "[train-summary] "
+GATE_PREFIX = "[transport-gate] "
 
 
 def resolve_device(ctx: TrainContext) -> torch.device:
@@ -171,7 +172,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     )
     gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
     print_rank0(
-        ctx, "[transport-gate] ", {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
+        ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
     )
 
     flops = metrics.flops_per_token(

@@ -33,6 +33,25 @@ if TYPE_CHECKING:
 INTRA_NODE_FLOOR_GBPS = 2.0
 INTER_NODE_FLOOR_GBPS = 1.0
 NCCL_LOG_NAME = "nccl.%h.%p.log"
+POD_INTERFACE = "eth0"
+"""The EKS pod's VPC CNI interface."""
+
+EFA_TRANSPORT_ENV: dict[str, str] = {
+    # libfabric would otherwise take the first provider that answers (tcp works everywhere), and
+    # aws-ofi-nccl would then carry NCCL's traffic at TCP speed without an error.
+    "FI_PROVIDER": "efa",
+    # aws-ofi-nccl installs libnccl-net-ofi.so; NCCL loads libnccl-net-<NCCL_NET_PLUGIN>.so.
+    "NCCL_NET_PLUGIN": "ofi",
+    # NCCL's bootstrap and its socket fallback use this interface; the EFA device carries the data.
+    # Named exactly, so NCCL never picks an interface the other pods cannot reach.
+    "NCCL_SOCKET_IFNAME": POD_INTERFACE,
+    # Unless fork support is on, libfabric's EFA provider aborts a process that forks after opening
+    # the device (kernels without copy-on-fork of DMA pages); Ray and data loaders fork.
+    "FI_EFA_FORK_SAFE": "1",
+}
+"""The network transport of multi-node GPU runs on EKS, declared rather than left to NCCL's silent
+fallback to TCP sockets. Set on the Ray worker pods (infra/raycluster.py) and again in the job's
+runtime_env (workloads/submit.py)."""
 
 
 class TransportGateError(RuntimeError):

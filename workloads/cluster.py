@@ -1,0 +1,223 @@
+"""Reaching a RayCluster's Jobs API: from a Pulumi stack's outputs, or from a URL.
+
+With a stack, its kubeconfig goes to a private temporary file, the Ray token is read from its
+Kubernetes Secret, and a `kubectl port-forward` to the head's dashboard port is held open while the
+connection is in use (the head is never exposed). With an address, the token comes from --token or
+RAY_AUTH_TOKEN.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+
+class UnreachableError(RuntimeError):
+    """The cluster (or a tool needed to reach it) did not answer; exit code 3."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackOutputs:
+    kubeconfig: str
+    """The cluster's kubeconfig (YAML or JSON text)."""
+    cluster_name: str
+    region: str
+    ray_namespace: str
+    """Namespace of the RayCluster and its Secret."""
+    ray_cluster_name: str
+    ray_head_service: str
+    """The head's Service, target of the port-forward."""
+    ray_dashboard_port: int
+    """The head's dashboard (Jobs API) port."""
+    ray_auth_secret_name: str
+    ray_auth_secret_key: str
+    """Secret and key holding the Ray auth token."""
+    checkpoint_bucket_uri: str
+    """`s3://bucket[/prefix]`: Ray Train's storage_path."""
+
+
+STACK_OUTPUT_NAMES = {
+    "kubeconfig": "kubeconfig",
+    "clusterName": "cluster_name",
+    "region": "region",
+    "rayNamespace": "ray_namespace",
+    "rayClusterName": "ray_cluster_name",
+    "rayHeadService": "ray_head_service",
+    "rayDashboardPort": "ray_dashboard_port",
+    "rayAuthSecretName": "ray_auth_secret_name",
+    "rayAuthSecretKey": "ray_auth_secret_key",
+    "checkpointBucketUri": "checkpoint_bucket_uri",
+}
+
+
+def stack_outputs_from_json(data: dict, *, stack: str) -> StackOutputs:
+    """Map `pulumi stack output --json` to StackOutputs; ValueError names any missing output."""
+    missing = [name for name in STACK_OUTPUT_NAMES if data.get(name) in (None, "")]
+    if missing:
+        raise ValueError(
+            f"stack {stack!r} lacks output(s) {', '.join(missing)}: run `pulumi up --stack {stack}` first"
+        )
+    values = {attr: data[name] for name, attr in STACK_OUTPUT_NAMES.items()}
+    if not isinstance(values["kubeconfig"], str):
+        values["kubeconfig"] = json.dumps(values["kubeconfig"])
+    values["ray_dashboard_port"] = int(values["ray_dashboard_port"])
+    for attr in STACK_OUTPUT_NAMES.values():
+        if attr not in ("kubeconfig", "ray_dashboard_port"):
+            values[attr] = str(values[attr])
+    return StackOutputs(**values)
+
+
+def _tool(argv: list[str], *, what: str) -> str:
+    """Run a CLI tool and return its stdout; UnreachableError with its stderr when it fails."""
+    if shutil.which(argv[0]) is None:
+        raise UnreachableError(f"{argv[0]} is not on PATH; it is needed to {what}")
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UnreachableError(f"could not {what}: `{shlex.join(argv[:3])} ...` exited {proc.returncode}: {detail}")
+    return proc.stdout
+
+
+def read_stack_outputs(stack: str) -> StackOutputs:
+    text = _tool(
+        ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
+        what=f"read the outputs of stack {stack!r}",
+    )
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UnreachableError(f"`pulumi stack output --json` printed invalid JSON: {exc}") from None
+    return stack_outputs_from_json(data, stack=stack)
+
+
+@contextmanager
+def private_kubeconfig(content: str) -> Iterator[Path]:
+    """The kubeconfig in a file only this user can read, deleted on exit."""
+    fd, name = tempfile.mkstemp(prefix="kubeconfig-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content)
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def read_ray_token(*, kubeconfig: Path, namespace: str, secret: str, key: str) -> str:
+    text = _tool(
+        ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "get", "secret", secret, "-o", "json"],
+        what=f"read the Ray token from Secret {namespace}/{secret}",
+    )
+    data = json.loads(text).get("data") or {}
+    if key not in data:
+        raise UnreachableError(f"Secret {namespace}/{secret} has no key {key!r} (keys: {', '.join(data) or 'none'})")
+    return base64.b64decode(data[key]).decode().strip()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, *, timeout_s: float, alive: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+@contextmanager
+def port_forward(*, kubeconfig: Path, namespace: str, service: str, remote_port: int,
+                 timeout_s: float = 30.0) -> Iterator[int]:
+    """`kubectl port-forward svc/<service>` on a free local port, stopped on exit; yields the port."""
+    if shutil.which("kubectl") is None:
+        raise UnreachableError("kubectl is not on PATH; it is needed to reach the Ray head")
+    local = free_port()
+    argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "port-forward",
+            "--address", "127.0.0.1", f"svc/{service}", f"{local}:{remote_port}"]
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors)
+        try:
+            if not wait_for_port(local, timeout_s=timeout_s, alive=lambda: proc.poll() is None):
+                errors.seek(0)
+                detail = (errors.read().strip().splitlines() or ["no output"])[-1]
+                raise UnreachableError(f"kubectl port-forward to svc/{service}:{remote_port} did not open: {detail}")
+            yield local
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Connection:
+    address: str
+    """The Jobs API URL (the local end of the port-forward for a stack)."""
+    token: Optional[str]
+    """Ray auth token, sent as `Authorization: Bearer`; None for a cluster without token auth."""
+    storage_path: Optional[str]
+    """Default Ray Train storage (the stack's checkpoint bucket); None with --address."""
+    target_args: tuple[str, ...]
+    """The options that reach this cluster again, for the reattach/stop hints."""
+
+
+@contextmanager
+def stack_connection(stack: str) -> Iterator[Connection]:
+    outputs = read_stack_outputs(stack)
+    with private_kubeconfig(outputs.kubeconfig) as kubeconfig:
+        token = read_ray_token(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
+                               secret=outputs.ray_auth_secret_name, key=outputs.ray_auth_secret_key)
+        with port_forward(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
+                          service=outputs.ray_head_service, remote_port=outputs.ray_dashboard_port) as port:
+            yield Connection(address=f"http://127.0.0.1:{port}", token=token,
+                             storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack))
+
+
+@contextmanager
+def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str]) -> Iterator[Connection]:
+    if address:
+        token = token or os.environ.get("RAY_AUTH_TOKEN") or None
+        yield Connection(address=address, token=token, storage_path=None, target_args=("--address", address))
+    elif stack:
+        with stack_connection(stack) as conn:
+            yield conn
+    else:
+        raise ValueError("say which cluster: --stack NAME (a Pulumi stack) or --address URL (a Jobs API)")
+
+
+def job_client(conn: Connection):
+    from ray.job_submission import JobSubmissionClient
+
+    # The SDK logs each package upload and closed log stream at INFO; the console says what matters.
+    for name in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk",
+                 "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else None
+    try:
+        return JobSubmissionClient(conn.address, headers=headers)
+    except (ConnectionError, RuntimeError) as exc:
+        raise UnreachableError(f"no Ray Jobs API at {conn.address}: {first_line(str(exc))}") from None
+
+
+def first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
