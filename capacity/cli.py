@@ -247,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(err, failure.summary, code)
     except (ConfigError, stackfile.StackFileError) as exc:
         return _fail(err, str(exc), EXIT_BAD_INPUT)
-    except KeyboardInterrupt:
-        err.print("capacity probe: interrupted; a reservation in flight was cancelled (or ends by "
-                  "itself within 30 minutes)")
+    except KeyboardInterrupt as interrupt:
+        leftovers = getattr(interrupt, "__notes__", [])
+        err.print("capacity probe: interrupted; " + ("; ".join(leftovers) if leftovers else
+                  "a reservation in flight was cancelled (or ends by itself within 30 minutes)"))
         return 130

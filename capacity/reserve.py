@@ -154,31 +154,41 @@ def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
     created_id, may_exist = "", False
     outcome, detail = AttemptOutcome.FAILED, ""
     where = {"region": candidate.region, "zone": candidate.zone, "zone_id": candidate.zone_id}
+    cancelled, stuck = False, ()
     try:
-        may_exist = True
-        res = api.create_reservation(
-            region=candidate.region, availability_zone=candidate.zone, instance_type=instance_type,
-            count=count, end_date=api.now() + SAFETY_LIFETIME,
-            tags={TAG_KEY: token, PURPOSE_TAG[0]: PURPOSE_TAG[1]}, client_token=token)
-        created_id = res.reservation_id
-        state = res.state
-        for _ in range(PENDING_POLLS):
-            if state != "pending":
-                break
-            api.sleep(POLL_INTERVAL_S)
-            state = api.reservation(region=candidate.region, reservation_id=created_id).state
-        if state == "active":
-            outcome = AttemptOutcome.PROVEN
-        else:
-            detail = f"reservation {created_id} ended {state}"
-    except AwsFailure as failure:
-        may_exist = bool(created_id)
-        outcome = _OUTCOME.get(failure.kind, AttemptOutcome.FAILED)
-        detail = failure.summary
-    finally:
-        with signals_deferred():
-            cancelled = _cancel_attempt(api, region=candidate.region, created_id=created_id,
-                                        token=token, may_exist=may_exist)
+        try:
+            may_exist = True
+            res = api.create_reservation(
+                region=candidate.region, availability_zone=candidate.zone,
+                instance_type=instance_type, count=count, end_date=api.now() + SAFETY_LIFETIME,
+                tags={TAG_KEY: token, PURPOSE_TAG[0]: PURPOSE_TAG[1]}, client_token=token)
+            created_id = res.reservation_id
+            state = res.state
+            for _ in range(PENDING_POLLS):
+                if state != "pending":
+                    break
+                api.sleep(POLL_INTERVAL_S)
+                state = api.reservation(region=candidate.region, reservation_id=created_id).state
+            if state == "active":
+                outcome = AttemptOutcome.PROVEN
+            else:
+                detail = f"reservation {created_id} ended {state}"
+        except AwsFailure as failure:
+            may_exist = bool(created_id)
+            outcome = _OUTCOME.get(failure.kind, AttemptOutcome.FAILED)
+            detail = failure.summary
+        finally:
+            with signals_deferred():
+                cancelled, stuck = _cancel_attempt(api, region=candidate.region,
+                                                   created_id=created_id, token=token,
+                                                   may_exist=may_exist)
+    except KeyboardInterrupt as interrupt:
+        # The interrupt (or one held back during the cancel) ends the probe here: name what
+        # could not be cancelled, or the caller could only say "a reservation".
+        for reservation_id in stuck:
+            interrupt.add_note(f"reservation {reservation_id} in {candidate.region} could not be "
+                               f"cancelled; it ends by itself within {SAFETY_LIFETIME}")
+        raise
     if created_id and not cancelled:
         detail = (f"{detail + '; ' if detail else ''}cancel failed: {created_id} ends by itself "
                   f"within {SAFETY_LIFETIME}")
@@ -187,14 +197,18 @@ def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
 
 
 def _cancel_attempt(api: AwsApi, *, region: str, created_id: str, token: str,
-                    may_exist: bool) -> bool:
+                    may_exist: bool) -> tuple[bool, tuple[str, ...]]:
+    """(whether the attempt's reservation is cancelled, the ids that could not be cancelled)."""
     if created_id:
-        return cancel(api, region=region, reservation_id=created_id)
+        cancelled = cancel(api, region=region, reservation_id=created_id)
+        return cancelled, () if cancelled else (created_id,)
     if not may_exist:
-        return False
+        return False, ()
     # Interrupted after the request left but before its answer: find it by the attempt's tag.
     found = api.reservations_tagged(region=region, tag_key=TAG_KEY, tag_value=token)
-    return all([cancel(api, region=region, reservation_id=r.reservation_id) for r in found])
+    stuck = tuple(r.reservation_id for r in found
+                  if not cancel(api, region=region, reservation_id=r.reservation_id))
+    return not stuck, stuck
 
 
 def _prepare_region(api: AwsApi, *, candidate: Candidate, instance_type: str, count: int,

@@ -563,3 +563,24 @@ def test_the_cli_interrupted_mid_reservation_exits_130_and_leaves_nothing(proxy,
     assert len(proxy.ledger) == 1 and proxy.active() == []
     (entry,) = proxy.ledger.values()
     assert entry["end_date_type"] == "limited"
+
+
+@pytest.mark.parametrize("sig", sorted(SIGNALS))
+def test_an_interrupt_names_a_reservation_it_could_not_cancel(sig, guarded_handlers):
+    """Interrupted right after the create, with every cancel refused: the interrupt carries the
+    reservation's id (the CLI prints it), and the reservation still ends by its end date."""
+    scenario = SCENARIOS["cancel-always-fails"]
+    (create_at,) = [i for i, op, ph in interrupt_points(scenario) if (op, ph) == ("create", "after")]
+
+    def hook(i: int, op: str, ph: str) -> None:
+        if (i, op, ph) == (create_at, "create", "after"):
+            signal.raise_signal(SIGNALS[sig])
+
+    ec2 = FakeEc2(behaviour=scenario.behaviour(), hook=hook)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        run_probe(scenario, ec2)
+    (entry,) = ec2.active()
+    assert caught.value.__notes__ == [
+        f"reservation {entry.reservation_id} in {REGION} could not be cancelled; it ends by itself "
+        "within 0:30:00"]
+    assert (entry.end_date_type, entry.end_date) == ("limited", NOW + timedelta(minutes=30))
