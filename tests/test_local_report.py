@@ -13,12 +13,6 @@ def _line(record: dict, *, prefix: str = report.TRAIN_PREFIX) -> str:
     return f"\x1b[36m(RayTrainWorker pid=9, ip=10.0.0.1)\x1b[0m {prefix}{json.dumps(record)}"
 
 
-def test_the_prefixes_are_the_loops():
-    from workloads import loop
-
-    assert (report.TRAIN_PREFIX, report.SUMMARY_PREFIX) == (loop.LOG_PREFIX, loop.SUMMARY_PREFIX)
-
-
 def test_records_are_read_once_per_step_in_step_order():
     lines = [
         _line({"step": 10, "loss": 2.0, "tokens_per_s_per_device": 900.0}),

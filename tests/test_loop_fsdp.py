@@ -21,7 +21,8 @@ from test_data_jsonl import write_corpus
 from workloads.config import TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
 from workloads.data import Batch, batches, build_source
-from workloads.loop import LOG_PREFIX, SUMMARY_PREFIX, train
+from workloads.context import SUMMARY_PREFIX, TRAIN_PREFIX
+from workloads.loop import train
 from workloads.loss import LinearCrossEntropy
 from workloads.model import CausalLMWithLoss, build_causal_lm
 from workloads.optim import build_optimizer, schedule, set_lr
@@ -161,7 +162,7 @@ def test_every_rank_reports_the_same_steps_and_checkpoints(runs):
 def test_rank_zero_prints_one_json_line_per_log_step_and_a_summary(runs):
     _, records = runs
     lines = records["learn"][0]["stdout"].splitlines()
-    logged = [json.loads(line.removeprefix(LOG_PREFIX)) for line in lines if line.startswith(LOG_PREFIX)]
+    logged = [json.loads(line.removeprefix(TRAIN_PREFIX)) for line in lines if line.startswith(TRAIN_PREFIX)]
     assert [m["step"] for m in logged] == [10, 20, 30, 40]
     assert logged == [r["metrics"] for r in records["learn"][0]["reports"]]
     summaries = [line for line in lines if line.startswith(SUMMARY_PREFIX)]

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from workloads import cluster, submit
 from workloads.driver import parse_args as parse_driver_args
-from workloads.loop import GATE_PREFIX
+from workloads.context import GATE_PREFIX
 from workloads.transport_gate import EFA_TRANSPORT_ENV
 
 OUTPUTS = {

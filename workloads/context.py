@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 
+TRAIN_PREFIX = "[train] "
+"""Rank 0's line per logged step, followed by compact JSON of the step's metrics."""
+SUMMARY_PREFIX = "[train-summary] "
+"""Rank 0's line at the end of a run, followed by the run's summary as JSON."""
+GATE_PREFIX = "[transport-gate] "
+"""Rank 0's line with the in-band transport gate's result, before the first step."""
+
+
 class ReportFn(Protocol):
     def __call__(self, metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
         """Publish one step's metrics; with checkpoint_dir, also a checkpoint every rank wrote to.

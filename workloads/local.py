@@ -30,6 +30,7 @@ from typing import Iterator, Optional
 from rich.console import Console
 
 from workloads import submit
+from workloads.cluster import connect, free_port
 from workloads.report import format_summary, loop_summary, summarize, write_report
 
 STARTED_MARK = "Ray runtime started"
@@ -67,7 +68,7 @@ def _node_argv(*, head: bool, gcs_port: int, dashboard_port: int, temp_dir: Path
     ray = Path(sys.executable).with_name("ray")
     if not ray.is_file():
         raise RuntimeError(f"the ray CLI is not installed beside {sys.executable}; run `make venv`")
-    free = submit.free_port
+    free = free_port
     argv = [str(ray), "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
             f"--num-cpus={cpus}", "--num-gpus=0", f"--dashboard-agent-listen-port={free()}",
             f"--dashboard-agent-grpc-port={free()}", f"--metrics-export-port={free()}",
@@ -133,7 +134,7 @@ def _stop(proc: subprocess.Popen, *, grace_s: float) -> None:
 def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[LocalCluster]:
     """A Ray cluster of `spec.nodes` nodes on 127.0.0.1, stopped (every process) on exit."""
     token = secrets.token_hex(32)
-    gcs_port, dashboard_port = submit.free_port(), submit.free_port()
+    gcs_port, dashboard_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     log_dir.mkdir(parents=True, exist_ok=True)
     # Ray puts Unix sockets under the temp dir: keep its path short.
@@ -191,7 +192,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
                   f"on 127.0.0.1 (logs in {run_dir})")
     with local_ray_cluster(spec, log_dir=run_dir / "ray") as cluster:
         console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
-        with submit.connect(stack=None, address=cluster.address, token=cluster.token) as conn:
+        with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
             request = submit.SubmitRequest(train=train, run_name=f"{args.preset}-{stamp}",
                                            storage_path=str(run_dir / "checkpoints"), max_failures=0,
                                            expect="any", quiet=not args.verbose)

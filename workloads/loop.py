@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from workloads import checkpoint, metrics
 from workloads.config import TrainConfig
-from workloads.context import TrainContext
+from workloads.context import GATE_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
 from workloads.data import Batch, batches, build_source, samples_per_step
 from workloads.loss import LinearCrossEntropy, choose_implementation
 from workloads.model import CausalLMWithLoss, Shape, build_causal_lm, shape_of
@@ -29,9 +29,6 @@ from workloads.optim import build_optimizer, clip_grad_norm, schedule, set_lr
 from workloads.parallel import parallelize
 from workloads.transport_gate import run_transport_gate
 
-LOG_PREFIX = "[train] "
-SUMMARY_PREFIX = "[train-summary] "
-GATE_PREFIX = "[transport-gate] "
 
 
 def resolve_device(ctx: TrainContext) -> torch.device:
@@ -210,7 +207,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "grad_norm": grad_norm.item(),
         }
-        print_rank0(ctx, LOG_PREFIX, last)
+        print_rank0(ctx, TRAIN_PREFIX, last)
         if save_now:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position)

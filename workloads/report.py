@@ -13,10 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-TRAIN_PREFIX = "[train] "
-"""workloads.loop.LOG_PREFIX: rank 0's line per logged step."""
-SUMMARY_PREFIX = "[train-summary] "
-"""workloads.loop.SUMMARY_PREFIX: rank 0's line at the end of the run."""
+from workloads.context import SUMMARY_PREFIX, TRAIN_PREFIX
+
 RATE_KEY = "tokens_per_s_per_device"
 
 

@@ -37,6 +37,7 @@ from workloads.cluster import (  # free_port: workloads.local reaches it through
     job_client,
 )
 from workloads.driver import parse_driver_line
+from workloads.context import GATE_PREFIX
 from workloads.report import format_record, parse_prefixed, parse_train_line, train_records
 from workloads.transport_gate import EFA_TRANSPORT_ENV
 
@@ -105,9 +106,6 @@ class LogPrinter:
     """Feeds log chunks in, prints progress lines (and, unless quiet, every other line)."""
 
     def __init__(self, *, console: Console, quiet: bool, total_steps: Optional[int] = None) -> None:
-        # Imported here: workloads.loop imports torch, which only following a job needs to pay for.
-        from workloads.loop import GATE_PREFIX
-
         self._gate_prefix = GATE_PREFIX
         self.console = console
         self.quiet = quiet
