@@ -71,6 +71,16 @@ def test_an_out_of_memory_is_recorded_and_the_sweep_goes_on(one_rank, tmp_path):
     assert "OOM" in document.table()
 
 
+def test_a_profiled_window_writes_each_runs_operators(one_rank, tmp_path):
+    settings = BenchSettings(preset="demo-cpu", seq_len=32, steps=4, warmup=1, micro_batches=(2,),
+                             matmul_size=0, out=tmp_path, profile_steps=(2, 3))
+    run_benchmark(settings, runtime=one_rank, scratch_dir=tmp_path, say=lambda line: None)
+    for strategy in ("reference", "tuned"):
+        text = (tmp_path / f"profile-{strategy}-mb2.txt").read_text()
+        assert text.startswith(f"steps 2..3 of {strategy}-mb2, sorted by cpu_time_total")
+        assert "aten::mm" in text  # the profiler saw the step's matmuls
+
+
 def test_an_error_that_is_not_out_of_memory_stops_the_benchmark(one_rank, tmp_path):
     def broken(cfg, *, ctx, device):
         raise RuntimeError("shape mismatch")
@@ -149,6 +159,8 @@ def test_nccl_command_on_two_ranks(tmp_path):
     "argv, message",
     [
         (["--steps", "3", "--warmup", "3"], "error: --steps 3 --warmup 3"),
+        (["--profile-steps", "5"], "error: --profile-steps '5': use FIRST:LAST"),
+        (["--steps", "10", "--profile-steps", "9:12"], "error: --profile-steps 9:12: need 1 <= first"),
         (["nccl", "--min-bytes", "1TB"], "error: not a size"),
         (["nccl", "--ops", "all_to_all"], "error: --ops all_to_all"),
     ],

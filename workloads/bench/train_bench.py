@@ -49,6 +49,7 @@ from workloads.bench.runtime import (
     release_memory,
 )
 from workloads.bench.strategy import Strategy, StrategyResult
+from workloads.bench.profile import StepWindowProfiler
 from workloads.bench.timing import StepClock
 from workloads.config import ModelConfig, TrainConfig, preset
 from workloads.context import TrainContext
@@ -92,6 +93,10 @@ class BenchSettings:
     seed: int = 0
     out: Optional[Path] = None
     """Folder for bench.json (rewritten after every run) and table.txt; rank 0 writes."""
+    profile_steps: Optional[tuple[int, int]] = None
+    """(first, last) optimizer steps of every run to record with torch.profiler; rank 0 writes
+    profile-<strategy>-mb<N>.txt. Profiled steps run slower: keep them out of the timed steps'
+    majority (the median is robust to a few)."""
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps <= self.warmup:
@@ -106,6 +111,9 @@ class BenchSettings:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from {', '.join(STRATEGIES)}")
         if self.seq_len < 1 or self.matmul_size < 0:
             raise ValueError(f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}")
+        if self.profile_steps is not None and not 1 <= self.profile_steps[0] <= self.profile_steps[1] <= self.steps:
+            first, last = self.profile_steps
+            raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last <= --steps {self.steps}")
         preset(self.preset)
 
 
@@ -141,13 +149,34 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def run_job(name: str, strategy: Strategy, cfg: TrainConfig, *, runtime: Runtime, ctx: TrainContext) -> RunResult:
+def run_job(
+    name: str,
+    strategy: Strategy,
+    cfg: TrainConfig,
+    *,
+    runtime: Runtime,
+    ctx: TrainContext,
+    profile_steps: Optional[tuple[int, int]] = None,
+    profile_out: Optional[Path] = None,
+) -> RunResult:
     """One strategy at one micro-batch; an out-of-memory on any rank makes it an OOM result."""
     release_memory(runtime.device)
     dist.barrier()
     clock = StepClock(device=runtime.device)
     counter = itertools.count(1)
-    hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: clock.mark(next(counter)))
+    profiler = None
+    if profile_steps is not None:
+        profiler = StepWindowProfiler(first=profile_steps[0], last=profile_steps[1], out=profile_out,
+                                      title=f"{name}-mb{cfg.micro_batch}", device=runtime.device)
+        profiler.start_if_first_step()
+
+    def after_step(optimizer, args, kwargs) -> None:
+        step = next(counter)
+        clock.mark(step)
+        if profiler is not None:
+            profiler.after_step(step)
+
+    hook = register_optimizer_step_post_hook(after_step)
     error: Optional[str] = None
     result: Optional[StrategyResult] = None
     try:
@@ -286,7 +315,9 @@ def run_benchmark(
         cfg = job_config(settings, micro_batch=micro_batch)
         for name in settings.strategies:
             say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
-            run = run_job(name, strategies[name], cfg, runtime=runtime, ctx=ctx)
+            run = run_job(name, strategies[name], cfg, runtime=runtime, ctx=ctx,
+                          profile_steps=settings.profile_steps,
+                          profile_out=settings.out if runtime.rank == 0 else None)
             document.add(run)
             figures = document.figures()[-1]
             if run.status == OK:
@@ -316,7 +347,15 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
     parser.add_argument("--matmul-size", type=int, default=defaults.matmul_size, help="0 skips the matmul rate")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
+    parser.add_argument("--profile-steps", default=None, metavar="FIRST:LAST",
+                        help="record these optimizer steps of every run with torch.profiler (e.g. 10:12)")
     args = parser.parse_args(argv)
+    profile_steps = None
+    if args.profile_steps:
+        first, sep, last = args.profile_steps.partition(":")
+        if not (sep and first.isdigit() and last.isdigit()):
+            raise ValueError(f"--profile-steps {args.profile_steps!r}: use FIRST:LAST, e.g. 10:12")
+        profile_steps = (int(first), int(last))
     try:
         micro_batches = tuple(int(v) for v in args.micro_batches.split(",") if v.strip())
     except ValueError:
@@ -331,6 +370,7 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
         matmul_size=args.matmul_size,
         seed=args.seed,
         out=args.out,
+        profile_steps=profile_steps,
     )
 
 
