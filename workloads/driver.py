@@ -123,6 +123,25 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def resolve_storage(storage_path: str) -> tuple[Optional["pyarrow.fs.FileSystem"], str]:
+    """Ray Train's storage as (filesystem, path on it), resolved once here, in the job's entrypoint.
+
+    A URI goes through pyarrow, whose S3 filesystem honours the standard AWS environment
+    (credentials, AWS_REGION, and AWS_ENDPOINT_URL_S3 before AWS_ENDPOINT_URL), so `s3://bucket/prefix`
+    reaches the real bucket or any S3-compatible endpoint the same way. The resolved filesystem
+    carries its endpoint to the TrainController and every worker, whatever their own node's
+    environment says. A local folder is left to Ray as it is: (None, the folder).
+    """
+    if "://" not in storage_path:
+        return None, storage_path
+    import pyarrow.fs
+
+    try:
+        return pyarrow.fs.FileSystem.from_uri(storage_path)
+    except OSError as exc:  # pyarrow.ArrowInvalid (a bad URI) is already a ValueError
+        raise ValueError(f"cannot open storage {storage_path}: {_last_line(str(exc))}") from None
+
+
 def _emit(record: dict) -> None:
     print(DRIVER_PREFIX + json.dumps(record, sort_keys=True), flush=True)
 
@@ -137,6 +156,7 @@ def run(args: DriverArgs) -> int:
     from workloads.ray_train import train_worker
 
     train = TrainConfig.from_dict(args.train).to_dict()
+    storage_filesystem, storage_path = resolve_storage(args.storage_path)
     ray.init(address="auto", log_to_driver=True)
     try:
         plan = plan_workers(ray.cluster_resources(), cpus_per_worker=args.cpus_per_worker)
@@ -152,7 +172,8 @@ def run(args: DriverArgs) -> int:
             ),
             run_config=RunConfig(
                 name=args.run_name,
-                storage_path=args.storage_path,
+                storage_path=storage_path,
+                storage_filesystem=storage_filesystem,
                 failure_config=FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
             ),
