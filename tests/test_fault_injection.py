@@ -19,8 +19,9 @@ import torch.distributed.checkpoint as dcp
 from moto.server import ThreadedMotoServer
 
 from workloads import submit
+from workloads.cluster import connect, free_port, job_client
 from workloads.config import preset, with_overrides
-from workloads.driver import parse_driver_line
+from workloads.driver import parse_driver_line, resolve_storage
 from workloads.local import LocalClusterSpec, local_ray_cluster
 from workloads.report import loop_summary, parse_prefixed, parse_train_line
 
@@ -46,7 +47,7 @@ def fake_s3(monkeypatch):
     """A moto S3 server on 127.0.0.1 with one bucket, and the standard AWS environment pointing at it
     (set before the Ray nodes start, so every Ray process inherits it as pods inherit theirs)."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=submit.free_port(), verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
@@ -70,8 +71,13 @@ def _keys(s3: FakeS3, prefix: str) -> list[str]:
     return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
 
+def _records(logs: str) -> list[dict]:
+    """Every `[train]` step record in log order, restarted attempts included."""
+    return [record for record in map(parse_train_line, logs.splitlines()) if record]
+
+
 def _steps_logged(logs: str) -> list[int]:
-    return [int(record["step"]) for record in map(parse_train_line, logs.splitlines()) if record]
+    return [int(record["step"]) for record in _records(logs)]
 
 
 def _wait_for(predicate, *, timeout_s: float, what: str, poll_s: float = 0.2):
@@ -112,13 +118,26 @@ def _download(s3: FakeS3, prefix: str, target: Path) -> Path:
     return target
 
 
-def _restart_split(steps: list[int]) -> tuple[list[int], list[int]]:
-    """The steps logged by the first attempt and by the restarted one (where the step goes back).
+def _restart_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The records of the first attempt and of the restarted one (where the step goes back).
     Ray Train forwards each worker line twice, so a step can repeat at once within one attempt."""
-    for index in range(1, len(steps)):
-        if steps[index] < steps[index - 1]:
-            return steps[:index], steps[index:]
-    return steps, []
+    for index in range(1, len(records)):
+        if records[index]["step"] < records[index - 1]["step"]:
+            return records[:index], records[index:]
+    return records, []
+
+
+def test_an_s3_storage_path_reaches_the_endpoint_of_the_standard_aws_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic.invalid:1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    filesystem, path = resolve_storage("s3://checkpoints/runs")
+    assert path == "checkpoints/runs"
+    # What Ray Train pickles to the controller and every worker carries the endpoint with it.
+    assert filesystem.__reduce__()[1][0]["endpoint_override"] == "http://127.0.0.1:9000"
+    assert resolve_storage("/mnt/checkpoints") == (None, "/mnt/checkpoints")
+    with pytest.raises(ValueError, match="Unrecognized filesystem type"):
+        resolve_storage("nosuch://bucket/prefix")
 
 
 def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_checkpoint(
@@ -132,8 +151,8 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
     run_name = "worker-loss"
     started = time.monotonic()
     with local_ray_cluster(LocalClusterSpec(nodes=2, cpus_per_node=1), log_dir=tmp_path / "ray") as cluster:
-        with submit.connect(stack=None, address=cluster.address, token=cluster.token) as conn:
-            client = submit.job_client(conn)
+        with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
+            client = job_client(conn)
             job_id = submit.submit_job(client, submit.SubmitRequest(
                 train=train, run_name=run_name, storage_path=storage, max_failures=1, expect="any", quiet=True))
 
@@ -154,8 +173,9 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
     wall_s = time.monotonic() - started
 
     assert str(status) == "SUCCEEDED", logs
-    first_attempt, second_attempt = _restart_split(_steps_logged(logs))
-    assert second_attempt, f"no restarted attempt in the job logs:\n{logs}"
+    first, second = _restart_split(_records(logs))
+    assert second, f"no restarted attempt in the job logs:\n{logs}"
+    first_attempt, second_attempt = [r["step"] for r in first], [r["step"] for r in second]
     summary = loop_summary(logs.splitlines())
     resumed = summary["resumed_from_step"]
     last_before_kill = max(first_attempt)
@@ -166,6 +186,10 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
     assert 0 <= redone <= CHECKPOINT_EVERY
     assert second_attempt[0] == resumed + 1 and max(second_attempt) == STEPS
     assert summary["steps_done"] == STEPS - resumed
+    # Model, optimizer and data position all came back: each redone step has the loss it had before.
+    before = {r["step"]: r["loss"] for r in first}
+    assert [before[r["step"]] for r in second if r["step"] in before] == pytest.approx(
+        [r["loss"] for r in second if r["step"] in before], rel=1e-6)
     assert sum(1 for line in logs.splitlines() if parse_prefixed(line, "[transport-gate] ")) >= 2
 
     finished = next(r for r in map(parse_driver_line, logs.splitlines()) if r and r.get("event") == "finished")
