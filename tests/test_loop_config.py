@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from workloads.config import PRESETS, DataConfig, ModelConfig, TrainConfig, preset, with_overrides
+from workloads.config import (PRESETS, DataConfig, ModelConfig, TrainConfig, preset, preset_for_gpu,
+                              with_overrides)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -106,3 +107,17 @@ def test_configs_are_frozen():
 def test_invalid_json_is_a_value_error():
     with pytest.raises(ValueError, match="not valid JSON"):
         TrainConfig.from_json("{steps: 3")
+
+
+@pytest.mark.parametrize(("gpu_memory_gib", "name"), [(None, "qwen2.5-1.5b"), (141, "qwen2.5-1.5b"),
+                                                      (80, "qwen2.5-1.5b"), (48, "qwen2.5-1.5b-24gb"),
+                                                      (24, "qwen2.5-1.5b-24gb")])
+def test_the_default_preset_follows_the_gpu_memory(gpu_memory_gib, name):
+    assert preset_for_gpu(gpu_memory_gib) == name
+
+
+def test_the_24gb_preset_is_the_same_fine_tune_in_smaller_steps():
+    full, small = preset("qwen2.5-1.5b").to_dict(), preset("qwen2.5-1.5b-24gb").to_dict()
+    changed = {k for k in full if full[k] != small[k]}
+    assert changed == {"micro_batch", "reshard_after_forward", "peak_flops"}
+    assert small["micro_batch"] < full["micro_batch"] and small["reshard_after_forward"] is True

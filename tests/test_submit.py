@@ -36,6 +36,8 @@ def test_stack_outputs_map_to_a_typed_record():
     assert outputs.ray_head_service == "ray-head-svc" and outputs.ray_dashboard_port == 8265
     assert json.loads(outputs.kubeconfig) == OUTPUTS["kubeconfig"]  # an object output becomes text
     assert outputs.checkpoint_bucket_uri == "s3://ckpt-bucket"
+    assert outputs.gpu_memory_gib is None  # a stack deployed before the output existed
+    assert cluster.stack_outputs_from_json({**OUTPUTS, "gpuMemoryGib": 24}, stack="x").gpu_memory_gib == 24
 
 
 def test_missing_stack_outputs_are_named_with_the_fix():

@@ -46,6 +46,8 @@ class StackOutputs:
     """Secret and key holding the Ray auth token."""
     checkpoint_bucket_uri: str
     """`s3://bucket[/prefix]`: Ray Train's storage_path."""
+    gpu_memory_gib: Optional[int] = None
+    """Memory of one GPU of the stack's GPU nodes (absent from stacks deployed before it existed)."""
 
 
 STACK_OUTPUT_NAMES = {
@@ -76,6 +78,8 @@ def stack_outputs_from_json(data: dict, *, stack: str) -> StackOutputs:
     for attr in STACK_OUTPUT_NAMES.values():
         if attr not in ("kubeconfig", "ray_dashboard_port"):
             values[attr] = str(values[attr])
+    if data.get("gpuMemoryGib") is not None:
+        values["gpu_memory_gib"] = int(data["gpuMemoryGib"])
     return StackOutputs(**values)
 
 
@@ -178,6 +182,8 @@ class Connection:
     """Default Ray Train storage (the stack's checkpoint bucket); None with --address."""
     target_args: tuple[str, ...]
     """The options that reach this cluster again, for the reattach/stop hints."""
+    gpu_memory_gib: Optional[int] = None
+    """Memory of one GPU of the cluster's workers, when the stack says (sizes the default preset)."""
 
 
 @contextmanager
@@ -189,7 +195,8 @@ def stack_connection(stack: str) -> Iterator[Connection]:
         with port_forward(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
                           service=outputs.ray_head_service, remote_port=outputs.ray_dashboard_port) as port:
             yield Connection(address=f"http://127.0.0.1:{port}", token=token,
-                             storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack))
+                             storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack),
+                             gpu_memory_gib=outputs.gpu_memory_gib)
 
 
 @contextmanager

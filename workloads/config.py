@@ -307,7 +307,27 @@ def _qwen25_1_5b() -> TrainConfig:
     )
 
 
-PRESETS = {"demo-cpu": _demo_cpu, "qwen2.5-1.5b": _qwen25_1_5b}
+def _qwen25_1_5b_24gb() -> TrainConfig:
+    # The same fine-tune sized for 24 GB GPUs (g6's L4, g5's A10G): by the H200 runs of
+    # docs/PERFORMANCE.md, activations take ~3.8 GiB per 2,048-token sample, and resharding after
+    # forward keeps only one layer's bf16 weights gathered at a time.
+    return dataclasses.replace(
+        _qwen25_1_5b(), micro_batch=2, reshard_after_forward=True,
+        peak_flops=121e12,  # L4 dense bf16, the default instance type's GPU
+    )
+
+
+PRESETS = {"demo-cpu": _demo_cpu, "qwen2.5-1.5b": _qwen25_1_5b, "qwen2.5-1.5b-24gb": _qwen25_1_5b_24gb}
+
+LARGE_GPU_GIB = 80
+"""GPUs with at least this much memory run the `qwen2.5-1.5b` preset, smaller ones the 24 GB one."""
+
+
+def preset_for_gpu(gpu_memory_gib: int | None) -> str:
+    """The default fine-tune preset for GPUs of this much memory (None: unknown, the full preset)."""
+    if gpu_memory_gib is None or gpu_memory_gib >= LARGE_GPU_GIB:
+        return "qwen2.5-1.5b"
+    return "qwen2.5-1.5b-24gb"
 
 
 def preset(name: str) -> TrainConfig:

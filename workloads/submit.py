@@ -312,7 +312,8 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
     _target_options(parser)
     if command == "submit":
         parser.description = "Submit the fine-tune and follow it to the end."
-        parser.add_argument("--preset", default="qwen2.5-1.5b", help="training preset (default: qwen2.5-1.5b)")
+        parser.add_argument("--preset", help="training preset (default: by the stack's GPU memory, "
+                            "qwen2.5-1.5b on 80 GB GPUs, qwen2.5-1.5b-24gb on smaller ones)")
         parser.add_argument("--config", type=Path, help="a TrainConfig JSON file instead of a preset")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override a config field, e.g. --set steps=20 (repeatable)")
@@ -335,7 +336,7 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _train_config(args: argparse.Namespace, *, expect: str) -> dict:
+def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) -> dict:
     from workloads.config import TrainConfig, preset, with_overrides
 
     if args.config is not None:
@@ -344,19 +345,24 @@ def _train_config(args: argparse.Namespace, *, expect: str) -> dict:
         except OSError as exc:
             raise ValueError(f"cannot read --config {args.config}: {exc.strerror or exc}") from None
     else:
-        cfg = preset(args.preset)
+        cfg = preset(preset_name)
     cfg = with_overrides(cfg, [*args.set, f"transport.expect={expect}"])
     return cfg.to_dict()
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
+    from workloads.config import preset_for_gpu
+
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
-    train = _train_config(args, expect=expect)
+    # Checked before reaching the cluster, so a mistake costs no port-forward.
+    _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
-    config_name = args.preset if args.config is None else args.config.stem
-    run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+        preset_name = args.preset or preset_for_gpu(conn.gpu_memory_gib)
+        train = _train_config(args, expect=expect, preset_name=preset_name)
+        config_name = preset_name if args.config is None else args.config.stem
+        run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         storage_path = args.storage_path or conn.storage_path
         if not storage_path:
             raise ValueError("--storage-path is needed with --address (s3://bucket/prefix or an absolute folder)")
