@@ -28,16 +28,15 @@ from typing import Callable, Iterator, Literal, Optional
 from ray.exceptions import AuthenticationError
 from rich.console import Console
 
-from workloads.cluster import (  # free_port: workloads.local reaches it through this module
+from workloads.cluster import (
     Connection,
     UnreachableError,
     connect,
     first_line,
-    free_port,
     job_client,
 )
-from workloads.driver import parse_driver_line
 from workloads.context import GATE_PREFIX
+from workloads.driver import parse_driver_line
 from workloads.report import format_record, parse_prefixed, parse_train_line, train_records
 from workloads.transport_gate import EFA_TRANSPORT_ENV
 
