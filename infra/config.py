@@ -35,8 +35,9 @@ _ARN_RE = re.compile(r"^arn:aws[\w-]*:(iam|sts)::\d{12}:(role|user|assumed-role)
 _BUCKET_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}$")
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# EKS releases standard support for about 14 months; these minors are in standard support as of the
-# price-table date of infra/instance_types.py. Extended support costs 6x, so older ones are refused.
+# EKS gives each minor about 14 months of standard support, then bills extended support at 6x the
+# control-plane price. This is the window the program was last checked against; move it with the
+# EKS release calendar (a minor that has left standard support is refused, not silently upgraded).
 SUPPORTED_KUBERNETES_MINORS = range(32, 36)
 
 
