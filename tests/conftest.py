@@ -22,3 +22,20 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def botocore_session():
+    """One botocore session per module, so the AWS service models load once, not once per test."""
+    import botocore.session
+
+    return botocore.session.get_session()
+
+
+@pytest.fixture
+def fake_aws_session(botocore_session):
+    """A boto3 session with fake credentials in us-west-2, for moto or a botocore Stubber."""
+    import boto3
+
+    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                         region_name="us-west-2", botocore_session=botocore_session)

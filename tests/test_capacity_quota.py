@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import boto3
-import botocore.session
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
@@ -38,17 +36,10 @@ def test_families_without_a_known_group(instance_type):
     assert quota_group(instance_type) is None
 
 
-@pytest.fixture(scope="module")
-def botocore_session():
-    return botocore.session.get_session()
-
-
 @pytest.fixture
-def api(botocore_session):
+def api(fake_aws_session):
     with mock_aws():
-        session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                region_name="us-west-2", botocore_session=botocore_session)
-        yield AwsApi(session=session, sleep=lambda _: None, now=lambda: NOW)
+        yield AwsApi(session=fake_aws_session, sleep=lambda _: None, now=lambda: NOW)
 
 
 def quota_response(value: float) -> dict:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import threading
 
-import boto3
-import botocore.session
 import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 from botocore.stub import Stubber
@@ -19,17 +17,10 @@ from capacity.quota import QuotaVerdict
 from capacity.regions import probe_region, probe_regions
 
 
-@pytest.fixture(scope="module")
-def botocore_session():
-    return botocore.session.get_session()
-
-
 @pytest.fixture
-def api(botocore_session):
+def api(fake_aws_session):
     with mock_aws():
-        session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                region_name="us-west-2", botocore_session=botocore_session)
-        yield AwsApi(session=session, sleep=lambda _: None)
+        yield AwsApi(session=fake_aws_session, sleep=lambda _: None)
 
 
 def request(*regions: str, instance_type: str = "g6.12xlarge") -> ProbeRequest:

@@ -7,8 +7,6 @@ import os
 import signal
 from datetime import datetime, timezone
 
-import boto3
-import botocore.session
 import pytest
 from botocore.stub import ANY, Stubber
 
@@ -38,17 +36,9 @@ def sleep() -> Recorder:
     return Recorder()
 
 
-@pytest.fixture(scope="module")
-def botocore_session() -> botocore.session.Session:
-    """Shared so the EC2 service model is loaded once per module, not once per test."""
-    return botocore.session.get_session()
-
-
 @pytest.fixture
-def api(sleep: Recorder, botocore_session) -> AwsApi:
-    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                            region_name="us-west-2", botocore_session=botocore_session)
-    return AwsApi(session=session, sleep=sleep, now=lambda: NOW)
+def api(sleep: Recorder, fake_aws_session) -> AwsApi:
+    return AwsApi(session=fake_aws_session, sleep=sleep, now=lambda: NOW)
 
 
 class Ec2Stubs:
