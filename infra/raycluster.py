@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.sizing import head_pod_size, worker_pod_size
-from workloads.transport_gate import EFA_TRANSPORT_ENV, NCCL_LOG_NAME, nccl_log_env
+from workloads.transport.gate import EFA_TRANSPORT_ENV, NCCL_LOG_NAME, nccl_log_env
 
 RAY_CLUSTER_NAME = "ray-train"
 SERVICE_ACCOUNT = "ray-train"

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workloads.bandwidth import bus_bandwidth_gbps, measure_allreduce
+from workloads.transport.bandwidth import bus_bandwidth_gbps, measure_allreduce
 
 
 @pytest.mark.parametrize(

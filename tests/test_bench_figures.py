@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from workloads.bandwidth import bus_bandwidth_gbps
+from workloads.transport.bandwidth import bus_bandwidth_gbps
 from workloads.bench.nccl import gather_scatter_bandwidth_gbps, message_sizes, parse_size
 from workloads.bench.report import (
     OK,

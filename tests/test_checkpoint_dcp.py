@@ -8,12 +8,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from workloads import checkpoint
-from workloads.config import preset
-from workloads.data import SyntheticSource, batches
-from workloads.loop import build_model, train_step
-from workloads.optim import build_optimizer
-from workloads.parallel import parallelize
+from workloads.train import checkpoint
+from workloads.train.config import preset
+from workloads.train.data import SyntheticSource, batches
+from workloads.train.loop import build_model, train_step
+from workloads.train.optim import build_optimizer
+from workloads.train.parallel import parallelize
 
 
 @pytest.fixture

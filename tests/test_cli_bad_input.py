@@ -76,8 +76,8 @@ CASES = (
          "ray-eks:gpuNodeCount = 'two': must be a whole number"),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
-    Case("workloads.torchrun", ("--preset", "nope"), 2, "unknown preset 'nope'"),
-    Case("workloads.torchrun", ("--set", "steps=0"), 2, "steps is 0: it must be at least 1"),
+    Case("workloads.launch.torchrun", ("--preset", "nope"), 2, "unknown preset 'nope'"),
+    Case("workloads.launch.torchrun", ("--set", "steps=0"), 2, "steps is 0: it must be at least 1"),
 )
 
 STACK_FILES = {
@@ -120,6 +120,6 @@ def test_a_user_mistake_gets_one_line_and_its_exit_code(case: Case, results):
 
 def test_every_cli_is_in_the_table():
     assert {c.module for c in CASES} == {"capacity", "workloads", "infra", "workloads.bench",
-                                         "workloads.torchrun"}
+                                         "workloads.launch.torchrun"}
     commands = {c.args[0] for c in CASES if c.module == "workloads" and c.args}
     assert {"submit", "logs", "run", "verify-transport"} <= commands

@@ -10,8 +10,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from workloads.config import DataConfig
-from workloads.data import (
+from workloads.train.config import DataConfig
+from workloads.train.data import (
     PackedSource,
     SyntheticSource,
     batches,

@@ -7,7 +7,7 @@ import json
 import pytest
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
-from workloads.driver import WorkerPlan, failure_reason, parse_args, parse_driver_line, plan_workers
+from workloads.launch.driver import WorkerPlan, failure_reason, parse_args, parse_driver_line, plan_workers
 
 
 def test_one_worker_per_gpu_when_the_cluster_has_gpus():

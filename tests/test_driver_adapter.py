@@ -7,7 +7,7 @@ import fsspec
 import pyarrow.fs
 import ray.train
 
-from workloads import ray_train
+from workloads.launch import ray_train
 
 
 def test_no_checkpoint_means_a_fresh_start(monkeypatch, tmp_path):

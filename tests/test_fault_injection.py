@@ -19,12 +19,12 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from moto.server import ThreadedMotoServer
 
-from workloads import submit
-from workloads.cluster import connect, free_port, job_client
-from workloads.config import preset, with_overrides
-from workloads.driver import parse_driver_line, resolve_storage
-from workloads.local import LocalClusterSpec, local_ray_cluster
-from workloads.report import loop_summary, parse_prefixed, parse_train_line
+from workloads.client import submit
+from workloads.client.cluster import connect, free_port, job_client
+from workloads.train.config import preset, with_overrides
+from workloads.launch.driver import parse_driver_line, resolve_storage
+from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.client.report import loop_summary, parse_prefixed, parse_train_line
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.raycluster import NCCL_DEBUG_FILE, build_raycluster
 from infra.sizing import allocatable, worker_pod_size
-from workloads.transport_gate import EFA_TRANSPORT_ENV, nccl_log_env
+from workloads.transport.gate import EFA_TRANSPORT_ENV, nccl_log_env
 
 BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
                    gpu_availability_zone_id="euw1-az2")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workloads import report
+from workloads.client import report
 
 
 def _line(record: dict, *, prefix: str = report.TRAIN_PREFIX) -> str:

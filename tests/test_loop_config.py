@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workloads.config import (PRESETS, DataConfig, ModelConfig, TrainConfig, preset, preset_for_gpu,
+from workloads.train.config import (PRESETS, DataConfig, ModelConfig, TrainConfig, preset, preset_for_gpu,
                               with_overrides)
 
 

@@ -18,14 +18,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_data_jsonl import write_corpus
 
-from workloads.config import TrainConfig, preset, with_overrides
+from workloads.train.config import TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
-from workloads.data import Batch, batches, build_source
+from workloads.train.data import Batch, batches, build_source
 from workloads.context import SUMMARY_PREFIX, TRAIN_PREFIX
-from workloads.loop import train
-from workloads.loss import LinearCrossEntropy
-from workloads.model import CausalLMWithLoss, build_causal_lm
-from workloads.optim import build_optimizer, schedule, set_lr
+from workloads.train.loop import train
+from workloads.train.loss import LinearCrossEntropy
+from workloads.train.model import CausalLMWithLoss, build_causal_lm
+from workloads.train.optim import build_optimizer, schedule, set_lr
 
 WORLD_SIZE = 2
 # FSDP2 steps against the single-process reference: the two differ only in the order of fp32 sums

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from workloads.metrics import H100_BF16_DENSE_FLOPS, flops_per_token, mfu, peak_memory_gib, tokens_per_s
-from workloads.model import named_architecture, shape_of
+from workloads.train.metrics import H100_BF16_DENSE_FLOPS, flops_per_token, mfu, peak_memory_gib, tokens_per_s
+from workloads.train.model import named_architecture, shape_of
 
 
 @pytest.fixture(scope="module")

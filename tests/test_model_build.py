@@ -8,10 +8,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from workloads.config import ModelConfig
-from workloads.loss import LinearCrossEntropy
-from workloads.model import CausalLMWithLoss, build_causal_lm, named_architecture
-from workloads.parallel import mixed_precision_policy, parallelize
+from workloads.train.config import ModelConfig
+from workloads.train.loss import LinearCrossEntropy
+from workloads.train.model import CausalLMWithLoss, build_causal_lm, named_architecture
+from workloads.train.parallel import mixed_precision_policy, parallelize
 
 CPU = torch.device("cpu")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workloads.config import ModelConfig
-from workloads.loss import IGNORE_INDEX, LinearCrossEntropy, choose_implementation
-from workloads.model import CausalLMWithLoss, build_causal_lm
+from workloads.train.config import ModelConfig
+from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy, choose_implementation
+from workloads.train.model import CausalLMWithLoss, build_causal_lm
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 

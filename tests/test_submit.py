@@ -12,10 +12,10 @@ import pytest
 from ray.runtime_env import RuntimeEnv
 from rich.console import Console
 
-from workloads import cluster, submit
-from workloads.driver import parse_args as parse_driver_args
+from workloads.client import cluster, submit
+from workloads.launch.driver import parse_args as parse_driver_args
 from workloads.context import GATE_PREFIX
-from workloads.transport_gate import EFA_TRANSPORT_ENV
+from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 OUTPUTS = {
     "kubeconfig": {"apiVersion": "v1", "clusters": []},
@@ -51,7 +51,7 @@ def test_the_submission_runs_the_driver_with_a_config_that_round_trips():
     sub = submit.build_submission(train=train, run_name="r1", storage_path="s3://b/runs", max_failures=2,
                                   working_dir="/tmp/stage", expect="efa")
     argv = shlex.split(sub.entrypoint)
-    assert argv[:3] == ["python", "-m", "workloads.driver"]
+    assert argv[:3] == ["python", "-m", "workloads.launch.driver"]
     args = parse_driver_args(argv[3:])
     assert (args.train, args.run_name, args.storage_path, args.max_failures) == (train, "r1", "s3://b/runs", 2)
     assert sub.runtime_env["working_dir"] == "/tmp/stage"

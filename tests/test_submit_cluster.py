@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from workloads import submit
-from workloads.local import LocalClusterSpec, local_ray_cluster
+from workloads.client import submit
+from workloads.client.local import LocalClusterSpec, local_ray_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def test_list_logs_and_stop(target, ray_cluster, tmp_path, capsys):
     assert f"job {job_id} STOPPED" in capsys.readouterr().out
     assert _client(ray_cluster).get_job_status(job_id) == JobStatus.STOPPED
     assert submit.main("logs", [job_id, *target]) == 0
-    assert "workloads.driver" in capsys.readouterr().out
+    assert "workloads.launch.driver" in capsys.readouterr().out
     assert submit.main("stop", ["raysubmit_nosuchjob", *target]) == 1
     assert "raysubmit_nosuchjob" in capsys.readouterr().err
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from workloads import torchrun
+from workloads.launch import torchrun
 
 
 def free_port() -> int:
@@ -22,7 +22,7 @@ def free_port() -> int:
 def launch(repo_root, out, *extra: str) -> subprocess.CompletedProcess:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     launcher += ["--master-port", str(free_port())]
-    job = ["-m", "workloads.torchrun", "--preset", "demo-cpu", "--out", str(out)]
+    job = ["-m", "workloads.launch.torchrun", "--preset", "demo-cpu", "--out", str(out)]
     job += ["--set", "log_every=2", "--set", "checkpoint_every=2", *extra]
     cmd = launcher + job
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

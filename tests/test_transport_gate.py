@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from workloads.context import TrainContext
-from workloads.transport_gate import (
+from workloads.transport.gate import (
     EFA_TRANSPORT_ENV,
     GateConfig,
     RankVerdict,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.transport import main
+from workloads.transport.verify import main
 
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "gpu" / "2026-11-30-h200x2"
 

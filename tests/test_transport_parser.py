@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workloads.transport import Kind, Status, decide, parse_nccl_log, parse_transport
+from workloads.transport.verify import Kind, Status, decide, parse_nccl_log, parse_transport
 
 SYNTHETIC = Path(__file__).parent / "fixtures" / "nccl_synthetic"
 

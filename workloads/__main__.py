@@ -6,12 +6,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "run": ("workloads.local", "train on a Ray cluster started on this machine (--local)"),
-    "submit": ("workloads.submit", "submit the fine-tune to a stack's RayCluster and follow it"),
-    "logs": ("workloads.submit", "print or follow a submitted job's logs"),
-    "stop": ("workloads.submit", "stop a submitted job"),
-    "list": ("workloads.submit", "list the jobs of a RayCluster"),
-    "verify-transport": ("workloads.transport", "check NCCL logs: did ranks talk over EFA?"),
+    "run": ("workloads.client.local", "train on a Ray cluster started on this machine (--local)"),
+    "submit": ("workloads.client.submit", "submit the fine-tune to a stack's RayCluster and follow it"),
+    "logs": ("workloads.client.submit", "print or follow a submitted job's logs"),
+    "stop": ("workloads.client.submit", "stop a submitted job"),
+    "list": ("workloads.client.submit", "list the jobs of a RayCluster"),
+    "verify-transport": ("workloads.transport.verify", "check NCCL logs: did ranks talk over EFA?"),
 }
 
 

@@ -1,9 +1,9 @@
 """The small interface between the training loop and whatever runs it (Ray Train or torchrun).
 
-The loop (workloads/loop.py) never imports Ray: an adapter builds a TrainContext and calls
-`workloads.loop.train(config, ctx)`. The Ray adapter (workloads/ray_train.py) maps `report` to
+The loop (workloads/train/loop.py) never imports Ray: an adapter builds a TrainContext and calls
+`workloads.train.loop.train(config, ctx)`. The Ray adapter (workloads/launch/ray_train.py) maps `report` to
 `ray.train.report` and `latest_checkpoint` to `ray.train.get_checkpoint()`; the torchrun adapter
-(workloads/torchrun.py) writes metrics as JSON lines and checkpoints to a local folder.
+(workloads/launch/torchrun.py) writes metrics as JSON lines and checkpoints to a local folder.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ run() { echo "\$ $*" | tee -a "$out/commands.txt"; "$@"; }
 case $what in
 gate)
   # Passes: ranks on one node must connect through P2P/NVLink, and bandwidth clears the floor.
-  run torchrun --nproc-per-node "$gpus" -m workloads.torchrun --preset qwen2.5-1.5b --steps 4 --set checkpoint_every=0 \
+  run torchrun --nproc-per-node "$gpus" -m workloads.launch.torchrun --preset qwen2.5-1.5b --steps 4 --set checkpoint_every=0 \
       --out "$out/gate-nvlink" 2>&1 | tee "$out/gate-nvlink.txt"
   echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/gate-nvlink.txt"
   # Must stop before the first training step: NCCL is pushed onto TCP sockets.
-  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run torchrun --nproc-per-node "$gpus" -m workloads.torchrun \
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run torchrun --nproc-per-node "$gpus" -m workloads.launch.torchrun \
       --preset qwen2.5-1.5b --steps 4 --set checkpoint_every=0 --out "$out/gate-socket" 2>&1 | tee "$out/gate-socket.txt"
   echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/gate-socket.txt"
   for d in gate-nvlink gate-socket; do

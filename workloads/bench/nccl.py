@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from workloads.bandwidth import measure_allreduce
+from workloads.transport.bandwidth import measure_allreduce
 from workloads.bench.report import write_json
 from workloads.bench.runtime import Runtime, init_runtime, max_over_ranks, nccl_version
 
@@ -32,7 +32,7 @@ _UNITS = {"": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30,
 def gather_scatter_bandwidth_gbps(*, size_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s for one all-gather or reduce-scatter whose larger buffer is
     `size_bytes`: each rank sends or receives (n-1)/n of it. All-reduce is
-    `workloads.bandwidth.bus_bandwidth_gbps`."""
+    `workloads.transport.bandwidth.bus_bandwidth_gbps`."""
     if seconds <= 0:
         raise ValueError(f"collective time must be positive, got {seconds}")
     if world_size < 1:

@@ -5,7 +5,7 @@ size-based auto-wrap policy at 1e7 parameters, trained by AdamW directly on the 
 (so the optimizer state is bf16 too), with the loss the Hugging Face model computes itself from
 full logits. On the CPU (tests) the same code runs in fp32 over gloo.
 
-It reads exactly the loop's batches (`workloads.loop.device_batches`) and starts from the loop's
+It reads exactly the loop's batches (`workloads.train.loop.device_batches`) and starts from the loop's
 initial weights (`build_causal_lm` with the same seed), so the two strategies differ only in how
 they train.
 """
@@ -20,10 +20,10 @@ from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
 from workloads.bench.runtime import mean_over_ranks
 from workloads.bench.strategy import StrategyResult
-from workloads.config import TrainConfig
+from workloads.train.config import TrainConfig
 from workloads.context import TrainContext
-from workloads.loop import device_batches
-from workloads.model import build_causal_lm
+from workloads.train.loop import device_batches
+from workloads.train.model import build_causal_lm
 
 WRAP_MIN_PARAMS = 10_000_000
 

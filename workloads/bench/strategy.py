@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from workloads.config import TrainConfig
+from workloads.train.config import TrainConfig
 from workloads.context import TrainContext
 
 

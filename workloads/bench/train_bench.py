@@ -26,7 +26,7 @@ import transformers
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from workloads import metrics
+from workloads.train import metrics
 from workloads.bench.matmul import MatmulRate, measure_matmul
 from workloads.bench.reference import train_reference
 from workloads.bench.report import (
@@ -51,10 +51,10 @@ from workloads.bench.runtime import (
 from workloads.bench.strategy import Strategy, StrategyResult
 from workloads.bench.profile import StepWindowProfiler
 from workloads.bench.timing import StepClock
-from workloads.config import ModelConfig, TrainConfig, preset
+from workloads.train.config import ModelConfig, TrainConfig, preset
 from workloads.context import TrainContext
-from workloads.loop import train
-from workloads.model import named_architecture, shape_of
+from workloads.train.loop import train
+from workloads.train.model import named_architecture, shape_of
 
 REFERENCE, TUNED = "reference", "tuned"
 
@@ -79,7 +79,7 @@ STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_t
 @dataclass(frozen=True, kw_only=True)
 class BenchSettings:
     preset: str = "qwen2.5-1.5b"
-    """The loop's config preset both strategies start from (`workloads.config.PRESETS`)."""
+    """The loop's config preset both strategies start from (`workloads.train.config.PRESETS`)."""
     steps: int = 30
     """Optimizer steps per run."""
     warmup: int = 5

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from workloads.config import DataConfig
+from workloads.train.config import DataConfig
 
 
 class SampleSource(Protocol):

@@ -22,7 +22,7 @@ class Progress:
     step: int
     """Optimizer steps completed."""
     data_position: int
-    """Samples consumed by all ranks together (see workloads/data.py)."""
+    """Samples consumed by all ranks together (see workloads/train/data.py)."""
 
 
 def checkpoint_dir(scratch_dir: Path, *, step: int) -> Path:

@@ -19,15 +19,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from workloads import checkpoint, metrics
-from workloads.config import TrainConfig
+from workloads.train import checkpoint, metrics
+from workloads.train.config import TrainConfig
 from workloads.context import GATE_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
-from workloads.data import Batch, batches, build_source, samples_per_step
-from workloads.loss import LinearCrossEntropy, choose_implementation
-from workloads.model import CausalLMWithLoss, Shape, build_causal_lm, shape_of
-from workloads.optim import build_optimizer, clip_grad_norm, schedule, set_lr
-from workloads.parallel import parallelize
-from workloads.transport_gate import run_transport_gate
+from workloads.train.data import Batch, batches, build_source, samples_per_step
+from workloads.train.loss import LinearCrossEntropy, choose_implementation
+from workloads.train.model import CausalLMWithLoss, Shape, build_causal_lm, shape_of
+from workloads.train.optim import build_optimizer, clip_grad_norm, schedule, set_lr
+from workloads.train.parallel import parallelize
+from workloads.transport.gate import run_transport_gate
 
 
 

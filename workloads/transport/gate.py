@@ -51,7 +51,7 @@ EFA_TRANSPORT_ENV: dict[str, str] = {
 }
 """The network transport of multi-node GPU runs on EKS, declared rather than left to NCCL's silent
 fallback to TCP sockets. Set on the Ray worker pods (infra/raycluster.py) and again in the job's
-runtime_env (workloads/submit.py)."""
+runtime_env (workloads/client/submit.py)."""
 
 
 class TransportGateError(RuntimeError):
@@ -152,16 +152,16 @@ def judge_rank(
     The node count is not checked here: a rank sees only its own connections, and in a ring most
     ranks have no peer on another node. `combine_verdicts` checks it over all ranks.
     """
-    from workloads import transport
+    from workloads.transport import verify
 
-    verdict = transport.decide(transport.parse_nccl_log(log_text), expect=cfg.expect, rank_hosts=rank_hosts)
+    verdict = verify.decide(verify.parse_nccl_log(log_text), expect=cfg.expect, rank_hosts=rank_hosts)
     transports = tuple(sorted({t for link in verdict.links for t in link.transports}))
     inter = sum(1 for link in verdict.links if link.scope == "inter")
     problems: tuple[str, ...] = ()
     if not log_text.strip():
         problems = (f"rank {rank} on {host}: NCCL log {log_file or '(unnamed)'} is missing or empty "
                     "(is NCCL_DEBUG=INFO set for this process?)",)
-    elif verdict.status != transport.Status.PASS:
+    elif verdict.status != verify.Status.PASS:
         # Link problems name their ranks and hosts already; gaps do not.
         problems = verdict.problems + tuple(f"rank {rank} on {host}: {gap}" for gap in verdict.gaps)
     return RankVerdict(
@@ -202,12 +202,12 @@ def combine_verdicts(
 
 def _read_when_connected(path: Path, *, wait_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
     """The log's text once it holds connection lines, or whatever it holds after `wait_s`."""
-    from workloads import transport
+    from workloads.transport import verify
 
     deadline = time.monotonic() + wait_s
     while True:
         text = path.read_text(errors="replace") if path.is_file() else ""
-        if transport.parse_nccl_log(text).connections or time.monotonic() >= deadline:
+        if verify.parse_nccl_log(text).connections or time.monotonic() >= deadline:
             return text
         sleep(0.1)
 
@@ -232,7 +232,7 @@ def check_transport(
         own = RankVerdict(
             rank=ctx.rank, host=host, ok=False,
             problems=(f"rank {ctx.rank} on {host}: NCCL_DEBUG_FILE is not set, so its NCCL log cannot be "
-                      "read (the launcher must set workloads.transport_gate.nccl_log_env)",),
+                      "read (the launcher must set workloads.transport.gate.nccl_log_env)",),
         )
     else:
         text = _read_when_connected(log_path, wait_s=cfg.log_wait_s)
@@ -251,7 +251,7 @@ def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.d
     """
     import torch.distributed as dist
 
-    from workloads.bandwidth import measure_busbw
+    from workloads.transport.bandwidth import measure_busbw
 
     if not cfg.enabled:
         return GateResult(applies=False, passed=True, message="transport gate disabled by config")

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from workloads.config import ModelConfig
-from workloads.loss import LinearCrossEntropy
+from workloads.train.config import ModelConfig
+from workloads.train.loss import LinearCrossEntropy
 
 
 def named_architecture(name: str) -> Qwen2Config:

@@ -14,10 +14,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.transport_gate import GateConfig
+from workloads.transport.gate import GateConfig
 
 NAMED_ARCHITECTURES = ("tiny-qwen2", "qwen2.5-1.5b")
-"""Architectures built from a config with random weights (see workloads/model.py)."""
+"""Architectures built from a config with random weights (see workloads/train/model.py)."""
 
 DATA_KINDS = ("synthetic", "jsonl")
 
@@ -139,7 +139,7 @@ class TrainConfig:
     """Dense bf16 FLOP/s of one accelerator, the denominator of MFU (989e12: H100/H200)."""
 
     transport: GateConfig = field(default_factory=GateConfig)
-    """The in-band transport gate run before the first step (workloads/transport_gate.py)."""
+    """The in-band transport gate run before the first step (workloads/transport/gate.py)."""
 
     def __post_init__(self) -> None:
         positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size")

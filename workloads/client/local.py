@@ -29,9 +29,9 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from workloads import submit
-from workloads.cluster import connect, free_port
-from workloads.report import format_summary, loop_summary, summarize, write_report
+from workloads.client import submit
+from workloads.client.cluster import connect, free_port
+from workloads.client.report import format_summary, loop_summary, summarize, write_report
 
 STARTED_MARK = "Ray runtime started"
 
@@ -182,7 +182,7 @@ def _arg_parser() -> argparse.ArgumentParser:
 
 
 def run_local(args: argparse.Namespace, console: Console) -> int:
-    from workloads.config import preset, with_overrides
+    from workloads.train.config import preset, with_overrides
 
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
     train = with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict()

@@ -1,6 +1,6 @@
 """Run the training loop under torchrun, without Ray (GPU benchmarks, quick multi-GPU checks).
 
-    torchrun --nproc-per-node 2 -m workloads.torchrun --preset qwen2.5-1.5b --steps 20 \
+    torchrun --nproc-per-node 2 -m workloads.launch.torchrun --preset qwen2.5-1.5b --steps 20 \
         [--set key=value ...] [--out DIR] [--resume]
 
 Each rank appends its reports to DIR/metrics/rank-N.jsonl, checkpoints go to DIR/checkpoint-*,
@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads.config import PRESETS, TrainConfig, preset, with_overrides
+from workloads.train.config import PRESETS, TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
-from workloads.transport_gate import TransportGateError, nccl_log_env
+from workloads.transport.gate import TransportGateError, nccl_log_env
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="torchrun ... -m workloads.torchrun", description=__doc__.split("\n\n")[0]
+        prog="torchrun ... -m workloads.launch.torchrun", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--preset", default="qwen2.5-1.5b", help=f"one of {', '.join(PRESETS)}")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.setdefault(key, value)
         (out / "nccl").mkdir(exist_ok=True)
 
-    from workloads.loop import train
+    from workloads.train.loop import train
 
     init_process_group()
     try:

@@ -1,4 +1,4 @@
-"""The job's entrypoint: `python -m workloads.driver --config-json JSON --run-name NAME --storage-path P`.
+"""The job's entrypoint: `python -m workloads.launch.driver --config-json JSON --run-name NAME --storage-path P`.
 
 Runs on the Ray cluster (submitted through the Jobs API). It sizes the worker group from
 `ray.cluster_resources()` (one worker per GPU, or one per CPU slot when the cluster has no GPU), so
@@ -65,7 +65,7 @@ class DriverArgs:
 
 def parse_args(argv: list[str]) -> DriverArgs:
     """Parse and validate the command line; ValueError names the bad value."""
-    parser = argparse.ArgumentParser(prog="python -m workloads.driver", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.launch.driver", description=__doc__.splitlines()[0])
     parser.add_argument("--config-json", required=True, help="TrainConfig as JSON")
     parser.add_argument("--run-name", required=True)
     parser.add_argument("--storage-path", required=True, help="s3://bucket/prefix or an absolute folder")
@@ -152,8 +152,8 @@ def run(args: DriverArgs) -> int:
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.exceptions import TrainingFailedError
 
-    from workloads.config import TrainConfig
-    from workloads.ray_train import train_worker
+    from workloads.train.config import TrainConfig
+    from workloads.launch.ray_train import train_worker
 
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)

@@ -1,4 +1,4 @@
-"""The Ray Train adapter: runs `workloads.loop.train` inside a TorchTrainer worker.
+"""The Ray Train adapter: runs `workloads.train.loop.train` inside a TorchTrainer worker.
 
 Ray Train has already formed the process group (gloo or NCCL) when `train_worker` starts; this
 module only maps the loop's TrainContext onto Ray: `report` becomes `ray.train.report` (with the
@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import ray.train
 
 from workloads.context import TrainContext
-from workloads.transport_gate import nccl_log_env
+from workloads.transport.gate import nccl_log_env
 
 SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 """Where each worker keeps checkpoints in flight, restored checkpoints and its NCCL log."""
@@ -76,8 +76,8 @@ def echo_nccl_logs(log_dir: Path) -> None:
 
 def train_worker(config: dict) -> None:
     """`train_loop_per_worker` of the TorchTrainer: config is {"train": TrainConfig.to_dict()}."""
-    from workloads.config import TrainConfig
-    from workloads.loop import train
+    from workloads.train.config import TrainConfig
+    from workloads.train.loop import train
 
     cfg = TrainConfig.from_dict(config["train"])
     ctx = ray_train_context()

@@ -13,7 +13,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from workloads.model import CausalLMWithLoss
+from workloads.train.model import CausalLMWithLoss
 
 
 def mixed_precision_policy(*, enabled: bool) -> MixedPrecisionPolicy:

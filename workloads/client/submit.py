@@ -1,6 +1,6 @@
 """`python -m workloads submit|logs|stop|list`: run the fine-tune on a RayCluster through the Jobs API.
 
-`--stack NAME` or `--address URL` names the cluster (workloads/cluster.py reaches it). A GPU run on
+`--stack NAME` or `--address URL` names the cluster (workloads/client/cluster.py reaches it). A GPU run on
 EKS (`--expect efa`, the default with --stack) gets the EFA transport env and the GPU-only packages
 in its runtime_env; a CPU run installs nothing at job start.
 
@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Literal, Optional
 from ray.exceptions import AuthenticationError
 from rich.console import Console
 
-from workloads.cluster import (
+from workloads.client.cluster import (
     Connection,
     UnreachableError,
     connect,
@@ -36,12 +36,13 @@ from workloads.cluster import (
     job_client,
 )
 from workloads.context import GATE_PREFIX
-from workloads.driver import parse_driver_line
-from workloads.report import format_record, parse_prefixed, parse_train_line, train_records
-from workloads.transport_gate import EFA_TRANSPORT_ENV
+from workloads.launch.driver import parse_driver_line
+from workloads.client.report import format_record, parse_prefixed, parse_train_line, train_records
+from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""The `workloads` package, uploaded as the job's working_dir."""
 
 GPU_PACKAGES = ("liger-kernel==0.8.5",)
 """Installed into GPU jobs' runtime_env: the loop's fused linear cross-entropy uses liger-kernel when
@@ -80,7 +81,7 @@ def runtime_env(*, working_dir: str, expect: Literal["efa", "any"]) -> dict:
 def build_submission(*, train: dict, run_name: str, storage_path: str, max_failures: int,
                      working_dir: str, expect: Literal["efa", "any"]) -> Submission:
     """The Jobs API request: the driver command, a pinned runtime_env and searchable metadata."""
-    driver_args = ["python", "-m", "workloads.driver", "--config-json", json.dumps(train, separators=(",", ":")),
+    driver_args = ["python", "-m", "workloads.launch.driver", "--config-json", json.dumps(train, separators=(",", ":")),
                    "--run-name", run_name, "--storage-path", storage_path, "--max-failures", str(max_failures)]
     return Submission(
         entrypoint=shlex.join(driver_args),
@@ -187,7 +188,7 @@ class GateOutcome:
 
 def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
     """The second gate: NCCL's connections as the job logs show them, judged offline."""
-    from workloads import transport
+    from workloads.transport import verify
 
     plan = next((p for p in map(parse_driver_line, logs.splitlines()) if p and p.get("event") == "plan"), None)
     if plan is None:
@@ -196,9 +197,9 @@ def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
     if not plan["use_gpu"]:
         return GateOutcome(applies=False, passed=True,
                            message="transport check does not apply: CPU workers talk over gloo, not NCCL")
-    verdict = transport.verify_transport(logs, expect=expect, nodes=plan["nodes"])
-    return GateOutcome(applies=True, passed=verdict.status == transport.Status.PASS,
-                       message=transport.render(verdict))
+    verdict = verify.verify_transport(logs, expect=expect, nodes=plan["nodes"])
+    return GateOutcome(applies=True, passed=verdict.status == verify.Status.PASS,
+                       message=verify.render(verdict))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,7 +337,7 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
 
 
 def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) -> dict:
-    from workloads.config import TrainConfig, preset, with_overrides
+    from workloads.train.config import TrainConfig, preset, with_overrides
 
     if args.config is not None:
         try:
@@ -350,7 +351,7 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) ->
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
-    from workloads.config import preset_for_gpu
+    from workloads.train.config import preset_for_gpu
 
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.

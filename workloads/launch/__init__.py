@@ -1,0 +1,1 @@
+"""Running the training loop: the Ray job's driver, the Ray Train worker adapter, torchrun."""

@@ -1,0 +1,2 @@
+"""The training loop and its components (model, data, optimizer, parallelism, loss, checkpoints);
+it never imports Ray."""
