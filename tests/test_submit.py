@@ -88,7 +88,8 @@ def test_the_working_dir_holds_only_the_workloads_package():
         top = sorted(p.name for p in stage.iterdir())
         files = [p for p in stage.rglob("*") if p.is_file()]
         assert top == ["workloads"]
-        assert (stage / "workloads" / "driver.py").is_file() and (stage / "workloads" / "loop.py").is_file()
+        assert (stage / "workloads" / "launch" / "driver.py").is_file()
+        assert (stage / "workloads" / "train" / "loop.py").is_file()
         assert not any("__pycache__" in p.parts for p in files)
     assert not stage.exists()
 
