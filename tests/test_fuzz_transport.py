@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from workloads.transport.verify import Verdict, decide, parse_nccl_log, render, verify_transport
+from workloads.transport.nccl_log import parse_nccl_log
+from workloads.transport.verify import Verdict, decide, render, verify_transport
 
 SYNTHETIC = Path(__file__).parent / "fixtures" / "nccl_synthetic"
 REAL_LOGS = ("h200x2-forced-socket.log", "h200x2-single-node-p2p.log")

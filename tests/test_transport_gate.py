@@ -215,7 +215,7 @@ def test_nccl_log_env_is_what_the_gate_reads(tmp_path):
     env = nccl_log_env(log_dir=tmp_path)
     assert env == {
         "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
         "NCCL_DEBUG_FILE": f"{tmp_path}/nccl.%h.%p.log",
     }
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workloads.transport.verify import Kind, Status, decide, parse_nccl_log, parse_transport
+from workloads.transport.nccl_log import Kind, parse_nccl_log, parse_transport
+from workloads.transport.verify import Status, decide
 
 SYNTHETIC = Path(__file__).parent / "fixtures" / "nccl_synthetic"
 
@@ -137,7 +138,7 @@ def test_a_proven_bad_link_fails_even_when_lines_were_folded():
 def test_more_hosts_than_nodes_fails():
     verdict = decide(parse_nccl_log(synthetic("efa-2x4-libfabric.log")), expect="efa", nodes=1)
     assert verdict.status is Status.FAIL
-    assert verdict.problems[-1] == "expected 1 node(s), ranks ran on 2: ip-10-0-1-5, ip-10-0-1-6"
+    assert verdict.problems[-1] == "expected 1 node(s), ranks ran on 2 node(s) (ip-10-0-1-5, ip-10-0-1-6)"
 
 
 def test_rank_hosts_place_peers_a_single_ranks_log_cannot():
@@ -176,7 +177,7 @@ def test_rank_hosts_place_peers_a_single_ranks_log_cannot():
 )
 def test_parse_transport(via, kind, name, plugin, efa, gdr):
     t = parse_transport(via)
-    assert (t.kind, t.name, t.plugin, t.is_efa, t.gdr) == (kind, name, plugin, efa, gdr)
+    assert (t.kind, t.name, t.plugin, t.is_efa_plugin, t.gdr) == (kind, name, plugin, efa, gdr)
 
 
 def test_collnet_and_nvls_lines():

@@ -116,13 +116,14 @@ def nccl_log_env(*, log_dir: str | os.PathLike[str]) -> dict[str, str]:
 
     NCCL logs every "Channel ... via <transport>" line under INIT together with the transport's own
     subsystem (INIT|P2P, INIT|SHM, INIT|NET), so INIT alone yields the connections and the pid ->
-    rank lines; NET adds the net plugin's choices (aws-ofi-nccl's libfabric provider). NCCL
+    rank lines; NET adds the net plugin's choices (aws-ofi-nccl's libfabric provider); ENV shows a
+    transport turned off by the environment (NCCL_P2P_DISABLE=1, ...). NCCL
     substitutes %h (hostname up to the first dot) and %p (pid) in NCCL_DEBUG_FILE, so each process
     writes its own file.
     """
     return {
         "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
         "NCCL_DEBUG_FILE": str(Path(log_dir) / NCCL_LOG_NAME),
     }
 
@@ -132,6 +133,13 @@ def resolve_debug_file(pattern: str, *, hostname: str, pid: int) -> Path:
     %h is the hostname up to its first dot, %p the pid, %% a percent sign; other %x stay as they are."""
     values = {"h": hostname.split(".", 1)[0], "p": str(pid), "%": "%"}
     return Path(re.sub(r"%(.)", lambda m: values.get(m[1], m[0]), pattern, flags=re.DOTALL))
+
+
+def node_label(hostname: str, *, host_id: Optional[str] = None) -> str:
+    """This rank's node as NCCL tells nodes apart: by NCCL_HOSTID when it is set (several processes
+    of one machine are then several nodes, as in an emulated multi-node run), else by host."""
+    host = hostname.split(".", 1)[0]
+    return f"{host}/{host_id}" if host_id else host
 
 
 def default_floor_gbps(*, nodes: int) -> float:
@@ -152,9 +160,9 @@ def judge_rank(
     The node count is not checked here: a rank sees only its own connections, and in a ring most
     ranks have no peer on another node. `combine_verdicts` checks it over all ranks.
     """
-    from workloads.transport import verify
+    from workloads.transport import nccl_log, verify
 
-    verdict = verify.decide(verify.parse_nccl_log(log_text), expect=cfg.expect, rank_hosts=rank_hosts)
+    verdict = verify.decide(nccl_log.parse_nccl_log(log_text), expect=cfg.expect, rank_hosts=rank_hosts)
     transports = tuple(sorted({t for link in verdict.links for t in link.transports}))
     inter = sum(1 for link in verdict.links if link.scope == "inter")
     problems: tuple[str, ...] = ()
@@ -202,12 +210,12 @@ def combine_verdicts(
 
 def _read_when_connected(path: Path, *, wait_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
     """The log's text once it holds connection lines, or whatever it holds after `wait_s`."""
-    from workloads.transport import verify
+    from workloads.transport import nccl_log, verify
 
     deadline = time.monotonic() + wait_s
     while True:
         text = path.read_text(errors="replace") if path.is_file() else ""
-        if verify.parse_nccl_log(text).connections or time.monotonic() >= deadline:
+        if nccl_log.parse_nccl_log(text).connections or time.monotonic() >= deadline:
             return text
         sleep(0.1)
 
@@ -221,12 +229,13 @@ def check_transport(
     log_path: Optional[Path],
     all_gather: Callable[[Any], list[Any]],
     hostname: str,
+    host_id: Optional[str] = None,
 ) -> GateResult:
     """The gate proper, with its collaborators passed in: `measure(device=, message_bytes=)` runs the
     all-reduces and returns bus GB/s (the same figure on every rank), `all_gather(obj)` returns every
     rank's obj in rank order. Raises TransportGateError on every rank when any rank fails."""
     busbw = measure(device=device, message_bytes=cfg.message_bytes)
-    rank_hosts = dict(enumerate(all_gather(hostname.split(".", 1)[0])))
+    rank_hosts = dict(enumerate(all_gather(node_label(hostname, host_id=host_id))))
     host = rank_hosts[ctx.rank]
     if log_path is None:
         own = RankVerdict(
@@ -275,5 +284,5 @@ def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.d
 
     return check_transport(
         cfg, ctx=ctx, device=device, measure=measure_busbw, log_path=log_path,
-        all_gather=all_gather, hostname=hostname,
+        all_gather=all_gather, hostname=hostname, host_id=os.environ.get("NCCL_HOSTID"),
     )

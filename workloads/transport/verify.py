@@ -1,13 +1,11 @@
-"""Which transport did NCCL really use between ranks? Parse NCCL debug output, then judge it.
+"""Which transport did NCCL really use between ranks? Judge the connections of parsed NCCL logs.
 
-`parse_nccl_log` turns NCCL_DEBUG=INFO output (plain, or as Ray prints worker logs: with a
-"(RayTrainWorker pid=..., ip=...)" prefix and "[repeated Nx across cluster]" folding) into the
-communicator ranks and the connections NCCL made. It is pure and never raises on any text.
-
-`decide` judges those connections: between nodes the expected network (EFA through aws-ofi-nccl,
-which names itself "Libfabric", formerly "AWS Libfabric"), within a node P2P, SHM or NVLS. NCCL
-initializes a network plugin even when no traffic uses it, so lines such as "Using network Socket"
-prove nothing; only connection lines count.
+`decide` judges the connections that workloads/transport/nccl_log.py parsed: between nodes the
+expected network (EFA: aws-ofi-nccl, which names itself "Libfabric", formerly "AWS Libfabric", on
+libfabric's `efa` provider), within a node P2P, SHM or NVLS. NCCL initializes a network plugin even
+when no traffic uses it, so lines such as "Using network Socket" prove nothing; only connection
+lines count. Whether two ranks share a node is read as NCCL reports it (its nNodes/localRanks
+lines), and from host names only where the log lacks those.
 
 `python -m workloads verify-transport LOG... [--expect efa|any] [--nodes N] [--json]` exits 0 when
 every connection is acceptable, 1 when some is not, 2 on bad input, 3 when the logs cannot tell.
@@ -18,223 +16,15 @@ from __future__ import annotations
 import argparse
 import enum
 import json
-import re
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal, Optional
 
+from workloads.transport.nccl_log import Connection, Kind, NcclLog, Transport, parse_nccl_log
+
 Expect = Literal["efa", "any"]
-
-# aws-ofi-nccl's plugin name as NCCL prints it in "via NET/<name>/..." across its releases.
-EFA_PLUGIN_NAMES = frozenset({"libfabric", "aws libfabric", "ofi"})
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX = re.compile(r"^\s*\((?P<actor>[^()]*?)\bpid=(?P<pid>\d+)(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s*")
-# Ray appends a one-time hint ("(Ray deduplicates logs by default. ...)") after the first fold.
-_RAY_FOLD = re.compile(r"\s*\[repeated (?P<count>\d+)x across cluster\]")
-_NCCL_PREFIX = re.compile(
-    r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>.*)$"
-)
-_COMM = re.compile(
-    r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
-    r"(?:.*?\bcommId (?P<comm_id>0x[0-9a-fA-F]+))?"
-)
-_CHANNEL = re.compile(
-    r"^Channel (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[[0-9a-fA-Fx]+\] -> "
-    r"(?P<dst>\d+)\[[0-9a-fA-Fx]+\](?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
-)
-_COLLNET = re.compile(
-    r"^Coll(?:Net)? (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] via (?P<via>.+?)\s*$"
-)
-_NVLS = re.compile(r"^NVLS comm 0x[0-9a-fA-F]+ headRank (?P<head>-?\d+)")
-_OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[^\s,(]+)")
-
-
-class Kind(str, enum.Enum):
-    P2P = "P2P"
-    SHM = "SHM"
-    NVLS = "NVLS"
-    NET = "NET"
-    COLLNET = "COLLNET"
-    OTHER = "OTHER"
-
-
-@dataclass(frozen=True)
-class Transport:
-    kind: Kind
-    name: str
-    """Normalized: device index and proxy rank dropped, e.g. "P2P/CUMEM/read", "NET/Libfabric"."""
-    plugin: str = ""
-    """For NET/COLLNET: the plugin's name as NCCL printed it ("Socket", "IB", "Libfabric", ...)."""
-    gdr: bool = False
-    """GPUDirect RDMA (the NIC reads and writes GPU memory directly)."""
-
-    @property
-    def is_efa(self) -> bool:
-        return self.kind in (Kind.NET, Kind.COLLNET) and self.plugin.strip().lower() in EFA_PLUGIN_NAMES
-
-    @property
-    def is_network(self) -> bool:
-        return self.kind in (Kind.NET, Kind.COLLNET)
-
-    @property
-    def is_intra_node(self) -> bool:
-        return self.kind in (Kind.P2P, Kind.SHM, Kind.NVLS)
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """A "comm 0x.. rank R nranks N cudaDev D ..." line: process host:pid is rank R of a communicator."""
-
-    host: str
-    pid: int
-    rank: int
-    nranks: int
-    comm: str
-    """The commId shared by all ranks of the communicator, or "nranks=N" when NCCL does not print it."""
-
-
-@dataclass(frozen=True)
-class Connection:
-    """One "Channel ... via ..." line: NCCL connected `src` to `dst` (ranks of `comm`) over `transport`."""
-
-    src: int
-    dst: Optional[int]
-    """None for CollNet and NVLS, which connect a rank to the switch rather than to a peer."""
-    transport: Transport
-    host: str
-    """Host of the process that printed the line."""
-    pid: int
-    channel: int
-    direction: str = ""
-    """"send", "receive", or "" (P2P/SHM lines name no direction)."""
-    comm: Optional[str] = None
-    line: int = 0
-
-
-@dataclass(frozen=True)
-class NcclLog:
-    ranks: tuple[RankInfo, ...] = ()
-    connections: tuple[Connection, ...] = ()
-    ofi_providers: tuple[tuple[str, int, str], ...] = ()
-    """(host, pid, provider) from aws-ofi-nccl's "Selected provider is ..." lines."""
-    folded_connection_lines: int = 0
-    """Connection lines Ray's log deduplication hid behind "[repeated Nx across cluster]"."""
-    nccl_lines: int = 0
-
-    def merged(self, other: "NcclLog") -> "NcclLog":
-        return NcclLog(
-            ranks=self.ranks + other.ranks,
-            connections=self.connections + other.connections,
-            ofi_providers=self.ofi_providers + other.ofi_providers,
-            folded_connection_lines=self.folded_connection_lines + other.folded_connection_lines,
-            nccl_lines=self.nccl_lines + other.nccl_lines,
-        )
-
-
-def parse_transport(via: str) -> Transport:
-    """"NET/AWS Libfabric/0(1)/GDRDMA" -> Transport(NET, "NET/AWS Libfabric", "AWS Libfabric", gdr=True)."""
-    parts = [p.strip() for p in via.split("/")]
-    head = parts[0].upper()
-    if head in ("NET", "COLLNET") and len(parts) >= 2:
-        kind = Kind.NET if head == "NET" else Kind.COLLNET
-        return Transport(kind, f"{head}/{parts[1]}", plugin=parts[1], gdr="GDRDMA" in parts[2:])
-    if head == "P2P":
-        # "P2P/indirect/3[3]" names the intermediate GPU; "P2P/direct pointer" has a space.
-        kept = [p for p in parts[1:] if p and not re.fullmatch(r"\d+\[[0-9a-fA-Fx]+\]", p)]
-        return Transport(Kind.P2P, "/".join(["P2P", *kept]))
-    if head == "SHM":
-        return Transport(Kind.SHM, "/".join(["SHM", *parts[1:]]))
-    if head == "NVLS":
-        return Transport(Kind.NVLS, "NVLS")
-    return Transport(Kind.OTHER, via.strip())
-
-
-@dataclass
-class _ParseState:
-    ranks: list[RankInfo] = field(default_factory=list)
-    connections: list[Connection] = field(default_factory=list)
-    providers: list[tuple[str, int, str]] = field(default_factory=list)
-    current_comm: dict[tuple[str, int], RankInfo] = field(default_factory=dict)
-    folded: int = 0
-    nccl_lines: int = 0
-
-
-def parse_nccl_log(text: str) -> NcclLog:
-    """Parse NCCL debug output; unrelated lines are ignored and no input makes it raise."""
-    state = _ParseState()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        _parse_line(raw, number, state)
-    return NcclLog(
-        ranks=tuple(state.ranks),
-        connections=tuple(state.connections),
-        ofi_providers=tuple(state.providers),
-        folded_connection_lines=state.folded,
-        nccl_lines=state.nccl_lines,
-    )
-
-
-def _parse_line(raw: str, number: int, state: _ParseState) -> None:
-    line = _ANSI.sub("", raw)
-    line = _RAY_PREFIX.sub("", line, count=1)
-    repeats = 1
-    fold = _RAY_FOLD.search(line)
-    if fold:
-        repeats = int(fold["count"])
-        line = line[: fold.start()]
-    m = _NCCL_PREFIX.search(line)
-    if not m:
-        return
-    state.nccl_lines += 1
-    host, pid, msg = m["host"], int(m["pid"]), m["msg"].strip()
-    comm = _COMM.search(msg)
-    if comm:
-        info = RankInfo(
-            host=host, pid=pid, rank=int(comm["rank"]), nranks=int(comm["nranks"]),
-            comm=comm["comm_id"] or f"nranks={comm['nranks']}",
-        )
-        known = state.current_comm.get((host, pid))
-        # Init START, Init COMPLETE and Destroy lines repeat the same rank; keep one.
-        if known is None or (known.comm, known.rank) != (info.comm, info.rank):
-            state.ranks.append(info)
-        state.current_comm[(host, pid)] = info
-        return
-    provider = _OFI_PROVIDER.search(msg)
-    if provider:
-        state.providers.append((host, pid, provider["provider"]))
-        return
-    conn = _connection(msg, host=host, pid=pid, number=number, state=state)
-    if conn is not None:
-        state.connections.append(conn)
-        # Ray prints one line for N alike ones; words with digits (ranks, "P2P", "NET/x/0") are
-        # ignored when it compares, so the hidden lines may have used other transports.
-        state.folded += repeats - 1
-
-
-def _connection(msg: str, *, host: str, pid: int, number: int, state: _ParseState) -> Optional[Connection]:
-    comm = state.current_comm.get((host, pid))
-    comm_key = comm.comm if comm else None
-    m = _CHANNEL.match(msg)
-    if m:
-        return Connection(
-            src=int(m["src"]), dst=int(m["dst"]), transport=parse_transport(m["via"]), host=host, pid=pid,
-            channel=int(m["channel"]), direction=m["dir"] or "", comm=comm_key, line=number,
-        )
-    m = _COLLNET.match(msg)
-    if m:
-        return Connection(
-            src=int(m["rank"]), dst=None, transport=parse_transport(m["via"]), host=host, pid=pid,
-            channel=int(m["channel"]), direction=m["dir"], comm=comm_key, line=number,
-        )
-    m = _NVLS.match(msg)
-    if m and comm is not None:
-        return Connection(
-            src=comm.rank, dst=None, transport=Transport(Kind.NVLS, "NVLS"), host=host, pid=pid,
-            channel=0, comm=comm_key, line=number,
-        )
-    return None
 
 
 class Status(str, enum.Enum):
@@ -275,6 +65,9 @@ class Verdict:
     hosts: tuple[str, ...] = ()
     expect: str = "efa"
     nodes: Optional[int] = None
+    """The node count the caller expected (--nodes)."""
+    nodes_seen: Optional[int] = None
+    """Nodes in the logs: NCCL's own count (nNodes) where it printed one, else distinct host names."""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -283,36 +76,120 @@ class Verdict:
         return data
 
 
-def _rank_hosts(log: NcclLog) -> dict[Optional[str], dict[int, str]]:
-    by_comm: dict[Optional[str], dict[int, str]] = defaultdict(dict)
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks of one communicator ran, as far as its logs tell."""
+
+    hosts: dict[int, str]
+    """Rank -> the host name its lines carry, or the node label a caller supplied."""
+    nnodes: Optional[int] = None
+    """Nodes as NCCL counted them; None when the log has no topology line, or when the environment
+    turned off P2P/SHM (NCCL's count then splits machines: see workloads/transport/nccl_log.py)."""
+    nranks: Optional[int] = None
+    local_ranks: dict[int, int] = field(default_factory=dict)
+    """Rank -> how many ranks of the communicator NCCL placed on that rank's node."""
+    labels_given: bool = False
+    """`hosts` came from the caller, who knows each rank's node: they alone decide."""
+    host_names_agree: bool = True
+    """False when host names contradict NCCL's topology (two nodes under one name, say)."""
+
+    def scope(self, src: int, dst: int) -> Literal["intra", "inter", "unknown"]:
+        src_host, dst_host = self.hosts.get(src), self.hosts.get(dst)
+        by_name = "intra" if src_host == dst_host else "inter"
+        if self.labels_given:
+            return by_name if src_host and dst_host else "unknown"
+        if self.nnodes == 1:
+            return "intra"
+        if self.nnodes is not None and (
+            self.nnodes == self.nranks or self.local_ranks.get(src) == 1 or self.local_ranks.get(dst) == 1
+        ):
+            return "inter"  # a rank alone on its node: every peer is on another one
+        if src_host and dst_host and self.host_names_agree:
+            return by_name
+        return "unknown"
+
+
+def _host_names_agree(hosts: dict[int, str], *, nnodes: Optional[int], nranks: Optional[int],
+                      local_ranks: dict[int, int]) -> bool:
+    if nnodes is None:
+        return True
+    per_host: dict[str, int] = defaultdict(int)
+    for host in hosts.values():
+        per_host[host] += 1
+    if any(per_host[hosts[rank]] > count for rank, count in local_ranks.items() if rank in hosts):
+        return False  # more ranks under one name than NCCL put on that rank's node
+    return not (nranks is not None and len(hosts) == nranks and len(per_host) != nnodes)
+
+
+def placements(log: NcclLog, *, rank_hosts: Optional[dict[int, str]] = None) -> dict[Optional[str], Placement]:
+    """Each communicator's placement. `rank_hosts` (world rank -> node label) decides for the
+    communicators as wide as it: a caller that knows each rank's node (the in-band gate gathers
+    `NCCL_HOSTID`-aware labels) is more precise than a log line's host name or NCCL's counts."""
+    hosts: dict[Optional[str], dict[int, str]] = defaultdict(dict)
     for info in log.ranks:
-        by_comm[info.comm].setdefault(info.rank, info.host)
+        hosts[info.comm].setdefault(info.rank, info.host)
+    for topo in log.topology:
+        hosts[topo.comm].setdefault(topo.rank, topo.host)
     for conn in log.connections:
         reporter = conn.dst if conn.direction == "receive" else conn.src
         if reporter is not None:
-            by_comm[conn.comm].setdefault(reporter, conn.host)
-    return by_comm
+            hosts[conn.comm].setdefault(reporter, conn.host)
+    labelled: set[Optional[str]] = set()
+    if rank_hosts:
+        # rank_hosts numbers ranks of the world; a sub-communicator's ranks are numbered apart.
+        widths = {i.comm: i.nranks for i in log.ranks} | {t.comm: t.nranks for t in log.topology}
+        labelled = {c for c, width in widths.items() if width == len(rank_hosts)} | {None}
+        for comm in labelled:
+            hosts[comm] = {**hosts.get(comm, {}), **rank_hosts}
+    split = {(h, p) for h, p, _ in log.intra_node_disabled}
+    result: dict[Optional[str], Placement] = {}
+    for comm in set(hosts) | {t.comm for t in log.topology}:
+        topo = [t for t in log.topology if t.comm == comm]
+        trusted = topo and not any((t.host, t.pid) in split for t in topo)
+        nnodes = max(t.nnodes for t in topo) if trusted else None
+        nranks = max(t.nranks for t in topo) if topo else None
+        local_ranks = {t.rank: t.local_ranks for t in topo} if trusted else {}
+        comm_hosts = dict(hosts.get(comm, {}))
+        result[comm] = Placement(
+            hosts=comm_hosts, nnodes=nnodes, nranks=nranks, local_ranks=local_ranks, labels_given=comm in labelled,
+            host_names_agree=_host_names_agree(comm_hosts, nnodes=nnodes, nranks=nranks, local_ranks=local_ranks),
+        )
+    return result
 
 
-def _judge(transport: Transport, scope: str, *, expect: Expect, provider: Optional[str]) -> str:
-    """Why `transport` is wrong for a link of `scope`, or "" when it is acceptable."""
+def _judge(transport: Transport, scope: str, *, expect: Expect, provider: Optional[str]) -> tuple[str, str]:
+    """(why `transport` is wrong for a link of `scope`, what the log lacks to judge it); "" for neither."""
+    if transport.kind is Kind.OTHER:
+        return "", f"transport {transport.name!r} is none NCCL names (a cut or interleaved line?)"
     if scope == "unknown":
-        # A peer on an unknown host: P2P/SHM/NVLS cannot leave a node, and a network link is
-        # judged as the inter-node link NCCL uses a network for.
+        # A peer NCCL's lines do not place: P2P/SHM/NVLS cannot leave a node, and a network link
+        # is judged as the inter-node link NCCL uses a network for.
         scope = "intra" if transport.is_intra_node else "inter"
     if scope == "intra":
         if transport.is_intra_node:
-            return ""
-        return f"{transport.name} within a node (expected P2P, SHM or NVLS)"
+            return "", ""
+        return f"{transport.name} within a node (expected P2P, SHM or NVLS)", ""
     if not transport.is_network:
-        return f"{transport.name} between nodes (expected a network transport)"
+        return f"{transport.name} between nodes (expected a network transport)", ""
     if expect == "any":
-        return ""
-    if not transport.is_efa:
-        return f"{transport.name} between nodes (expected EFA: NET/Libfabric through aws-ofi-nccl)"
-    if provider is not None and provider.lower() != "efa":
-        return f"{transport.name} with libfabric provider {provider!r} between nodes (expected provider 'efa')"
-    return ""
+        return "", ""
+    if not transport.is_efa_plugin:
+        return f"{transport.name} between nodes (expected EFA: NET/Libfabric through aws-ofi-nccl)", ""
+    if provider is None:
+        # aws-ofi-nccl runs on other libfabric providers too (cxi on Slingshot, tcp, ...).
+        return "", (f"{transport.name} between nodes, but no \"NET/OFI Selected provider is ...\" line says "
+                    "which libfabric provider carried it (keep NCCL_DEBUG_SUBSYS=INIT,NET)")
+    if provider.lower() != "efa":
+        return f"{transport.name} with libfabric provider {provider!r} between nodes (expected provider 'efa')", ""
+    return "", ""
+
+
+def _covered_nodes(log: NcclLog, widest: Optional[str], placement: Optional[Placement]) -> Optional[int]:
+    """Nodes whose ranks' own lines are in the log (a node counts when all its ranks printed)."""
+    if placement is None or placement.nnodes is None:
+        return None
+    printed = {t.rank for t in log.topology if t.comm == widest}
+    return int(sum(1 / placement.local_ranks[rank] for rank in printed) + 1e-9)
 
 
 def decide(
@@ -324,18 +201,14 @@ def decide(
 ) -> Verdict:
     """Judge every connection in `log`.
 
-    `nodes`, when given, is the node count the job ran on: more hosts in the logs fails, and fewer,
-    or no connection between nodes when nodes > 1, is inconclusive (logs missing, nothing proven
-    wrong). `rank_hosts` supplies hosts for ranks the log does not place (a single rank's own log).
-    A link to a rank on an unknown host is judged by its transport: P2P/SHM/NVLS as within a node,
-    a network as between nodes.
+    A link is within or between nodes as NCCL's topology lines place its ranks, else as their host
+    names do. `nodes`, when given, is the node count the job ran on: more nodes in the logs fails,
+    and fewer, missing nodes' logs, or no connection between nodes when nodes > 1 is inconclusive
+    (nothing proven wrong). `rank_hosts` supplies hosts for ranks the log does not place (a single
+    rank's own log). A link NCCL's lines do not place is judged by its transport: P2P/SHM/NVLS as
+    within a node, a network as between nodes.
     """
-    hosts_by_comm = _rank_hosts(log)
-    if rank_hosts:
-        # rank_hosts numbers ranks of the world; a sub-communicator's ranks are numbered apart.
-        world_comms = {i.comm for i in log.ranks if i.nranks == len(rank_hosts)} | {None}
-        for comm in world_comms:
-            hosts_by_comm[comm] = {**rank_hosts, **hosts_by_comm.get(comm, {})}
+    placed = placements(log, rank_hosts=rank_hosts)
     providers = {(h, p): prov for h, p, prov in log.ofi_providers}
     grouped: dict[tuple, list[Connection]] = defaultdict(list)
     for conn in log.connections:
@@ -344,58 +217,71 @@ def decide(
         grouped[(str(conn.comm), conn.src, -1 if conn.dst is None else conn.dst, switch)].append(conn)
 
     links: list[Link] = []
+    gaps: list[str] = []
     for (_, src, _, _), conns in sorted(grouped.items()):
         comm, dst = conns[0].comm, conns[0].dst
-        known = hosts_by_comm.get(comm, {})
-        src_host = known.get(src)
-        dst_host = None if dst is None else known.get(dst)
+        placement = placed.get(comm) or Placement(hosts={})
+        src_host = placement.hosts.get(src)
+        dst_host = None if dst is None else placement.hosts.get(dst)
         if dst is None:
             scope = "intra" if all(c.transport.is_intra_node for c in conns) else "inter"
-        elif src_host and dst_host:
-            scope = "intra" if src_host == dst_host else "inter"
         else:
-            scope = "unknown"
-        reasons = sorted({
-            reason
-            for c in conns
-            if (reason := _judge(c.transport, scope, expect=expect, provider=providers.get((c.host, c.pid))))
-        })
-        links.append(Link(
+            scope = placement.scope(src, dst)
+        judged = [_judge(c.transport, scope, expect=expect, provider=providers.get((c.host, c.pid)))
+                  for c in conns]
+        reasons = sorted({reason for reason, _ in judged if reason})
+        link = Link(
             comm=comm, src=src, dst=dst, src_host=src_host, dst_host=dst_host, scope=scope,
             transports=tuple(sorted({c.transport.name + ("/GDRDMA" if c.transport.gdr else "") for c in conns})),
             channels=len({(c.channel, c.direction) for c in conns}), ok=not reasons, problem="; ".join(reasons),
-        ))
+        )
+        links.append(link)
+        gaps += [f"{_describe(link)}: {gap}" for gap in sorted({gap for _, gap in judged if gap})]
 
-    hosts = sorted({h for m in hosts_by_comm.values() for h in m.values()})
+    hosts = sorted({h for p in placed.values() for h in p.hosts.values()})
+    widest = max(placed, key=lambda c: (placed[c].nranks or 0, str(c)), default=None)
+    nccl_nodes = max((p.nnodes for p in placed.values() if p.nnodes is not None), default=None)
+    nodes_seen = nccl_nodes if nccl_nodes is not None else len(hosts)
     problems = [f"{_describe(link)}: {link.problem}" for link in links if not link.ok]
-    gaps: list[str] = []
+    general: list[str] = []
     if not log.connections:
-        gaps.append(
+        general.append(
             "no NCCL connection lines (\"Channel ... via ...\"): run with NCCL_DEBUG=INFO and "
             "NCCL_DEBUG_SUBSYS including INIT, and keep the output of at least one collective"
         )
     if log.folded_connection_lines:
-        gaps.append(
+        general.append(
             f"Ray folded {log.folded_connection_lines} connection line(s) into \"[repeated Nx across cluster]\", "
             "hiding their transports: set RAY_DEDUP_LOGS=0 or check the per-rank NCCL_DEBUG_FILE logs"
         )
+    gaps = general + gaps
     inter = [link for link in links if link.scope == "inter"]
+    where = _nodes_text(nodes_seen, hosts=hosts, from_nccl=nccl_nodes is not None)
     if nodes is not None and log.connections:
-        if len(hosts) > nodes:
-            problems.append(f"expected {nodes} node(s), ranks ran on {len(hosts)}: {', '.join(hosts)}")
+        covered = _covered_nodes(log, widest, placed.get(widest))
+        if nodes_seen > nodes:
+            problems.append(f"expected {nodes} node(s), ranks ran on {where}")
         elif nodes > 1 and not inter:
             gaps.append(
                 f"expected {nodes} nodes but no connection between nodes is in the logs "
-                f"(hosts seen: {', '.join(hosts) or 'none'}): pass the logs of every node"
+                f"(ranks on {where}): pass the logs of every node"
             )
-        elif len(hosts) < nodes:
-            gaps.append(f"expected {nodes} nodes, the logs show {len(hosts)}: {', '.join(hosts)}")
+        elif nodes_seen < nodes:
+            gaps.append(f"expected {nodes} nodes, the logs show {where}")
+        elif covered is not None and covered < nodes:
+            gaps.append(f"the logs hold the lines of every rank of {covered} of the {nodes} nodes: "
+                        "pass the logs of every node")
 
     status = Status.FAIL if problems else Status.INCONCLUSIVE if gaps else Status.PASS
     return Verdict(
-        status=status, summary=_summary(links, hosts), problems=tuple(problems), gaps=tuple(gaps),
-        links=tuple(links), hosts=tuple(hosts), expect=expect, nodes=nodes,
+        status=status, summary=_summary(links, where), problems=tuple(problems), gaps=tuple(gaps),
+        links=tuple(links), hosts=tuple(hosts), expect=expect, nodes=nodes, nodes_seen=nodes_seen,
     )
+
+
+def _nodes_text(nodes: int, *, hosts: list[str], from_nccl: bool) -> str:
+    """"2 node(s) (vm)" when NCCL counted them, "2 host(s) (a, b)" when only host names tell."""
+    return f"{nodes} {'node' if from_nccl else 'host'}(s) ({', '.join(hosts) or 'no host name'})"
 
 
 def _describe(link: Link) -> str:
@@ -405,7 +291,7 @@ def _describe(link: Link) -> str:
     return f"{src} -> rank {link.dst} ({link.dst_host or 'host unknown'})"
 
 
-def _summary(links: list[Link], hosts: list[str]) -> str:
+def _summary(links: list[Link], where: str) -> str:
     if not links:
         return "no connections"
     counts: dict[tuple[str, str], int] = defaultdict(int)
@@ -414,7 +300,7 @@ def _summary(links: list[Link], hosts: list[str]) -> str:
             counts[(link.scope, name)] += 1
     scope_words = {"intra": "within a node", "inter": "between nodes", "unknown": "peer host unknown"}
     parts = [f"{n} link(s) {scope_words[scope]} over {name}" for (scope, name), n in sorted(counts.items())]
-    return f"{len(links)} rank-to-rank link(s) on {len(hosts)} host(s): " + "; ".join(parts)
+    return f"{len(links)} rank-to-rank link(s) on {where}; " + "; ".join(parts)
 
 
 def render(verdict: Verdict) -> str:
