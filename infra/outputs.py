@@ -28,9 +28,11 @@ PRICE_TABLE_DATE = "priceTableDate"
 GPU_INSTANCE_TYPE = "gpuInstanceType"
 GPU_MEMORY_GIB = "gpuMemoryGib"
 """Memory of one GPU of GPU_INSTANCE_TYPE: `workloads submit` sizes its default preset by it."""
+RAY_WORKER_GPUS = "rayWorkerGpus"
+"""GPUs of all Ray worker pods together: the job waits for this many to register before training."""
 
 ALL = (KUBECONFIG, CLUSTER_NAME, REGION, GPU_AVAILABILITY_ZONE, RAY_NAMESPACE, RAY_CLUSTER_NAME,
        RAY_HEAD_SERVICE, RAY_DASHBOARD_PORT, RAY_AUTH_SECRET_NAME, RAY_AUTH_SECRET_KEY,
        CHECKPOINT_BUCKET_URI, ESTIMATED_COST_PER_HOUR_USD, PRICE_TABLE_DATE, GPU_INSTANCE_TYPE,
-       GPU_MEMORY_GIB)
+       GPU_MEMORY_GIB, RAY_WORKER_GPUS)
 SECRET = (KUBECONFIG,)

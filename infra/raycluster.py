@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.sizing import head_pod_size, worker_pod_size
-from workloads.transport.gate import EFA_TRANSPORT_ENV, NCCL_LOG_NAME, nccl_log_env
+from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 RAY_CLUSTER_NAME = "ray-train"
 SERVICE_ACCOUNT = "ray-train"
@@ -28,9 +28,6 @@ GCS_PORT = 6379
 CLIENT_PORT = 10001
 AUTH_SECRET_KEY = "auth_token"
 """The key KubeRay writes the Ray auth token under in the Secret it generates."""
-NCCL_LOG_DIR = "/tmp/ray/nccl"
-NCCL_DEBUG_FILE = f"{NCCL_LOG_DIR}/{NCCL_LOG_NAME}"
-"""One file per process (%h host, %p pid): the transport gate reads each rank's own file."""
 
 
 def head_service_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
@@ -45,10 +42,10 @@ def auth_secret_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
 
 
 def nccl_env() -> list[dict[str, str]]:
-    """The network transport, declared rather than left to NCCL's silent fallback to sockets, and
-    NCCL's log as the transport gate reads it (one file per process under NCCL_LOG_DIR)."""
-    env = {**EFA_TRANSPORT_ENV, **nccl_log_env(log_dir=NCCL_LOG_DIR)}
-    return [{"name": name, "value": value} for name, value in env.items()]
+    """The network transport, declared rather than left to NCCL's silent fallback to sockets. NCCL's
+    log settings are not here: each training process sets its own (workloads/launch/ray_train.py),
+    so that one place decides where the transport gate finds it."""
+    return [{"name": name, "value": value} for name, value in EFA_TRANSPORT_ENV.items()]
 
 
 def _shm_volume() -> dict[str, Any]:
@@ -103,12 +100,9 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "imagePullPolicy": "IfNotPresent",
                 "env": nccl_env(),
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "volumeMounts": [
-                    {"name": "dshm", "mountPath": "/dev/shm"},
-                    {"name": "nccl-logs", "mountPath": NCCL_LOG_DIR},
-                ],
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],
-            "volumes": [_shm_volume(), {"name": "nccl-logs", "emptyDir": {}}],
+            "volumes": [_shm_volume()],
         },
     }
 
@@ -129,7 +123,9 @@ def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
                 "serviceType": "ClusterIP",
-                "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+                # No GPU and no CPU for tasks: the job's driver and Ray Train's controller reserve
+                # none, and training workers belong on the GPU nodes only.
+                "rayStartParams": {"num-gpus": "0", "num-cpus": "0", "dashboard-host": "0.0.0.0"},
                 "template": _head_template(cfg),
             },
             "workerGroupSpecs": [{

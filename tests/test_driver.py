@@ -7,26 +7,118 @@ import json
 import pytest
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
-from workloads.launch.driver import WorkerPlan, failure_reason, parse_args, parse_driver_line, plan_workers
+from workloads.launch.driver import (
+    GpusMissingError,
+    WorkerPlan,
+    failure_reason,
+    node_resources,
+    parse_args,
+    parse_driver_line,
+    plan_workers,
+    training_failed_errors,
+    wait_for_gpus,
+)
 
 
-def test_one_worker_per_gpu_when_the_cluster_has_gpus():
-    # Two g6.12xlarge nodes plus a CPU-only head, as ray.cluster_resources() reports them.
-    resources = {"CPU": 100.0, "GPU": 8.0, "memory": 1e12, "node:10.0.1.5": 1.0}
-    assert plan_workers(resources) == WorkerPlan(num_workers=8, use_gpu=True, cpus_per_worker=1.0)
+def eks_nodes(*, gpu_nodes: int = 2, head_cpus: float = 0.0) -> list[dict]:
+    """`ray.nodes()` of the stack's RayCluster: a GPU-less head (num-gpus 0, num-cpus 0) on the
+    system node and g6.12xlarge workers (4 L4s, 45 CPUs of a 48-vCPU node's pod)."""
+    head = {"Alive": True, "NodeManagerHostname": "ray-train-head",
+            "Resources": {"CPU": head_cpus, "memory": 8e9, "node:10.0.0.10": 1.0, "node:__internal_head__": 1.0}}
+    workers = [{"Alive": True, "NodeManagerHostname": f"ray-train-gpu-worker-{i}",
+                "Resources": {"CPU": 45.0, "GPU": 4.0, "memory": 1.5e11, f"node:10.0.1.{i}": 1.0}}
+               for i in range(gpu_nodes)]
+    dead = {"Alive": False, "Resources": {"CPU": 45.0, "GPU": 4.0}}
+    return [head, *workers, dead]
 
 
-def test_cpu_workers_fill_the_cpu_slots_when_there_is_no_gpu():
-    assert plan_workers({"CPU": 2.0, "memory": 1e9}) == WorkerPlan(num_workers=2, use_gpu=False, cpus_per_worker=1.0)
-    assert plan_workers({"CPU": 7.0}, cpus_per_worker=2).num_workers == 3
-    assert plan_workers({"CPU": 6.0, "GPU": 0.0}, cpus_per_worker=1.5).num_workers == 4
+def test_the_plan_counts_the_gpu_nodes_not_the_head():
+    """The head joins with no GPU: a plan of 3 nodes would make the post-run check expect a third
+    host in the NCCL logs and fail every successful run."""
+    plan = plan_workers(node_resources(eks_nodes()))
+    assert plan == WorkerPlan(num_workers=8, use_gpu=True, cpus_per_worker=11.0, nodes=2)
+    # A head that offers CPUs still hosts no GPU worker.
+    assert plan_workers(node_resources(eks_nodes(head_cpus=3.0))).nodes == 2
+
+
+def test_gpu_workers_share_their_nodes_cpus_unless_told():
+    """Ray sets OMP_NUM_THREADS to a worker's CPUs: 1 would starve the host side of every rank."""
+    assert plan_workers([{"CPU": 45.0, "GPU": 4.0}, {"CPU": 30.0, "GPU": 4.0}]).cpus_per_worker == 7.0
+    assert plan_workers([{"CPU": 2.0, "GPU": 4.0}]).cpus_per_worker == 0.5
+    assert plan_workers([{"CPU": 45.0, "GPU": 4.0}], cpus_per_worker=4).cpus_per_worker == 4
+    with pytest.raises(ValueError, match="lower --cpus-per-worker"):
+        plan_workers([{"CPU": 8.0, "GPU": 4.0}], cpus_per_worker=4)
+
+
+def test_cpu_workers_fill_the_cpu_slots_of_the_nodes_that_have_them():
+    local = [{"CPU": 0.0, "memory": 1e9}, {"CPU": 1.0}, {"CPU": 1.0}]  # the local demo's head and workers
+    assert plan_workers(local) == WorkerPlan(num_workers=2, use_gpu=False, cpus_per_worker=1.0, nodes=2)
+    assert plan_workers([{"CPU": 7.0}], cpus_per_worker=2).num_workers == 3
+    assert plan_workers([{"CPU": 6.0, "GPU": 0.0}], cpus_per_worker=1.5).num_workers == 4
+    assert plan_workers([{"CPU": 1.0}, {"CPU": 0.5}]).nodes == 1
 
 
 def test_a_cluster_without_room_for_one_worker_is_a_clear_error():
     with pytest.raises(ValueError, match="no GPU and 0.5 CPUs"):
-        plan_workers({"CPU": 0.5})
+        plan_workers([{"CPU": 0.5}])
     with pytest.raises(ValueError, match="positive"):
-        plan_workers({"CPU": 4.0}, cpus_per_worker=0)
+        plan_workers([{"CPU": 4.0}], cpus_per_worker=0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_driver_waits_for_the_gpus_it_expects_with_a_countdown():
+    """GPU pods that have not registered yet must not turn into CPU workers on the head."""
+    clock, said = FakeClock(), []
+    arrivals = {0.0: eks_nodes(gpu_nodes=0), 20.0: eks_nodes(gpu_nodes=1), 40.0: eks_nodes(gpu_nodes=2)}
+    read = lambda: node_resources(arrivals[max(t for t in arrivals if t <= clock.now)])  # noqa: E731
+    nodes = wait_for_gpus(8, read_nodes=read, timeout_s=600, say=said.append, poll_s=5, every_s=15,
+                          clock=clock, sleep=clock.sleep)
+    assert plan_workers(nodes).num_workers == 8 and clock.now == 40.0
+    assert said == ["waiting for 8 GPU(s): 0 registered; 600 s left", "waiting for 8 GPU(s): 0 registered; 585 s left",
+                    "waiting for 8 GPU(s): 4 registered; 570 s left"]
+
+
+def test_missing_gpus_fail_after_the_timeout_and_never_downgrade():
+    clock = FakeClock()
+    with pytest.raises(GpusMissingError, match=r"4 of 8 GPU\(s\) registered .* within 60 s \(1 GPU node"):
+        wait_for_gpus(8, read_nodes=lambda: node_resources(eks_nodes(gpu_nodes=1)), timeout_s=60,
+                      say=lambda _: None, clock=clock, sleep=clock.sleep)
+    # An unknown count (0) still needs one GPU: a GPU job never starts on CPUs alone.
+    with pytest.raises(GpusMissingError, match="0 of 1 GPU"):
+        wait_for_gpus(0, read_nodes=lambda: node_resources(eks_nodes(gpu_nodes=0)), timeout_s=10,
+                      say=lambda _: None, clock=clock, sleep=clock.sleep)
+
+
+def test_an_efa_job_requires_gpus_and_a_cpu_job_does_not():
+    base = ["--run-name", "r", "--storage-path", "/tmp/x"]
+    assert parse_args([*base, "--config-json", '{"transport": {"expect": "efa"}}']).require_gpus
+    assert parse_args([*base, "--config-json", '{"transport": {"expect": "any"}}', "--gpus", "8"]).require_gpus
+    assert not parse_args([*base, "--config-json", '{"transport": {"expect": "any"}}']).require_gpus
+
+
+def test_both_ray_train_failure_types_are_caught():
+    from ray.train.base_trainer import TrainingFailedError as V1Error
+    from ray.train.v2.api.exceptions import TrainingFailedError as V2Error
+
+    caught = training_failed_errors()
+    assert issubclass(V1Error, caught) and issubclass(V2Error, caught)
+    try:
+        try:
+            raise RuntimeError("Traceback ...\nValueError: bad shard")
+        except RuntimeError as inner:
+            raise V1Error("Training failed") from inner
+    except caught as exc:
+        assert failure_reason(exc) == "ValueError: bad shard"
 
 
 def test_arguments_are_validated_with_the_bad_value_named():

@@ -22,7 +22,8 @@ from moto.server import ThreadedMotoServer
 from workloads.client import submit
 from workloads.client.cluster import connect, free_port, job_client
 from workloads.train.config import preset, with_overrides
-from workloads.launch.driver import parse_driver_line, resolve_storage
+from workloads.launch.driver import parse_driver_line
+from workloads.launch.storage import resolve_storage
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.client.report import loop_summary, parse_prefixed, parse_train_line
 

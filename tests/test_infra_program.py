@@ -140,6 +140,7 @@ def test_every_output_is_exported_and_the_kubeconfig_is_secret(program):
     assert run.outputs[outputs.ESTIMATED_COST_PER_HOUR_USD] > 2 * cfg.gpu_instance.usd_per_hour
     assert run.outputs[outputs.GPU_INSTANCE_TYPE] == cfg.gpu_instance_type
     assert run.outputs[outputs.GPU_MEMORY_GIB] == cfg.gpu_instance.gpu_memory_gib > 0
+    assert run.outputs[outputs.RAY_WORKER_GPUS] == cfg.gpu_node_count * cfg.gpu_instance.gpus > 0
 
 
 def test_every_component_has_its_own_type(program):

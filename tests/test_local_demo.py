@@ -1,6 +1,7 @@
-"""`make demo`'s code path end to end (`python -m workloads run --local` as a subprocess): a two-node
-local Ray cluster, the real loop, a falling loss, the run report, and no process left behind, also
-when the demo is stopped with SIGTERM."""
+"""`make demo`'s code path end to end (`python -m workloads run --local` as a subprocess): a local Ray
+cluster in the RayCluster's shape (a head that runs no training worker, two worker nodes), the real
+loop, a falling loss, the post-run checks of a cloud run, the run report, and no process left behind,
+also when the demo is stopped with SIGTERM."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def _read_until(proc: subprocess.Popen, marker: str) -> list[str]:
 
 
 def _node_groups(proc: subprocess.Popen) -> set[int]:
-    """The process groups of the demo's Ray nodes: each `ray start` is a child leading its own group."""
+    """The process groups of the demo's Ray nodes (the head and two workers): each `ray start` is a
+    child leading its own group."""
     groups = {pid for pid in _pids() if _ppid(pid) == proc.pid and _pgid(pid) == pid}
-    assert len(groups) == 2, groups
+    assert len(groups) == 3, groups
     return groups
 
 
@@ -74,11 +76,16 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     groups = _node_groups(proc)
     out = "".join(head) + proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out
+    # The head joined the cluster but hosts no worker: the plan, the ranks and the check agree on 2.
     assert "2 CPU workers on 2 node(s)" in out and "train step 20/20" in " ".join(out.split())
+    assert "placement check passed: 2 ranks trained on 2 node(s), as planned" in out
+    assert "on 2 node(s)" in out.split("summary", 1)[1]
 
     (run_dir,) = tmp_path.iterdir()
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["status"] == "SUCCEEDED" and report["cluster"]["nodes"] == 2
+    assert report["status"] == "SUCCEEDED" and report["cluster"]["worker_nodes"] == 2
+    assert report["trained_on_nodes"] == 2 and report["summary"]["nodes"] == 2
+    assert [c["passed"] for c in report["checks"]] == [True, True]
     assert [r["step"] for r in report["steps"]] == [5, 10, 15, 20]
     summary = report["summary"]
     assert summary["last_loss"] < 0.8 * summary["first_loss"]

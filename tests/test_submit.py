@@ -151,13 +151,102 @@ def test_the_offline_check_does_not_apply_to_cpu_runs(shared_dir):
     assert (outcome.applies, outcome.passed) == (False, True) and "gloo" in outcome.message
 
 
-def test_the_exit_code_is_the_job_status_and_then_the_transport_check():
+def test_the_exit_code_is_the_job_status_and_then_the_post_run_checks():
     passed = submit.GateOutcome(applies=True, passed=True, message="PASS")
     failed = submit.GateOutcome(applies=True, passed=False, message="FAIL")
-    assert submit.JobOutcome(job_id="j", status="SUCCEEDED", gate=passed).exit_code == 0
-    assert submit.JobOutcome(job_id="j", status="SUCCEEDED", gate=failed).exit_code == 1
+    assert submit.JobOutcome(job_id="j", status="SUCCEEDED", checks=(passed, passed)).exit_code == 0
+    assert submit.JobOutcome(job_id="j", status="SUCCEEDED", checks=(passed, failed)).exit_code == 1
+    assert submit.JobOutcome(job_id="j", status="SUCCEEDED", checks=(failed, passed)).exit_code == 1
     assert submit.JobOutcome(job_id="j", status="FAILED", reason="boom").exit_code == 1
     assert submit.JobOutcome(job_id="j", status="STOPPED").exit_code == 1
+
+
+def test_a_run_on_the_eks_shaped_cluster_passes_the_post_run_checks(shared_dir):
+    """The driver's plan on a GPU-less head plus two one-GPU workers, and the NCCL logs of two
+    hosts (NCCL_HOSTID per process): the plan's node count is the one the logs show."""
+    from workloads.launch.driver import node_resources, plan_workers
+
+    ray_nodes = [{"Alive": True, "Resources": {"CPU": 0.0, "memory": 1e9}}] + [
+        {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}} for _ in range(2)]
+    plan = plan_workers(node_resources(ray_nodes))
+    assert plan.nodes == 2
+    nccl = (shared_dir / "fixtures" / "nccl" / "h200x2-two-hostid-socket.log").read_text()
+    logs = _job_log(nccl, use_gpu=True, nodes=plan.nodes) + '[train-summary] {"nodes": 2, "world_size": 2}\n'
+    transport = submit.transport_check(logs, expect="any")
+    assert transport.passed, transport.message
+    placement = submit.placement_check(logs)
+    assert placement.passed and placement.message == "placement check passed: 2 ranks trained on 2 node(s), as planned"
+    # Counting the head, as the plan once did, turns this healthy run into a failed one.
+    assert not submit.transport_check(_job_log(nccl, use_gpu=True, nodes=3), expect="any").passed
+
+
+def test_the_placement_check_fails_when_the_ranks_ran_elsewhere_than_planned():
+    logs = _job_log("", use_gpu=False, nodes=2) + '[train-summary] {"nodes": 1, "world_size": 2}\n'
+    outcome = submit.placement_check(logs)
+    assert outcome.applies and not outcome.passed
+    assert outcome.message == "placement check failed: the driver planned 2 node(s), the ranks trained on 1"
+
+
+class _Stream:
+    """A Jobs API client whose log stream breaks after `breaks_after` characters (None: never)."""
+
+    def __init__(self, log: str, breaks_after=None, status="SUCCEEDED") -> None:
+        self.log, self.breaks_after, self.status = log, breaks_after, status
+
+    async def tail_job_logs(self, job_id):
+        for start in range(0, len(self.log), 7):
+            if self.breaks_after is not None and start >= self.breaks_after:
+                raise RuntimeError("WebSocket connection closed unexpectedly with close code 1006")
+            yield self.log[start:start + 7]
+
+    def get_job_status(self, job_id):
+        from ray.job_submission import JobStatus
+
+        return JobStatus(self.status)
+
+
+def test_following_picks_the_stream_up_where_a_dropped_connection_broke_it():
+    log = "".join(f'[train] {{"step": {s}, "loss": {1.0 / s}}}\n' for s in range(1, 6))
+    clients = iter([_Stream(log, breaks_after=40), _Stream(log, breaks_after=90), _Stream(log)])
+    console = Console(record=True, width=200)
+    said: list[str] = []
+    status = submit.follow(lambda: next(clients), "raysubmit_1", submit.LogPrinter(console=console, quiet=True),
+                           sleep=lambda s: None, say=said.append)
+    assert str(status) == "SUCCEEDED"
+    steps = [line.split()[2] for line in console.export_text().splitlines() if line.startswith("train")]
+    assert steps == ["1", "2", "3", "4", "5"]  # each once, in order, none lost
+    assert len(said) == 2 and "WebSocket connection closed unexpectedly" in said[0]
+
+
+def test_following_gives_up_with_a_distinct_error_and_the_job_runs_on():
+    def broken():
+        return _Stream("x" * 50, breaks_after=0)
+
+    with pytest.raises(submit.FollowLostError, match="WebSocket connection closed"):
+        submit.follow(broken, "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True), attempts=3,
+                      sleep=lambda s: None)
+
+
+def test_a_lost_connection_exits_4_with_how_to_reattach(monkeypatch, capsys):
+    def lost(conn, request, *, console, on_submitted):
+        on_submitted("raysubmit_9")
+        raise submit.FollowLostError("WebSocket connection closed unexpectedly")
+
+    monkeypatch.setattr(submit, "submit_and_follow", lost)
+    code = submit.main("submit", ["--address", "http://127.0.0.1:1", "--storage-path", "/tmp/x",
+                                  "--preset", "demo-cpu"])
+    out = capsys.readouterr().out
+    assert code == submit.EXIT_DETACHED == 4
+    assert "lost the connection (WebSocket connection closed unexpectedly); job raysubmit_9 keeps running" in out
+    assert "python -m workloads logs --follow raysubmit_9 --address http://127.0.0.1:1" in out
+
+
+def test_the_driver_is_told_how_many_gpus_to_wait_for_and_offline_installs_nothing(tmp_path):
+    sub = submit.build_submission(train={}, run_name="r", storage_path="s3://b/p", max_failures=1,
+                                  working_dir=str(tmp_path), expect="efa", gpus=8, install=False)
+    assert shlex.split(sub.entrypoint)[-2:] == ["--gpus", "8"] and "pip" not in sub.runtime_env
+    assert submit.build_submission(train={}, run_name="r", storage_path="s3://b/p", max_failures=1,
+                                   working_dir=str(tmp_path), expect="efa").runtime_env["pip"]
 
 
 def test_the_reattach_hint_repeats_how_the_cluster_was_reached():

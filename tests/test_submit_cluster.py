@@ -8,9 +8,12 @@ import base64
 import json
 import os
 import re
+import shlex
+import signal
 import stat
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from workloads.client import submit
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.launch.ray_train import SCRATCH_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +51,17 @@ def _job_id(output: str) -> str:
 
 
 def test_submit_follows_the_run_to_success_and_a_resubmitted_run_resumes(target, tmp_path, capsys):
-    run = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "storage"), "--run-name", "resume-me"]
+    run_name = f"resume-me-{tmp_path.name}"
+    run = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "storage"), "--run-name", run_name]
     assert submit.main("submit", [*run, "--set", "steps=2"]) == 0
     first = capsys.readouterr().out
-    assert "job 2 CPU workers on 2 node(s), run resume-me" in first
+    assert f"job 2 CPU workers on 2 node(s), run {run_name}" in first
     assert "train step 2/2" in " ".join(first.split())
     assert "transport check does not apply" in first and "SUCCEEDED" in first
+    assert "placement check passed: 2 ranks trained on 2 node(s), as planned" in first
+    # Persisted checkpoints are deleted from the workers' scratch folders (Ray keeps them otherwise).
+    scratch = SCRATCH_ROOT / run_name
+    assert (scratch / "rank-0").is_dir() and not list(scratch.glob("rank-*/checkpoint-*"))
 
     assert submit.main("submit", [*run, "--set", "steps=4"]) == 0
     second = capsys.readouterr().out
@@ -187,7 +196,9 @@ def test_the_stack_path_port_forwards_authenticates_and_cleans_up(fake_tools, ra
     assert "hello-through-the-port-forward" in capsys.readouterr().out
 
     pulumi, secret, forward = _calls(fake_tools)
-    assert pulumi == ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", "us-west-2"]
+    # Run from any folder, pulumi is pointed at this project.
+    assert pulumi == ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", "us-west-2",
+                      "--cwd", str(Path(submit.__file__).resolve().parents[2])]
     assert secret[1:3] == ["--kubeconfig", secret[2]] and secret[3:] [:6] == [
         "--namespace", "ray", "get", "secret", "ray-auth", "-o"]
     assert forward[3:5] == ["--namespace", "ray"] and "svc/ray-head-svc" in forward
@@ -200,6 +211,30 @@ def test_the_stack_path_port_forwards_authenticates_and_cleans_up(fake_tools, ra
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid)  # the port-forward was stopped
+
+
+def test_a_dropped_port_forward_is_restored_while_following(fake_tools, ray_cluster, capsys):
+    """The SDK's "WebSocket connection closed unexpectedly" is not the job failing: a new
+    port-forward picks the log up where it broke, and no line is shown twice or lost."""
+    script = "import time\nfor i in range(12):\n    print(f'tick-{i}', flush=True)\n    time.sleep(0.5)"
+    job_id = _client(ray_cluster).submit_job(entrypoint=f"python -c {shlex.quote(script)}")
+    pids_file = fake_tools / "pids"
+
+    def drop_the_first_port_forward() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "tick-3" not in _client(ray_cluster).get_job_logs(job_id):
+            time.sleep(0.2)
+        os.kill(int(pids_file.read_text().split()[0]), signal.SIGKILL)
+
+    dropper = threading.Thread(target=drop_the_first_port_forward)
+    dropper.start()
+    assert submit.main("logs", [job_id, "--follow", "--stack", "us-west-2"]) == 0
+    dropper.join()
+    out = capsys.readouterr().out
+    ticks = [line for line in out.splitlines() if line.startswith("tick-")]
+    assert ticks == [f"tick-{i}" for i in range(12)], out
+    assert "lost the job's log stream" in out and "reconnecting (1/4)" in out
+    assert len(pids_file.read_text().split()) == 2  # a second port-forward was started
 
 
 def test_a_port_forward_that_cannot_open_is_exit_3_and_still_cleans_up(fake_tools, monkeypatch, capsys):

@@ -21,6 +21,16 @@ GATE_PREFIX = "[transport-gate] "
 """Rank 0's line with the in-band transport gate's result, before the first step."""
 
 
+PREFLIGHT_FAILED_KEY = "preflight_failed"
+"""The metric every rank reports, instead of training, when a check before step 1 failed."""
+
+
+class PreflightError(RuntimeError):
+    """A check before the first training step failed on every rank together (the transport gate,
+    the storage write check). It is deterministic: the same cluster fails it again, so a launcher
+    stops the run instead of retrying it."""
+
+
 class ReportFn(Protocol):
     def __call__(self, metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
         """Publish one step's metrics; with checkpoint_dir, also a checkpoint every rank wrote to.

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -48,6 +48,8 @@ class StackOutputs:
     """`s3://bucket[/prefix]`: Ray Train's storage_path."""
     gpu_memory_gib: Optional[int] = None
     """Memory of one GPU of the stack's GPU nodes (absent from stacks deployed before it existed)."""
+    ray_worker_gpus: Optional[int] = None
+    """GPUs of all Ray worker pods together (absent from stacks deployed before it existed)."""
 
 
 STACK_OUTPUT_NAMES = {
@@ -80,6 +82,8 @@ def stack_outputs_from_json(data: dict, *, stack: str) -> StackOutputs:
             values[attr] = str(values[attr])
     if data.get("gpuMemoryGib") is not None:
         values["gpu_memory_gib"] = int(data["gpuMemoryGib"])
+    if data.get("rayWorkerGpus") is not None:
+        values["ray_worker_gpus"] = int(data["rayWorkerGpus"])
     return StackOutputs(**values)
 
 
@@ -94,9 +98,15 @@ def _tool(argv: list[str], *, what: str) -> str:
     return proc.stdout
 
 
-def read_stack_outputs(stack: str) -> StackOutputs:
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+"""The Pulumi project (Pulumi.yaml) this package belongs to: `pulumi` finds the stack from there,
+whatever folder the command runs in."""
+
+
+def read_stack_outputs(stack: str, *, project_dir: Path = PROJECT_DIR) -> StackOutputs:
+    cwd = ["--cwd", str(project_dir)] if (project_dir / "Pulumi.yaml").is_file() else []
     text = _tool(
-        ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
+        ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack, *cwd],
         what=f"read the outputs of stack {stack!r}",
     )
     try:
@@ -146,30 +156,64 @@ def wait_for_port(port: int, *, timeout_s: float, alive: Callable[[], bool]) -> 
     return False
 
 
-@contextmanager
-def port_forward(*, kubeconfig: Path, namespace: str, service: str, remote_port: int,
-                 timeout_s: float = 30.0) -> Iterator[int]:
-    """`kubectl port-forward svc/<service>` on a free local port, stopped on exit; yields the port."""
-    if shutil.which("kubectl") is None:
-        raise UnreachableError("kubectl is not on PATH; it is needed to reach the Ray head")
-    local = free_port()
-    argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "port-forward",
-            "--address", "127.0.0.1", f"svc/{service}", f"{local}:{remote_port}"]
-    with tempfile.TemporaryFile(mode="w+") as errors:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors)
-        try:
-            if not wait_for_port(local, timeout_s=timeout_s, alive=lambda: proc.poll() is None):
+class PortForward:
+    """`kubectl port-forward svc/<service>` on a free local port, restarted when it has died."""
+
+    def __init__(self, *, kubeconfig: Path, namespace: str, service: str, remote_port: int,
+                 timeout_s: float = 30.0) -> None:
+        if shutil.which("kubectl") is None:
+            raise UnreachableError("kubectl is not on PATH; it is needed to reach the Ray head")
+        self._argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "port-forward",
+                      "--address", "127.0.0.1", f"svc/{service}"]
+        self._target = f"svc/{service}:{remote_port}"
+        self._remote_port = remote_port
+        self._timeout_s = timeout_s
+        self._proc: Optional[subprocess.Popen] = None
+        self.port = 0
+
+    def ensure(self) -> int:
+        """The local port of a live port-forward, started anew when there is none."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self.port
+        self.stop()
+        port = free_port()
+        with tempfile.TemporaryFile(mode="w+") as errors:
+            proc = subprocess.Popen([*self._argv, f"{port}:{self._remote_port}"], stdout=subprocess.DEVNULL,
+                                    stderr=errors)
+            if not wait_for_port(port, timeout_s=self._timeout_s, alive=lambda: proc.poll() is None):
+                _terminate(proc)
                 errors.seek(0)
                 detail = (errors.read().strip().splitlines() or ["no output"])[-1]
-                raise UnreachableError(f"kubectl port-forward to svc/{service}:{remote_port} did not open: {detail}")
-            yield local
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                raise UnreachableError(f"kubectl port-forward to {self._target} did not open: {detail}")
+        self._proc, self.port = proc, port
+        return port
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            _terminate(self._proc)
+            self._proc = None
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def port_forward(*, kubeconfig: Path, namespace: str, service: str, remote_port: int,
+                 timeout_s: float = 30.0) -> Iterator[PortForward]:
+    """A running PortForward, stopped on exit."""
+    forward = PortForward(kubeconfig=kubeconfig, namespace=namespace, service=service, remote_port=remote_port,
+                          timeout_s=timeout_s)
+    try:
+        forward.ensure()
+        yield forward
+    finally:
+        forward.stop()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +228,14 @@ class Connection:
     """The options that reach this cluster again, for the reattach/stop hints."""
     gpu_memory_gib: Optional[int] = None
     """Memory of one GPU of the cluster's workers, when the stack says (sizes the default preset)."""
+    ray_worker_gpus: Optional[int] = None
+    """GPUs the cluster's workers have together, when the stack says (the job waits for them)."""
+    reconnect: Optional[Callable[[], str]] = field(default=None, compare=False, repr=False)
+    """Restores the way to the cluster (a new port-forward) and returns the Jobs API URL; None
+    when the address needs nothing restored."""
+
+    def current_address(self) -> str:
+        return self.reconnect() if self.reconnect else self.address
 
 
 @contextmanager
@@ -193,10 +245,11 @@ def stack_connection(stack: str) -> Iterator[Connection]:
         token = read_ray_token(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
                                secret=outputs.ray_auth_secret_name, key=outputs.ray_auth_secret_key)
         with port_forward(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
-                          service=outputs.ray_head_service, remote_port=outputs.ray_dashboard_port) as port:
-            yield Connection(address=f"http://127.0.0.1:{port}", token=token,
+                          service=outputs.ray_head_service, remote_port=outputs.ray_dashboard_port) as forward:
+            yield Connection(address=f"http://127.0.0.1:{forward.port}", token=token,
                              storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack),
-                             gpu_memory_gib=outputs.gpu_memory_gib)
+                             gpu_memory_gib=outputs.gpu_memory_gib, ray_worker_gpus=outputs.ray_worker_gpus,
+                             reconnect=lambda: f"http://127.0.0.1:{forward.ensure()}")
 
 
 @contextmanager
@@ -211,7 +264,7 @@ def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str
         raise ValueError("say which cluster: --stack NAME (a Pulumi stack) or --address URL (a Jobs API)")
 
 
-def job_client(conn: Connection):
+def job_client(conn: Connection, *, address: Optional[str] = None):
     from ray.job_submission import JobSubmissionClient
 
     # The SDK logs each package upload and closed log stream at INFO; the console says what matters.
@@ -221,9 +274,14 @@ def job_client(conn: Connection):
 
     headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else None
     try:
-        return JobSubmissionClient(conn.address, headers=headers)
+        return JobSubmissionClient(address or conn.address, headers=headers)
     except (ConnectionError, RuntimeError) as exc:
-        raise UnreachableError(f"no Ray Jobs API at {conn.address}: {first_line(str(exc))}") from None
+        raise UnreachableError(f"no Ray Jobs API at {address or conn.address}: {first_line(str(exc))}") from None
+
+
+def client_factory(conn: Connection) -> Callable[[], object]:
+    """New Jobs API clients for `conn`, each over a restored port-forward when it had dropped."""
+    return lambda: job_client(conn, address=conn.current_address())
 
 
 def first_line(text: str) -> str:

@@ -1,11 +1,14 @@
 """`python -m workloads run --local` (what `make demo` runs): the fine-tune on a Ray cluster of this machine.
 
-Starts a Ray head on 127.0.0.1 (dashboard and Jobs API on a free port, token authentication on as
-on EKS) and a second Ray node, each offering a fixed number of logical CPUs so that the workers
-land on both nodes; submits the "demo-cpu" preset through the same code as `submit --address`;
-prints a summary; writes runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints); and
-stops every process it started, also on failure, Ctrl-C or SIGTERM. Other Ray clusters on the
-machine are left alone: each node is one `ray start --block` in its own process group.
+The cluster has the RayCluster's shape on EKS: a Ray head on 127.0.0.1 (dashboard and Jobs API on a
+free port, token authentication on as on EKS) that offers no CPU or GPU to training workers, as the
+GPU-less head pod offers no GPU, and two worker nodes that do, each on its own address as each pod
+has its own IP (127.0.0.2, 127.0.0.3). It submits the "demo-cpu" preset
+through the same code as `submit --address`, runs the same post-run checks as a cloud run (the
+node count the driver planned is the number of nodes that trained), prints a summary, writes
+runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints), and stops every process it started,
+also on failure, Ctrl-C or SIGTERM. Other Ray clusters on the machine are left alone: each node is
+one `ray start --block` in its own process group.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional
@@ -39,9 +42,14 @@ STARTED_MARK = "Ray runtime started"
 @dataclass(frozen=True, kw_only=True)
 class LocalClusterSpec:
     nodes: int = 2
-    """Ray nodes to start: the head and nodes - 1 more, all on 127.0.0.1."""
+    """Worker nodes to start beside the head, each on its own loopback address (127.0.0.2, ...)."""
     cpus_per_node: int = 1
-    """Logical CPUs each node offers (one worker each), whatever the machine has."""
+    """Logical CPUs each worker node offers, whatever the machine has."""
+    gpus_per_node: int = 0
+    """GPUs each worker node offers (give each its own through `worker_env`'s CUDA_VISIBLE_DEVICES)."""
+    worker_env: tuple[dict[str, str], ...] = ()
+    """Extra environment of each worker node's processes, by node (e.g. its own NCCL_HOSTID, so that
+    NCCL sees one host per node). Empty, or one mapping per node."""
     start_timeout_s: float = 120.0
     """How long a node may take to come up."""
     stop_grace_s: float = 5.0
@@ -52,6 +60,10 @@ class LocalClusterSpec:
             raise ValueError(f"nodes must be at least 1, got {self.nodes}")
         if self.cpus_per_node < 1:
             raise ValueError(f"cpus_per_node must be at least 1, got {self.cpus_per_node}")
+        if self.gpus_per_node < 0:
+            raise ValueError(f"gpus_per_node must be 0 or more, got {self.gpus_per_node}")
+        if self.worker_env and len(self.worker_env) != self.nodes:
+            raise ValueError(f"worker_env has {len(self.worker_env)} entries for {self.nodes} worker nodes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,16 +76,25 @@ class LocalCluster:
     """Ray's session folder root (logs)."""
 
 
-def _node_argv(*, head: bool, gcs_port: int, dashboard_port: int, temp_dir: Path, cpus: int) -> list[str]:
-    ray = Path(sys.executable).with_name("ray")
-    if not ray.is_file():
-        raise RuntimeError(f"the ray CLI is not installed beside {sys.executable}; run `make venv`")
+def node_ip(index: int) -> str:
+    """Node `index`'s own loopback address (the head's is 127.0.0.1): as pods do, every node has its
+    own IP, which is how Ray Train tells nodes apart (node ranks, and the GPUs it shares among the
+    workers of one node)."""
+    return f"127.0.0.{index + 1}"
+
+
+def _node_argv(*, index: int, gcs_port: int, dashboard_port: int, temp_dir: Path, cpus: int,
+               gpus: int = 0) -> list[str]:
+    beside = Path(sys.executable).with_name("ray")
+    ray = str(beside) if beside.is_file() else shutil.which("ray")
+    if ray is None:
+        raise RuntimeError(f"the ray CLI is not installed beside {sys.executable} or on PATH; run `make venv`")
     free = free_port
-    argv = [str(ray), "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
-            f"--num-cpus={cpus}", "--num-gpus=0", f"--dashboard-agent-listen-port={free()}",
+    argv = [ray, "start", "--block", "--disable-usage-stats", f"--node-ip-address={node_ip(index)}",
+            f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--dashboard-agent-listen-port={free()}",
             f"--dashboard-agent-grpc-port={free()}", f"--metrics-export-port={free()}",
             f"--runtime-env-agent-port={free()}"]
-    if head:
+    if index == 0:
         return argv + ["--head", f"--port={gcs_port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                        f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={free()}",
                        f"--temp-dir={temp_dir}"]
@@ -82,11 +103,11 @@ def _node_argv(*, head: bool, gcs_port: int, dashboard_port: int, temp_dir: Path
     return argv + [f"--address=127.0.0.1:{gcs_port}", "--include-log-monitor=false"]
 
 
-def _node_env(token: str) -> dict[str, str]:
+def _node_env(token: str, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     # "python" in the job's entrypoint must be this interpreter, as it is the image's on EKS.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return {**os.environ, "PATH": path, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-            "RAY_USAGE_STATS_ENABLED": "0"}
+            "RAY_USAGE_STATS_ENABLED": "0", **(extra or {})}
 
 
 def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: str) -> None:
@@ -132,7 +153,8 @@ def _stop(proc: subprocess.Popen, *, grace_s: float) -> None:
 
 @contextmanager
 def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[LocalCluster]:
-    """A Ray cluster of `spec.nodes` nodes on 127.0.0.1, stopped (every process) on exit."""
+    """A Ray head that offers nothing to training workers plus `spec.nodes` worker nodes, all on
+    127.0.0.1, stopped (every process) on exit."""
     token = secrets.token_hex(32)
     gcs_port, dashboard_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
@@ -140,14 +162,17 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[Loca
     # Ray puts Unix sockets under the temp dir: keep its path short.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-local-", dir="/tmp"))
     try:
-        for index in range(spec.nodes):
+        for index in range(spec.nodes + 1):
             head = index == 0
             log = log_dir / ("ray-head.log" if head else f"ray-node-{index}.log")
-            argv = _node_argv(head=head, gcs_port=gcs_port, dashboard_port=dashboard_port,
-                              temp_dir=temp_dir, cpus=spec.cpus_per_node)
+            # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
+            argv = _node_argv(index=index, gcs_port=gcs_port, dashboard_port=dashboard_port, temp_dir=temp_dir,
+                              cpus=0 if head else spec.cpus_per_node, gpus=0 if head else spec.gpus_per_node)
+            extra = None if head or not spec.worker_env else spec.worker_env[index - 1]
             with log.open("w") as out:
-                procs.append(subprocess.Popen(argv, env=_node_env(token), stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+                procs.append(subprocess.Popen(argv, env=_node_env(token, extra), stdout=out,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
             _wait_started(procs[-1], log, timeout_s=spec.start_timeout_s,
                           what="the Ray head" if head else f"Ray node {index}")
             if head:
@@ -174,8 +199,9 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="demo-cpu", help="training preset (default: demo-cpu)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set steps=20 (repeatable)")
-    parser.add_argument("--nodes", type=int, default=2, help="Ray nodes (default: 2)")
-    parser.add_argument("--cpus-per-node", type=int, default=1, help="logical CPUs (= workers) per node")
+    parser.add_argument("--nodes", type=int, default=2,
+                        help="Ray worker nodes beside the head, which runs no training worker (default: 2)")
+    parser.add_argument("--cpus-per-node", type=int, default=1, help="logical CPUs (= workers) per worker node")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run reports go (default: runs)")
     parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
     return parser
@@ -188,8 +214,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     train = with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
-    console.print(f"[bold cyan]local[/] starting a Ray cluster: {spec.nodes} nodes x {spec.cpus_per_node} CPU "
-                  f"on 127.0.0.1 (logs in {run_dir})")
+    console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
+                  f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
     with local_ray_cluster(spec, log_dir=run_dir / "ray") as cluster:
         console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
         with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
@@ -205,9 +231,11 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     final = loop_summary(outcome.logs.splitlines())
     summary = summarize(outcome.records, final=final)
     json_path, png_path = write_report(run_dir, records=outcome.records, summary=summary, meta={
-        "title": f"{args.preset} on {spec.nodes} local Ray nodes", "job_id": outcome.job_id,
+        "title": f"{args.preset} on {spec.nodes} local Ray worker nodes", "job_id": outcome.job_id,
         "status": outcome.status, "preset": args.preset, "config": train,
-        "cluster": {"nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node}, "loop_summary": final,
+        "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
+        "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
+        "loop_summary": final,
     })
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     console.print(f"[bold]report[/]  {json_path}  {png_path}")

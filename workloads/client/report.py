@@ -67,6 +67,8 @@ class RunSummary:
     tokens_per_s: Optional[float]
     """Training throughput per worker in tokens/s: the loop's mean over its logging windows after
     the first (start-up), else the median of the reported steps; None when nothing reported it."""
+    nodes: Optional[int] = None
+    """The nodes (hosts) the ranks trained on, from the loop's summary."""
 
 
 def summarize(records: list[dict], *, final: Optional[dict] = None) -> RunSummary:
@@ -84,6 +86,7 @@ def summarize(records: list[dict], *, final: Optional[dict] = None) -> RunSummar
         first_loss=float(records[0]["loss"] if first is None else first),
         last_loss=float(records[-1]["loss"]),
         tokens_per_s=None if rate is None else float(rate),
+        nodes=final.get("nodes"),
     )
 
 
@@ -100,9 +103,10 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
 
 def format_summary(summary: RunSummary) -> str:
     rate = "n/a" if summary.tokens_per_s is None else f"{summary.tokens_per_s:,.0f}"
+    where = "" if summary.nodes is None else f", on {summary.nodes} node(s)"
     return (
         f"{summary.steps} steps: loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}, "
-        f"{rate} tokens/s per worker"
+        f"{rate} tokens/s per worker{where}"
     )
 
 

@@ -4,9 +4,11 @@
 EKS (`--expect efa`, the default with --stack) gets the EFA transport env and the GPU-only packages
 in its runtime_env; a CPU run installs nothing at job start.
 
-Exit codes: 0 the job succeeded (and, on GPUs, its NCCL connections passed the transport check);
-1 it failed, was stopped, or failed the check; 2 bad input; 3 the cluster could not be reached or
-refused the token; 130 interrupted (the job keeps running).
+Exit codes: 0 the job succeeded (its ranks ran on the nodes the driver planned and, on GPUs, its
+NCCL connections passed the transport check); 1 it failed, was stopped, or failed a check; 2 bad
+input; 3 the cluster could not be reached or refused the token; 4 the connection was lost while
+following and could not be restored (the job keeps running; the message says how to reattach);
+130 interrupted (the job keeps running).
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ from rich.console import Console
 from workloads.client.cluster import (
     Connection,
     UnreachableError,
+    client_factory,
     connect,
     first_line,
     job_client,
 )
 from workloads.context import GATE_PREFIX
-from workloads.launch.driver import parse_driver_line
-from workloads.client.report import format_record, parse_prefixed, parse_train_line, train_records
+from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
+from workloads.client.report import format_record, loop_summary, parse_prefixed, parse_train_line, train_records
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 """The `workloads` package, uploaded as the job's working_dir."""
 
@@ -65,27 +68,30 @@ class Submission:
     metadata: dict
 
 
-def runtime_env(*, working_dir: str, expect: Literal["efa", "any"]) -> dict:
+def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: bool = True) -> dict:
     """The job's pinned runtime_env. Only an EFA (GPU) run declares the transport and installs
-    GPU_PACKAGES; a CPU run needs no network at job start."""
+    GPU_PACKAGES, unless `install` is off (a cluster that cannot reach PyPI: the loop then uses its
+    chunked loss); a CPU run needs no network at job start."""
     if expect != "efa":
         return {"working_dir": working_dir, "env_vars": dict(JOB_ENV)}
-    return {
-        "working_dir": working_dir,
-        "env_vars": {**JOB_ENV, **EFA_TRANSPORT_ENV},
+    env = {"working_dir": working_dir, "env_vars": {**JOB_ENV, **EFA_TRANSPORT_ENV}}
+    if install:
         # pip_check off: `pip check` would also judge the image's own packages, not just these.
-        "pip": {"packages": list(GPU_PACKAGES), "pip_check": False},
-    }
+        env["pip"] = {"packages": list(GPU_PACKAGES), "pip_check": False}
+    return env
 
 
 def build_submission(*, train: dict, run_name: str, storage_path: str, max_failures: int,
-                     working_dir: str, expect: Literal["efa", "any"]) -> Submission:
+                     working_dir: str, expect: Literal["efa", "any"], gpus: int = 0,
+                     install: bool = True) -> Submission:
     """The Jobs API request: the driver command, a pinned runtime_env and searchable metadata."""
     driver_args = ["python", "-m", "workloads.launch.driver", "--config-json", json.dumps(train, separators=(",", ":")),
                    "--run-name", run_name, "--storage-path", storage_path, "--max-failures", str(max_failures)]
+    if gpus:
+        driver_args += ["--gpus", str(gpus)]
     return Submission(
         entrypoint=shlex.join(driver_args),
-        runtime_env=runtime_env(working_dir=working_dir, expect=expect),
+        runtime_env=runtime_env(working_dir=working_dir, expect=expect, install=install),
         metadata={"run_name": run_name, "storage_path": storage_path},
     )
 
@@ -143,6 +149,10 @@ class LogPrinter:
             self.console.print(f"[bold cyan]job[/] {plan['num_workers']} {kind} workers on {plan['nodes']} node(s), "
                                f"run {plan['run_name']}")
             return
+        waiting = line.find(DRIVER_PREFIX + "waiting")
+        if waiting >= 0:
+            self.console.print(f"[bold cyan]job[/] {line[waiting + len(DRIVER_PREFIX):]}")
+            return
         if not self.quiet:
             self.console.out(line, highlight=False)
 
@@ -156,10 +166,20 @@ class LogPrinter:
         return False
 
 
-async def _tail(client, job_id: str, printer: LogPrinter) -> None:
+class FollowLostError(Exception):
+    """Following a job failed `attempts` times in a row (a dropped port-forward, say); the job runs on."""
+
+
+async def _tail(client, job_id: str, printer: LogPrinter, *, skip: int) -> int:
+    """Feed the job's log to printer, leaving out its first `skip` characters (already shown:
+    the Jobs API streams a log from its start); returns the characters streamed."""
+    seen = 0
     async for chunk in client.tail_job_logs(job_id):
-        printer.feed(chunk)
-    printer.flush()
+        fresh = chunk[max(0, skip - seen):]
+        seen += len(chunk)
+        if fresh:
+            printer.feed(fresh)
+    return seen
 
 
 def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
@@ -170,10 +190,35 @@ def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
         time.sleep(poll_s)
 
 
-def follow(client, job_id: str, printer: LogPrinter):
-    """Stream the job's logs through printer until it ends; returns its terminal JobStatus."""
-    asyncio.run(_tail(client, job_id, printer))
-    return wait_terminal(client, job_id)
+def follow(client_factory: Callable[[], object], job_id: str, printer: LogPrinter, *, attempts: int = 5,
+           backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+           say: Callable[[str], None] = lambda message: None):
+    """Stream the job's logs through printer until it ends; returns its terminal JobStatus.
+
+    The log stream can break while the job runs on (the SDK's "WebSocket connection closed
+    unexpectedly" when a port-forward drops): a fresh client from `client_factory` (which may
+    restart the port-forward) picks the stream up where it broke, `attempts` times in a row at
+    most, then FollowLostError."""
+    shown, failures = 0, 0
+    client = client_factory()
+    while True:
+        try:
+            shown = max(shown, asyncio.run(_tail(client, job_id, printer, skip=shown)))
+            status = wait_terminal(client, job_id)
+            printer.flush()
+            return status
+        except (RuntimeError, OSError, ConnectionError, UnreachableError) as exc:
+            if "does not exist" in str(exc):
+                raise
+            failures += 1
+            if failures >= attempts:
+                raise FollowLostError(first_line(str(exc))) from None
+            say(f"lost the job's log stream ({first_line(str(exc))}); reconnecting ({failures}/{attempts - 1})")
+            sleep(backoff_s * failures)
+            try:
+                client = client_factory()
+            except (UnreachableError, RuntimeError, OSError) as again:
+                say(f"could not reconnect yet: {first_line(str(again))}")
 
 
 # --- the outcome --------------------------------------------------------------------------------
@@ -186,11 +231,32 @@ class GateOutcome:
     message: str
 
 
+def _plan(logs: str) -> Optional[dict]:
+    return next((p for p in map(parse_driver_line, logs.splitlines()) if p and p.get("event") == "plan"), None)
+
+
+def placement_check(logs: str) -> GateOutcome:
+    """The ranks trained on the nodes the driver planned for (its node count is what the
+    transport check expects): the loop's summary counts the nodes its ranks ran on."""
+    plan, summary = _plan(logs), loop_summary(logs.splitlines())
+    if plan is None or summary is None or "nodes" not in summary:
+        return GateOutcome(applies=False, passed=True,
+                           message="placement check skipped: the job logged no plan or no summary")
+    planned, trained = int(plan["nodes"]), int(summary["nodes"])
+    if planned != trained:
+        return GateOutcome(applies=True, passed=False,
+                           message=f"placement check failed: the driver planned {planned} node(s), "
+                                   f"the ranks trained on {trained}")
+    return GateOutcome(applies=True, passed=True,
+                       message=f"placement check passed: {summary.get('world_size', '?')} ranks trained on "
+                               f"{trained} node(s), as planned")
+
+
 def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
     """The second gate: NCCL's connections as the job logs show them, judged offline."""
     from workloads.transport import verify
 
-    plan = next((p for p in map(parse_driver_line, logs.splitlines()) if p and p.get("event") == "plan"), None)
+    plan = _plan(logs)
     if plan is None:
         return GateOutcome(applies=False, passed=True,
                            message="transport check skipped: the job never sized its workers")
@@ -211,13 +277,14 @@ class JobOutcome:
     """Every `[train]` step record in the job's logs."""
     reason: str = ""
     """Why the job did not succeed: the last line of its logs, or the Jobs API's message."""
-    gate: Optional[GateOutcome] = None
+    checks: tuple[GateOutcome, ...] = ()
+    """The post-run checks of a succeeded job: placement, then transport."""
     logs: str = field(default="", repr=False)
     """The job's whole log."""
 
     @property
     def exit_code(self) -> int:
-        passed = self.status == "SUCCEEDED" and (self.gate is None or self.gate.passed)
+        passed = self.status == "SUCCEEDED" and all(check.passed for check in self.checks)
         return EXIT_OK if passed else EXIT_FAILED
 
 
@@ -228,25 +295,26 @@ def finish(client, job_id: str, status, *, expect: Literal["efa", "any"]) -> Job
         last = next((line.strip() for line in reversed(logs.splitlines()) if line.strip()), "")
         message = client.get_job_info(job_id).message or ""
         return JobOutcome(job_id=job_id, status=str(status), records=records, reason=last or message, logs=logs)
-    return JobOutcome(job_id=job_id, status=str(status), records=records,
-                      gate=transport_check(logs, expect=expect), logs=logs)
+    return JobOutcome(job_id=job_id, status=str(status), records=records, logs=logs,
+                      checks=(placement_check(logs), transport_check(logs, expect=expect)))
 
 
 def report_outcome(outcome: JobOutcome, console: Console) -> None:
     if outcome.status != "SUCCEEDED":
         console.print(f"[bold red]job {outcome.job_id} {outcome.status}[/]: {outcome.reason}", highlight=False)
         return
-    gate = outcome.gate
-    if gate is not None:
-        style = "green" if gate.passed else "bold red"
-        console.print(f"[{style}]{gate.message}[/]", highlight=False)
-    verdict = "[bold green]SUCCEEDED[/]" if outcome.exit_code == EXIT_OK else "[bold red]FAILED the transport check[/]"
+    for check in outcome.checks:
+        style = "bold red" if not check.passed else "green" if check.applies else "dim"
+        console.print(f"[{style}]{check.message}[/]", highlight=False)
+    failed = [check.message.split(" check", 1)[0] for check in outcome.checks if not check.passed]
+    verdict = ("[bold green]SUCCEEDED[/]" if outcome.exit_code == EXIT_OK
+               else f"[bold red]FAILED the {' and '.join(failed)} check[/]")
     console.print(f"job {outcome.job_id} {verdict}")
 
 
-def reattach_hint(job_id: str, target_args: tuple[str, ...]) -> str:
+def reattach_hint(job_id: str, target_args: tuple[str, ...], *, why: str = "stopped following") -> str:
     target = shlex.join(target_args)
-    return (f"stopped following; job {job_id} keeps running.\n"
+    return (f"{why}; job {job_id} keeps running.\n"
             f"  reattach: python -m workloads logs --follow {job_id} {target}\n"
             f"  stop:     python -m workloads stop {job_id} {target}")
 
@@ -263,6 +331,10 @@ class SubmitRequest:
     """Network required between nodes, for the in-band gate, the job env and the offline check."""
     quiet: bool
     """Print only progress, not every job log line."""
+    gpus: int = 0
+    """GPUs the job waits for before training (the stack's worker GPUs); 0: not known."""
+    install: bool = True
+    """Install GPU_PACKAGES into a GPU job's runtime_env (off for clusters that cannot reach PyPI)."""
 
 
 def submit_job(client, request: SubmitRequest) -> str:
@@ -270,7 +342,8 @@ def submit_job(client, request: SubmitRequest) -> str:
     with staged_package() as working_dir:
         submission = build_submission(train=request.train, run_name=request.run_name,
                                       storage_path=request.storage_path, max_failures=request.max_failures,
-                                      working_dir=str(working_dir), expect=request.expect)
+                                      working_dir=str(working_dir), expect=request.expect, gpus=request.gpus,
+                                      install=request.install)
         return client.submit_job(entrypoint=submission.entrypoint, runtime_env=submission.runtime_env,
                                  metadata=submission.metadata)
 
@@ -284,8 +357,8 @@ def submit_and_follow(conn: Connection, request: SubmitRequest, *, console: Cons
     on_submitted(job_id)
     console.print(f"[bold cyan]job[/] submitted {job_id} to {conn.address} (run {request.run_name})")
     printer = LogPrinter(console=console, quiet=request.quiet, total_steps=request.train.get("steps"))
-    status = follow(client, job_id, printer)
-    return finish(client, job_id, status, expect=request.expect)
+    status = follow(client_factory(conn), job_id, printer, say=lambda m: console.print(f"[yellow]{m}[/]"))
+    return finish(job_client(conn, address=conn.current_address()), job_id, status, expect=request.expect)
 
 
 # --- the commands -------------------------------------------------------------------------------
@@ -320,6 +393,11 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--run-name", help="Ray Train run name; reuse one to resume that run")
         parser.add_argument("--storage-path", help="Ray Train storage (default: the stack's checkpoint bucket)")
         parser.add_argument("--max-failures", type=int, default=1, help="worker-group restarts (default: 1)")
+        parser.add_argument("--gpus", type=int, help="GPUs the job waits for before training "
+                            "(default: the stack's rayWorkerGpus output; with --address, none)")
+        parser.add_argument("--offline", action="store_true",
+                            help="the cluster cannot reach PyPI: install nothing into the job's runtime_env "
+                            "(the loop then uses its chunked loss instead of liger-kernel's)")
         parser.add_argument("--expect", choices=("efa", "any"),
                             help="network between nodes (default: efa with --stack, any with --address)")
         parser.add_argument("--no-follow", action="store_true", help="print the job id and return")
@@ -358,6 +436,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
+    if args.gpus is not None and args.gpus < 0:
+        raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
         preset_name = args.preset or preset_for_gpu(conn.gpu_memory_gib)
         train = _train_config(args, expect=expect, preset_name=preset_name)
@@ -369,8 +449,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if "://" not in storage_path and not storage_path.startswith("/"):
             raise ValueError(f"--storage-path {storage_path!r} must be a URI (s3://...) or an absolute folder "
                              "on the cluster's nodes")
+        gpus = args.gpus if args.gpus is not None else conn.ray_worker_gpus or 0
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
-                                max_failures=args.max_failures, expect=expect, quiet=args.quiet)
+                                max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
+                                install=not args.offline)
         if args.no_follow:
             print(submit_job(job_client(conn), request))
             return EXIT_OK
@@ -381,6 +463,9 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             if submitted:
                 console.print(reattach_hint(submitted[0], conn.target_args))
             return EXIT_INTERRUPTED
+        except FollowLostError as exc:
+            console.print(reattach_hint(submitted[0], conn.target_args, why=f"lost the connection ({exc})"))
+            return EXIT_DETACHED
     report_outcome(outcome, console)
     return outcome.exit_code
 
@@ -392,10 +477,14 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
             sys.stdout.write(client.get_job_logs(args.job_id))
             return EXIT_OK
         try:
-            status = follow(client, args.job_id, LogPrinter(console=console, quiet=False))
+            status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=False),
+                            say=lambda m: console.print(f"[yellow]{m}[/]"))
         except KeyboardInterrupt:
             console.print(reattach_hint(args.job_id, conn.target_args))
             return EXIT_INTERRUPTED
+        except FollowLostError as exc:
+            console.print(reattach_hint(args.job_id, conn.target_args, why=f"lost the connection ({exc})"))
+            return EXIT_DETACHED
     console.print(f"job {args.job_id} {status}")
     return EXIT_OK if str(status) == "SUCCEEDED" else EXIT_FAILED
 

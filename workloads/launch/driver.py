@@ -1,10 +1,13 @@
 """The job's entrypoint: `python -m workloads.launch.driver --config-json JSON --run-name NAME --storage-path P`.
 
-Runs on the Ray cluster (submitted through the Jobs API). It sizes the worker group from
-`ray.cluster_resources()` (one worker per GPU, or one per CPU slot when the cluster has no GPU), so
-the same command runs on 1 or N nodes, and starts a TorchTrainer whose run is named, stored and
-retried as asked. Starting a run again under the same name and storage resumes it from its latest
-checkpoint. A failed run exits non-zero with the reason on its last line.
+Runs on the Ray cluster (submitted through the Jobs API). It sizes the worker group from the alive
+nodes' resources (one worker per GPU, or one per CPU slot when the cluster has no GPU), so the same
+command runs on 1 or N nodes; a job that expects GPUs (`--gpus N`, or an EFA transport) first waits
+for them, saying what is missing, and fails rather than train on fewer or on the CPU. Then it starts
+a TorchTrainer whose run is named, stored and retried as asked. Starting a run again under the same
+name and storage resumes it from its latest checkpoint. A check that fails before step 1 (the
+transport gate, the storage write check) stops the run without a retry. A failed run exits non-zero
+with the reason on its last line.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import argparse
 import json
 import math
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 DRIVER_PREFIX = "[driver] "
 """Prefix of the driver's machine-readable lines in the job logs (see `parse_driver_line`)."""
@@ -28,23 +32,84 @@ class WorkerPlan:
     use_gpu: bool
     """One GPU per worker (NCCL) when true; CPU workers with gloo otherwise."""
     cpus_per_worker: float
-    """Logical CPUs each worker reserves."""
+    """Logical CPUs each worker reserves (Ray sets OMP_NUM_THREADS to it)."""
+    nodes: int
+    """Nodes that host training workers: the GPU nodes, or the nodes with room for a CPU worker.
+    The head pod (no GPU on EKS, no CPU for workers locally) is not one of them."""
 
 
-def plan_workers(resources: Mapping[str, float], *, cpus_per_worker: float = 1.0) -> WorkerPlan:
-    """Size the worker group from `ray.cluster_resources()`: every GPU, or else every CPU slot."""
-    if cpus_per_worker <= 0:
+def node_resources(ray_nodes: list[dict]) -> list[dict[str, float]]:
+    """The resources of each alive node, from `ray.nodes()`."""
+    return [dict(node.get("Resources") or {}) for node in ray_nodes if node.get("Alive")]
+
+
+def plan_workers(nodes: list[Mapping[str, float]], *, cpus_per_worker: Optional[float] = None) -> WorkerPlan:
+    """Size the worker group from each alive node's resources: one worker per GPU, or, on a
+    cluster without GPUs, one per `cpus_per_worker` CPUs (default 1) of each node.
+
+    GPU workers get the CPUs of their node shared out evenly (whole CPUs where there are enough)
+    unless `cpus_per_worker` says otherwise: Ray sets OMP_NUM_THREADS to a worker's CPU count, and 1
+    would starve the data loader and the host-side work of an 11-vCPU-per-GPU g6.12xlarge."""
+    if cpus_per_worker is not None and cpus_per_worker <= 0:
         raise ValueError(f"cpus_per_worker must be positive, got {cpus_per_worker}")
-    gpus = int(resources.get("GPU", 0))
-    if gpus > 0:
-        return WorkerPlan(num_workers=gpus, use_gpu=True, cpus_per_worker=cpus_per_worker)
-    cpu_slots = math.floor(resources.get("CPU", 0) / cpus_per_worker + 1e-9)
-    if cpu_slots < 1:
-        raise ValueError(
-            f"the cluster has no GPU and {resources.get('CPU', 0):g} CPUs, "
-            f"fewer than one worker's {cpus_per_worker:g}"
-        )
-    return WorkerPlan(num_workers=cpu_slots, use_gpu=False, cpus_per_worker=cpus_per_worker)
+    gpu_nodes = [n for n in nodes if n.get("GPU", 0) >= 1]
+    if gpu_nodes:
+        if cpus_per_worker is None:
+            share = min(n.get("CPU", 0) / int(n["GPU"]) for n in gpu_nodes)
+            cpus_per_worker = float(math.floor(share)) if share >= 1 else share
+        short = [n for n in gpu_nodes if n.get("CPU", 0) + 1e-9 < int(n["GPU"]) * cpus_per_worker]
+        if short:
+            raise ValueError(f"a GPU node offers {short[0].get('CPU', 0):g} CPUs for {int(short[0]['GPU'])} GPU "
+                             f"workers of {cpus_per_worker:g} CPUs each: lower --cpus-per-worker")
+        return WorkerPlan(num_workers=sum(int(n["GPU"]) for n in gpu_nodes), use_gpu=True,
+                          cpus_per_worker=cpus_per_worker, nodes=len(gpu_nodes))
+    per_worker = cpus_per_worker or 1.0
+    slots = [math.floor(n.get("CPU", 0) / per_worker + 1e-9) for n in nodes]
+    if sum(slots) < 1:
+        total = sum(n.get("CPU", 0) for n in nodes)
+        raise ValueError(f"the cluster has no GPU and {total:g} CPUs, no node with room for one worker's "
+                         f"{per_worker:g}")
+    return WorkerPlan(num_workers=sum(slots), use_gpu=False, cpus_per_worker=per_worker,
+                      nodes=sum(1 for s in slots if s > 0))
+
+
+class GpusMissingError(RuntimeError):
+    """The GPUs the job expects did not register with the Ray cluster in time."""
+
+
+def wait_for_gpus(
+    expected: int,
+    *,
+    read_nodes: Callable[[], list[Mapping[str, float]]],
+    timeout_s: float,
+    say: Callable[[str], None],
+    poll_s: float = 5.0,
+    every_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Mapping[str, float]]:
+    """Wait until the cluster's alive nodes hold at least `expected` GPUs (at least 1 when
+    `expected` is 0, the count unknown), saying what is missing every `every_s`; returns the nodes.
+    Never downgrades: GpusMissingError after `timeout_s`."""
+    want = max(1, expected)
+    deadline = clock() + timeout_s
+    next_say = clock()
+    while True:
+        nodes = read_nodes()
+        gpus = int(sum(n.get("GPU", 0) for n in nodes))
+        if gpus >= want:
+            return nodes
+        left = deadline - clock()
+        if left <= 0:
+            raise GpusMissingError(
+                f"{gpus} of {want} GPU(s) registered with the Ray cluster within {timeout_s:.0f} s "
+                f"({sum(1 for n in nodes if n.get('GPU', 0) >= 1)} GPU node(s)): the GPU worker pods are not "
+                "up; `kubectl -n ray get pods` shows them, and `kubectl -n ray describe pod` a Pending "
+                "pod's scheduling reason. Not training on fewer GPUs or on the CPU.")
+        if clock() >= next_say:
+            say(f"waiting for {want} GPU(s): {gpus} registered; {left:.0f} s left")
+            next_say = clock() + every_s
+        sleep(min(poll_s, max(left, 0.0)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +122,17 @@ class DriverArgs:
     """Where Ray Train persists checkpoints: `s3://bucket/prefix` on EKS, an absolute folder locally."""
     max_failures: int
     """Worker-group restarts (from the latest checkpoint) before the run fails."""
-    cpus_per_worker: float
-    """Logical CPUs each worker reserves."""
+    cpus_per_worker: Optional[float]
+    """Logical CPUs each worker reserves; None shares each GPU node's CPUs out among its GPUs."""
     keep_checkpoints: int
     """Newest checkpoints kept in storage; older ones are deleted."""
+    gpus: int
+    """GPUs the job waits for before it trains (the stack's worker GPUs); 0: not known."""
+    require_gpus: bool
+    """Train on GPUs or not at all: wait for `gpus` (or at least one) instead of falling back to CPU
+    workers. Set by --gpus, and by an EFA transport expectation."""
+    wait_gpus_s: float
+    """How long to wait for the GPUs before failing."""
 
 
 def parse_args(argv: list[str]) -> DriverArgs:
@@ -70,8 +142,11 @@ def parse_args(argv: list[str]) -> DriverArgs:
     parser.add_argument("--run-name", required=True)
     parser.add_argument("--storage-path", required=True, help="s3://bucket/prefix or an absolute folder")
     parser.add_argument("--max-failures", type=int, default=1)
-    parser.add_argument("--cpus-per-worker", type=float, default=1.0)
+    parser.add_argument("--cpus-per-worker", type=float,
+                        help="CPUs per worker (default: a GPU node's CPUs shared among its GPUs; 1 without GPUs)")
     parser.add_argument("--keep-checkpoints", type=int, default=2)
+    parser.add_argument("--gpus", type=int, default=0, help="wait for this many GPUs before training")
+    parser.add_argument("--wait-gpus-s", type=float, default=900.0, help="how long to wait for them (default 900)")
     ns = parser.parse_args(argv)
     try:
         train = json.loads(ns.config_json)
@@ -86,6 +161,9 @@ def parse_args(argv: list[str]) -> DriverArgs:
         raise ValueError(f"--max-failures must be >= 0, got {ns.max_failures}")
     if ns.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be >= 1, got {ns.keep_checkpoints}")
+    if ns.gpus < 0 or ns.wait_gpus_s < 0:
+        raise ValueError(f"--gpus and --wait-gpus-s must be >= 0, got {ns.gpus} and {ns.wait_gpus_s:g}")
+    expects_efa = (train.get("transport") or {}).get("expect", "efa") == "efa"
     return DriverArgs(
         train=train,
         run_name=ns.run_name,
@@ -93,6 +171,9 @@ def parse_args(argv: list[str]) -> DriverArgs:
         max_failures=ns.max_failures,
         cpus_per_worker=ns.cpus_per_worker,
         keep_checkpoints=ns.keep_checkpoints,
+        gpus=ns.gpus,
+        require_gpus=ns.gpus > 0 or expects_efa,
+        wait_gpus_s=ns.wait_gpus_s,
     )
 
 
@@ -114,7 +195,7 @@ def failure_reason(error: BaseException) -> str:
     if worker_failures:
         rank = min(worker_failures)
         return f"rank {rank}: {_last_line(str(worker_failures[rank]))}"
-    cause = getattr(error, "controller_failure", None) or error
+    cause = getattr(error, "controller_failure", None) or error.__cause__ or error
     return _last_line(str(cause)) or type(cause).__name__
 
 
@@ -123,45 +204,42 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def resolve_storage(storage_path: str) -> tuple[Optional["pyarrow.fs.FileSystem"], str]:
-    """Ray Train's storage as (filesystem, path on it), resolved once here, in the job's entrypoint.
+def training_failed_errors() -> tuple[type[BaseException], ...]:
+    """What `TorchTrainer.fit` raises when training fails: Ray Train V2's error, and V1's for
+    images that turn V2 off (RAY_TRAIN_V2_ENABLED=0)."""
+    from ray.train.base_trainer import TrainingFailedError as V1Error
+    from ray.train.v2.api.exceptions import TrainingFailedError as V2Error
 
-    A URI goes through pyarrow, whose S3 filesystem honours the standard AWS environment
-    (credentials, AWS_REGION, and AWS_ENDPOINT_URL_S3 before AWS_ENDPOINT_URL), so `s3://bucket/prefix`
-    reaches the real bucket or any S3-compatible endpoint the same way. The resolved filesystem
-    carries its endpoint to the TrainController and every worker, whatever their own node's
-    environment says. A local folder is left to Ray as it is: (None, the folder).
-    """
-    if "://" not in storage_path:
-        return None, storage_path
-    import pyarrow.fs
-
-    try:
-        return pyarrow.fs.FileSystem.from_uri(storage_path)
-    except OSError as exc:  # pyarrow.ArrowInvalid (a bad URI) is already a ValueError
-        raise ValueError(f"cannot open storage {storage_path}: {_last_line(str(exc))}") from None
+    return (V2Error, V1Error)
 
 
 def _emit(record: dict) -> None:
     print(DRIVER_PREFIX + json.dumps(record, sort_keys=True), flush=True)
 
 
+def _say(message: str) -> None:
+    print(f"{DRIVER_PREFIX}{message}", flush=True)
+
+
 def run(args: DriverArgs) -> int:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-    from ray.train.v2.api.exceptions import TrainingFailedError
 
-    from workloads.train.config import TrainConfig
+    from workloads.context import PREFLIGHT_FAILED_KEY
     from workloads.launch.ray_train import train_worker
+    from workloads.launch.storage import resolve_storage
+    from workloads.train.config import TrainConfig
 
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
     ray.init(address="auto", log_to_driver=True)
     try:
-        plan = plan_workers(ray.cluster_resources(), cpus_per_worker=args.cpus_per_worker)
-        nodes = sum(1 for node in ray.nodes() if node["Alive"])
-        _emit({"event": "plan", "nodes": nodes, "run_name": args.run_name, **asdict(plan)})
+        read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
+        nodes = (wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
+                 if args.require_gpus else read_nodes())
+        plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
+        _emit({"event": "plan", "run_name": args.run_name, **asdict(plan)})
         trainer = TorchTrainer(
             train_worker,
             train_loop_config={"train": train},
@@ -180,12 +258,18 @@ def run(args: DriverArgs) -> int:
         )
         try:
             result = trainer.fit()
-        except TrainingFailedError as exc:
+        except training_failed_errors() as exc:
             reason = failure_reason(exc)
         else:
-            checkpoint = result.checkpoint.path if result.checkpoint else None
-            _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
-            return 0
+            preflight = (result.metrics or {}).get(PREFLIGHT_FAILED_KEY)
+            if preflight:
+                # Every rank stopped before step 1 and returned: nothing was retried.
+                print(preflight, flush=True)
+                reason = f"stopped before step 1, not retried: {preflight.splitlines()[0]}"
+            else:
+                checkpoint = result.checkpoint.path if result.checkpoint else None
+                _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
+                return 0
     finally:
         ray.shutdown()
     print(f"error: training failed: {reason}", flush=True)
@@ -199,6 +283,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", flush=True)
         return 2
+    except GpusMissingError as exc:
+        print(f"error: {exc}", flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,22 +1,29 @@
 """The Ray Train adapter: runs `workloads.train.loop.train` inside a TorchTrainer worker.
 
 Ray Train has already formed the process group (gloo or NCCL) when `train_worker` starts; this
-module only maps the loop's TrainContext onto Ray: `report` becomes `ray.train.report` (with the
-loop's checkpoint folder wrapped as a Checkpoint), `latest_checkpoint` becomes the local folder
-of `ray.train.get_checkpoint()`, which Ray Train sets after a worker-group restart or when a run
-of the same name is started again on the same storage.
+module maps the loop's TrainContext onto Ray: `report` becomes `ray.train.report` (with the loop's
+checkpoint folder wrapped as a Checkpoint and deleted locally once persisted), `latest_checkpoint`
+becomes a local folder of `ray.train.get_checkpoint()`, which Ray Train sets after a worker-group
+restart or when a run of the same name is started again on the same storage. Before training, every
+worker proves it can write to the run's storage; a check that fails before step 1 (that one or the
+loop's transport gate) ends the run on every rank without an error, so that Ray Train does not
+retry what would fail again, and the driver reports it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
 import ray.train
+from filelock import FileLock
 
-from workloads.context import TrainContext
+from workloads.context import PREFLIGHT_FAILED_KEY, PreflightError, TrainContext
+from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
 from workloads.transport.gate import nccl_log_env
 
 SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
@@ -24,16 +31,37 @@ SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 
 
 def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
-    checkpoint = None if checkpoint_dir is None else ray.train.Checkpoint.from_directory(str(checkpoint_dir))
-    ray.train.report(metrics, checkpoint=checkpoint)
+    if checkpoint_dir is None:
+        ray.train.report(metrics)
+        return
+    # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
+    # per checkpoint on a node's root volume would end in disk-pressure eviction.
+    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
+                     delete_local_checkpoint_after_upload=True)
+
+
+def restore_once_per_node(checkpoint, *, restore_root: Path) -> Path:
+    """A local copy of a persisted checkpoint, downloaded by the first rank of this node to get
+    here and used by the others: one download per node, not per rank (a 1.5B model's checkpoint is
+    about 18.5 GB). Copies of other checkpoints from earlier attempts are removed."""
+    restore_root.mkdir(parents=True, exist_ok=True)
+    target = restore_root / Path(checkpoint.path).name
+    with FileLock(str(restore_root / ".lock")):
+        if not target.is_dir():
+            for stale in restore_root.iterdir():
+                if stale.is_dir() and stale != target:
+                    shutil.rmtree(stale, ignore_errors=True)
+            partial = restore_root / f".{target.name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            checkpoint.to_directory(str(partial))
+            partial.rename(target)  # complete or absent, never half there
+    return target
 
 
 def checkpoint_loader(*, restore_root: Path) -> Callable[[], Optional[Path]]:
     """Return a function giving the newest persisted checkpoint as a local folder (or None).
 
-    On local storage the checkpoint is used in place; from S3 it is downloaded once per attempt.
-    """
-    restored: dict[str, Path] = {}
+    On local storage the checkpoint is used in place; from S3 it is downloaded once per node."""
 
     def latest_checkpoint() -> Optional[Path]:
         checkpoint = ray.train.get_checkpoint()
@@ -41,11 +69,7 @@ def checkpoint_loader(*, restore_root: Path) -> Callable[[], Optional[Path]]:
             return None
         if checkpoint.filesystem.type_name == "local":
             return Path(checkpoint.path)
-        if checkpoint.path not in restored:
-            target = restore_root / Path(checkpoint.path).name
-            checkpoint.to_directory(str(target))
-            restored[checkpoint.path] = target
-        return restored[checkpoint.path]
+        return restore_once_per_node(checkpoint, restore_root=restore_root)
 
     return latest_checkpoint
 
@@ -54,7 +78,8 @@ def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT) -> TrainContext:
     """The TrainContext of the calling Ray Train worker."""
     ray_ctx = ray.train.get_context()
     rank = ray_ctx.get_world_rank()
-    scratch_dir = scratch_root / ray_ctx.get_experiment_name() / f"rank-{rank}"
+    run_dir = scratch_root / ray_ctx.get_experiment_name()
+    scratch_dir = run_dir / f"rank-{rank}"
     scratch_dir.mkdir(parents=True, exist_ok=True)
     return TrainContext(
         rank=rank,
@@ -63,7 +88,7 @@ def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT) -> TrainContext:
         local_world_size=ray_ctx.get_local_world_size(),
         node_rank=ray_ctx.get_node_rank(),
         report=report,
-        latest_checkpoint=checkpoint_loader(restore_root=scratch_dir / "restored"),
+        latest_checkpoint=checkpoint_loader(restore_root=run_dir / "restored"),
         scratch_dir=scratch_dir,
     )
 
@@ -74,6 +99,36 @@ def echo_nccl_logs(log_dir: Path) -> None:
         print(path.read_text(errors="replace"), end="", flush=True)
 
 
+def check_storage_on_every_rank(ctx: TrainContext) -> None:
+    """Each rank writes and deletes a marker under the run's storage folder; the outcomes are
+    all-gathered, so that every rank raises the same StorageNotWritableError or none does."""
+    import torch
+    import torch.distributed as dist
+
+    storage = ray.train.get_context().get_storage()
+    problem = None
+    try:
+        check_writable(storage.storage_filesystem, storage.experiment_fs_path, uri=storage_uri(storage),
+                       marker=marker_name(host=socket.gethostname(), pid=os.getpid()))
+    except StorageNotWritableError as exc:
+        problem = f"rank {ctx.rank}: {exc}"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(ctx.local_rank)  # all_gather_object over NCCL stages on this device
+    problems: list[Optional[str]] = [None] * ctx.world_size
+    dist.all_gather_object(problems, problem)
+    failed = [p for p in problems if p]
+    if failed:
+        raise StorageNotWritableError(f"{len(failed)} of {ctx.world_size} ranks cannot write checkpoints:\n"
+                                      + "\n".join(failed))
+
+
+def storage_uri(storage) -> str:
+    """How the run's storage folder is named for people: `s3://bucket/prefix/run` or a local path."""
+    type_name = storage.storage_filesystem.type_name
+    path = storage.experiment_fs_path
+    return path if type_name == "local" else f"{type_name}://{path}"
+
+
 def train_worker(config: dict) -> None:
     """`train_loop_per_worker` of the TorchTrainer: config is {"train": TrainConfig.to_dict()}."""
     from workloads.train.config import TrainConfig
@@ -82,13 +137,18 @@ def train_worker(config: dict) -> None:
     cfg = TrainConfig.from_dict(config["train"])
     ctx = ray_train_context()
     # Ray Train creates the process group without a device, so NCCL starts (and reads its
-    # environment) only at the first collective, inside the loop: setting the log file here works.
+    # environment) only at the first collective: setting the log file here works. This is the one
+    # place that sets it (the worker pods do not), so each rank's log lands in its scratch folder.
     nccl_dir = ctx.scratch_dir / "nccl"
     nccl_dir.mkdir(exist_ok=True)
     for stale in nccl_dir.glob("*"):  # from an earlier attempt of this run
         stale.unlink()
     os.environ.update(nccl_log_env(log_dir=nccl_dir))
     try:
+        check_storage_on_every_rank(ctx)
         train(cfg, ctx)
+    except PreflightError as exc:
+        # Raised on every rank together; each returns after one report, as Ray Train requires.
+        ray.train.report({PREFLIGHT_FAILED_KEY: str(exc)})
     finally:
         echo_nccl_logs(nccl_dir)

@@ -1,8 +1,8 @@
 """The training loop, shared by the Ray Train and torchrun adapters; it never imports Ray.
 
 `train(cfg, ctx)` expects the default process group to exist already. It only calls small named
-steps: build the model, shard it, build the optimizer, resume from the latest checkpoint, run the
-transport gate, then step, report and save. Values are read back from the device only on log
+steps: run the transport gate, build the model, shard it, build the optimizer, resume from the
+latest checkpoint, then step, report and save. Values are read back from the device only on log
 steps, so other steps queue work without waiting for it.
 """
 
@@ -158,18 +158,28 @@ def print_rank0(ctx: TrainContext, prefix: str, payload: dict) -> None:
         print(prefix + json.dumps(payload, separators=(",", ":")), flush=True)
 
 
+def nodes_in_run(ctx: TrainContext, *, device: torch.device) -> int:
+    """How many nodes the ranks run on (node ranks are 0..N-1): the hosts that trained."""
+    highest = torch.tensor([ctx.node_rank], dtype=torch.int64, device=device)
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+    return int(highest.item()) + 1
+
+
 def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     device = resolve_device(ctx)
+    # First, before the model is built or a checkpoint restored: a wrong transport is found in
+    # seconds, not after minutes of loading (TransportGateError on every rank).
+    gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
+    print_rank0(
+        ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
+    )
+    nodes = nodes_in_run(ctx, device=device)
     model, shape = build_model(cfg, device=device)
     model = shard_model(model, cfg, ctx=ctx, device=device)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
     data = device_batches(
         cfg, ctx=ctx, device=device, vocab_size=shape.vocab_size, position=progress.data_position
-    )
-    gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
-    print_rank0(
-        ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
     )
 
     flops = metrics.flops_per_token(
@@ -230,6 +240,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "steps_done": max(0, cfg.steps - progress.step),
         "resumed_from_step": progress.step,
         "world_size": ctx.world_size,
+        "nodes": nodes,
         "loss_implementation": model.loss.implementation,
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),

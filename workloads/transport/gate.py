@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
+from workloads.context import PreflightError
+
 if TYPE_CHECKING:
     import torch
 
@@ -54,7 +56,7 @@ fallback to TCP sockets. Set on the Ray worker pods (infra/raycluster.py) and ag
 runtime_env (workloads/client/submit.py)."""
 
 
-class TransportGateError(RuntimeError):
+class TransportGateError(PreflightError):
     """Raised on every rank when any rank's connections or the measured bandwidth fail the gate."""
 
 

@@ -1,0 +1,189 @@
+"""The job path of a real cluster, rehearsed on one GPU machine: `python -m workloads.bench.rehearsal --out DIR`.
+
+The RayCluster's shape, as `workloads.client.local` builds it: a Ray head that runs no training
+worker and two worker nodes, each on its own address and its own GPU(s), each with its own
+`NCCL_HOSTID` so that NCCL sees two hosts and carries the traffic between them over its network
+transport (sockets on loopback). Checkpoints go to a moto S3 server through `AWS_ENDPOINT_URL_S3`.
+Then the user's own command, `python -m workloads submit --address ... --token ... --storage-path
+s3://...`, runs three times, each as a subprocess whose output and exit code are recorded:
+
+  a-any     sockets allowed (--expect any): exit 0, the gate names 2 nodes, checkpoints in the bucket
+  b-efa     --expect efa: the gate stops the job before step 1, no retry, exit 1
+  c-kill    a worker's training process is SIGKILLed after a checkpoint: the run resumes from S3
+
+and the verifier is run on (a)'s per-rank NCCL logs, which are copied to DIR/a-any-nccl/. Needs Ray,
+moto and GPUs; DIR/summary.json holds every exit code. NVLink multicast stays off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+BUCKET, PREFIX = "rehearsal", "runs"
+# A small model keeps checkpoints to moto quick; the job path is the point, not the throughput.
+TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b", "--set", "model.name_or_path=tiny-qwen2", "--set", "seq_len=256",
+                  "--set", "micro_batch=8", "--set", "log_every=2", "--set", "checkpoint_every=6",
+                  "--set", "warmup_steps=2", "--set", "lr=1e-3", "--set", "peak_flops=989e12"]
+KILL_AT_STEP = 10
+"""(c) kills a worker once this step is logged: the checkpoint of step 6 is in the bucket, 12's is not."""
+
+
+def _say(message: str) -> None:
+    print(f"[rehearsal] {message}", flush=True)
+
+
+def start_s3(port: int):
+    """moto's S3 server on 127.0.0.1 with the bucket; the environment every Ray process inherits."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update({"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
+                       "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true"})
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    return server, client
+
+
+def bucket_keys(s3, prefix: str) -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+
+def run_logged(argv: list[str], log: Path, *, on_line: Optional[Callable[[str], None]] = None) -> int:
+    """Run the user's command, its output to the console and `log`; returns its exit code."""
+    with log.open("w") as out:
+        out.write("$ " + " ".join(argv) + "\n")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            print(line, end="", flush=True)
+            if on_line is not None:
+                on_line(line)
+        code = proc.wait()
+        out.write(f"exit code: {code}\n")
+    return code
+
+
+def train_worker_pids(*, address: str, token: str) -> list[int]:
+    from ray.util.state.api import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
+
+    client = StateApiClient(address=address, headers={"Authorization": f"Bearer {token}"})
+    filters = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
+    actors = client.list(StateResource.ACTORS, options=ListApiOptions(filters=filters), raise_on_missing_output=True)
+    return sorted(int(actor.pid) for actor in actors if actor.pid)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workloads.bench.rehearsal", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gpus-per-node", type=int, default=0, help="default: half the GPUs of this machine")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--cpus-only", action="store_true",
+                        help="check the harness without GPUs: (a) and (c) on CPU workers (gloo, no gate), no (b)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from workloads.client.cluster import free_port
+    from workloads.client.local import LocalClusterSpec, local_ray_cluster
+    from workloads.launch.ray_train import SCRATCH_ROOT
+
+    gpus = torch.cuda.device_count()
+    per_node = 0 if args.cpus_only else args.gpus_per_node or gpus // 2
+    if not args.cpus_only and (per_node < 1 or 2 * per_node > gpus):
+        print(f"error: two emulated nodes of {per_node} GPU(s) need {2 * per_node} GPUs, this machine has {gpus}",
+              file=sys.stderr)
+        return 2
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                        "NVSHMEM_DISABLE_NVLS": "1"}.items():
+        os.environ[name] = value
+    worker_env = tuple(
+        {"CUDA_VISIBLE_DEVICES": ",".join(str(node * per_node + g) for g in range(per_node)),
+         "NCCL_HOSTID": f"rehearsal-node-{node}", "NCCL_SOCKET_IFNAME": "lo"}
+        for node in range(2)) if per_node else ()
+    server, s3 = start_s3(free_port())
+    summary: dict = {"gpus_per_node": per_node, "nodes": 2, "runs": {}}
+    spec = LocalClusterSpec(nodes=2, cpus_per_node=8 * per_node or 1, gpus_per_node=per_node, worker_env=worker_env)
+    try:
+        with local_ray_cluster(spec, log_dir=out / "ray") as cluster:
+            _say(f"cluster up: head + 2 worker nodes x {per_node} GPU, Jobs API {cluster.address}")
+            base = [sys.executable, "-m", "workloads", "submit", "--address", cluster.address,
+                    "--token", cluster.token, "--storage-path", f"s3://{BUCKET}/{PREFIX}", "--offline",
+                    "--gpus", str(2 * per_node), *TRAIN_SETTINGS, "--set", f"steps={args.steps}"]
+            if args.cpus_only:
+                base += ["--set", "mixed_precision=false", "--set", "compile=false"]
+
+            run = "a-any"
+            code = run_logged([*base, "--expect", "any", "--run-name", run], out / f"{run}.txt")
+            nccl = out / f"{run}-nccl"
+            nccl.mkdir(exist_ok=True)
+            for log in sorted((SCRATCH_ROOT / run).glob("rank-*/nccl/*.log")):
+                shutil.copy(log, nccl / log.name)
+            keys = bucket_keys(s3, f"{PREFIX}/{run}/")
+            summary["runs"][run] = {"exit": code, "checkpoints": sorted({k.split("/")[2] for k in keys
+                                                                           if "/checkpoint_" in k})}
+            for expect in ("any", "efa"):
+                argv = [sys.executable, "-m", "workloads", "verify-transport", *map(str, sorted(nccl.glob("*.log"))),
+                        "--expect", expect, "--nodes", "2"]
+                summary["runs"][run][f"verify_{expect}"] = run_logged(argv, out / f"{run}-verify-{expect}.txt")
+
+            run = "b-efa"
+            if not args.cpus_only:
+                code = run_logged([*base, "--expect", "efa", "--run-name", run, "--max-failures", "2"],
+                                  out / f"{run}.txt")
+                text = (out / f"{run}.txt").read_text()
+                summary["runs"][run] = {"exit": code, "trained_a_step": "train step" in text,
+                                        "gate_failed_lines": text.count("transport gate failed")}
+
+            run = "c-kill"
+            killed: dict = {}
+
+            def kill_after_checkpoint(line: str) -> None:
+                # Midway between checkpoints, once one is in the bucket: Ray Train registers a
+                # checkpoint a moment after the ranks report it, so a kill right at a save can
+                # find none registered yet.
+                words = line.split()
+                if killed or words[:2] != ["train", "step"] or int(words[2].split("/")[0]) < KILL_AT_STEP:
+                    return
+                if not any(k.endswith("/.metadata") for k in bucket_keys(s3, f"{PREFIX}/{run}/")):
+                    return
+                pids = train_worker_pids(address=cluster.address, token=cluster.token)
+                os.kill(pids[-1], signal.SIGKILL)
+                killed.update(pid=pids[-1], after=line.strip(), at=time.time())
+                _say(f"SIGKILLed training worker {pids[-1]} after: {line.strip()}")
+
+            code = run_logged([*base, "--expect", "any", "--run-name", run, "--max-failures", "1",
+                               "--set", f"steps={2 * args.steps}"], out / f"{run}.txt", on_line=kill_after_checkpoint)
+            resumed = [json.loads(line.split("[train-summary] ", 1)[1]) for line in
+                       (out / f"{run}.txt").read_text().splitlines() if "[train-summary] " in line]
+            summary["runs"][run] = {"exit": code, "killed": killed,
+                                    "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None}
+    finally:
+        server.stop()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _say(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
