@@ -1,7 +1,8 @@
 """The job path of a real cluster, rehearsed on one GPU machine: `python -m workloads.bench.rehearsal --out DIR`.
 
 The RayCluster's shape, as `workloads.client.local` builds it: a Ray head that runs no training
-worker and two worker nodes, each on its own address and its own GPU(s), each with its own
+worker and two worker nodes, each on its own address and its own GPU(s) (on a one-GPU machine both
+share it), each with its own
 `NCCL_HOSTID` so that NCCL sees two hosts and carries the traffic between them over its network
 transport (sockets on loopback). Checkpoints go to a moto S3 server through `AWS_ENDPOINT_URL_S3`.
 Then the user's own command, `python -m workloads submit --address ... --token ... --storage-path
@@ -107,8 +108,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     from workloads.launch.ray_train import SCRATCH_ROOT
 
     gpus = torch.cuda.device_count()
-    per_node = 0 if args.cpus_only else args.gpus_per_node or gpus // 2
-    if not args.cpus_only and (per_node < 1 or 2 * per_node > gpus):
+    # One GPU is shared by both nodes: NCCL refuses two ranks on one GPU only within a host
+    # (same host hash), and each node has its own NCCL_HOSTID.
+    shared = gpus == 1 and not args.gpus_per_node
+    per_node = 0 if args.cpus_only else 1 if shared else args.gpus_per_node or gpus // 2
+    if not args.cpus_only and not shared and (per_node < 1 or 2 * per_node > gpus):
         print(f"error: two emulated nodes of {per_node} GPU(s) need {2 * per_node} GPUs, this machine has {gpus}",
               file=sys.stderr)
         return 2
@@ -118,11 +122,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "NVSHMEM_DISABLE_NVLS": "1"}.items():
         os.environ[name] = value
     worker_env = tuple(
-        {"CUDA_VISIBLE_DEVICES": ",".join(str(node * per_node + g) for g in range(per_node)),
+        {"CUDA_VISIBLE_DEVICES": "0" if shared else ",".join(str(node * per_node + g) for g in range(per_node)),
          "NCCL_HOSTID": f"rehearsal-node-{node}", "NCCL_SOCKET_IFNAME": "lo"}
         for node in range(2)) if per_node else ()
     server, s3 = start_s3(free_port())
-    summary: dict = {"gpus_per_node": per_node, "nodes": 2, "runs": {}}
+    summary: dict = {"gpus_per_node": per_node, "nodes": 2, "machine_gpus": gpus, "one_gpu_shared": shared,
+                     "runs": {}}
     spec = LocalClusterSpec(nodes=2, cpus_per_node=8 * per_node or 1, gpus_per_node=per_node, worker_env=worker_env)
     try:
         with local_ray_cluster(spec, log_dir=out / "ray") as cluster:
