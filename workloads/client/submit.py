@@ -229,6 +229,8 @@ class GateOutcome:
     applies: bool
     passed: bool
     message: str
+    name: str = "transport"
+    """Which post-run check this is ("placement" or "transport")."""
 
 
 def _plan(logs: str) -> Optional[dict]:
@@ -240,14 +242,14 @@ def placement_check(logs: str) -> GateOutcome:
     transport check expects): the loop's summary counts the nodes its ranks ran on."""
     plan, summary = _plan(logs), loop_summary(logs.splitlines())
     if plan is None or summary is None or "nodes" not in summary:
-        return GateOutcome(applies=False, passed=True,
+        return GateOutcome(applies=False, passed=True, name="placement",
                            message="placement check skipped: the job logged no plan or no summary")
     planned, trained = int(plan["nodes"]), int(summary["nodes"])
     if planned != trained:
-        return GateOutcome(applies=True, passed=False,
+        return GateOutcome(applies=True, passed=False, name="placement",
                            message=f"placement check failed: the driver planned {planned} node(s), "
                                    f"the ranks trained on {trained}")
-    return GateOutcome(applies=True, passed=True,
+    return GateOutcome(applies=True, passed=True, name="placement",
                        message=f"placement check passed: {summary.get('world_size', '?')} ranks trained on "
                                f"{trained} node(s), as planned")
 
@@ -306,7 +308,7 @@ def report_outcome(outcome: JobOutcome, console: Console) -> None:
     for check in outcome.checks:
         style = "bold red" if not check.passed else "green" if check.applies else "dim"
         console.print(f"[{style}]{check.message}[/]", highlight=False)
-    failed = [check.message.split(" check", 1)[0] for check in outcome.checks if not check.passed]
+    failed = [check.name for check in outcome.checks if not check.passed]
     verdict = ("[bold green]SUCCEEDED[/]" if outcome.exit_code == EXIT_OK
                else f"[bold red]FAILED the {' and '.join(failed)} check[/]")
     console.print(f"job {outcome.job_id} {verdict}")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -226,13 +228,13 @@ def run(args: DriverArgs) -> int:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from workloads.context import PREFLIGHT_FAILED_KEY
-    from workloads.launch.ray_train import train_worker
+    from workloads.launch.ray_train import PreflightRecorder, train_worker
     from workloads.launch.storage import resolve_storage
     from workloads.train.config import TrainConfig
 
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
+    preflight_file = Path(tempfile.mkdtemp(prefix="preflight-")) / "failed.txt"
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
@@ -254,6 +256,7 @@ def run(args: DriverArgs) -> int:
                 storage_filesystem=storage_filesystem,
                 failure_config=FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
+                callbacks=[PreflightRecorder(str(preflight_file))],
             ),
         )
         try:
@@ -261,7 +264,7 @@ def run(args: DriverArgs) -> int:
         except training_failed_errors() as exc:
             reason = failure_reason(exc)
         else:
-            preflight = (result.metrics or {}).get(PREFLIGHT_FAILED_KEY)
+            preflight = preflight_file.read_text() if preflight_file.is_file() else None
             if preflight:
                 # Every rank stopped before step 1 and returned: nothing was retried.
                 print(preflight, flush=True)
@@ -272,6 +275,7 @@ def run(args: DriverArgs) -> int:
                 return 0
     finally:
         ray.shutdown()
+        shutil.rmtree(preflight_file.parent, ignore_errors=True)
     print(f"error: training failed: {reason}", flush=True)
     return 1
 

@@ -93,6 +93,20 @@ def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT) -> TrainContext:
     )
 
 
+class PreflightRecorder(ray.train.UserCallback):
+    """Runs in Ray Train's controller, on the driver's node: writes the first preflight failure any
+    rank reported to `path`, where the driver reads it. (Ray Train's Result carries the metrics of
+    checkpoints only, and a preflight failure comes without one.)"""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
+        failed = next((m[PREFLIGHT_FAILED_KEY] for m in metrics if m and m.get(PREFLIGHT_FAILED_KEY)), None)
+        if failed and not Path(self.path).exists():
+            Path(self.path).write_text(failed)
+
+
 def echo_nccl_logs(log_dir: Path) -> None:
     """Print this rank's NCCL log files so they reach the job logs (the submitter's offline gate)."""
     for path in sorted(log_dir.glob("*")):
