@@ -1,4 +1,5 @@
-"""The offline verifier on NCCL logs captured by the in-band gate runs on 2x H200 (docs/gpu/).
+"""The offline verifier on NCCL logs captured on H200s (docs/gpu/): the in-band gate runs on 2x H200,
+and the rehearsal's two emulated hosts (a Ray worker node each, its own NCCL_HOSTID).
 
 The NVLink run's logs also say "Using network Socket" (NCCL initialises a net plugin even when no
 traffic uses it): the verdict must come from the connections, so that run passes.
@@ -23,3 +24,17 @@ def test_captured_gate_logs(folder: str, exit_code: int, capsys: pytest.CaptureF
     assert main("verify-transport", [*logs, "--nodes", "1"]) == exit_code
     out = capsys.readouterr().out
     assert ("P2P/CUMEM" if exit_code == 0 else "NET/Socket within a node") in out
+
+
+REHEARSAL = Path(__file__).resolve().parent.parent / "docs" / "gpu" / "2026-12-01-h200-rehearsal" / "a-any-nccl"
+
+
+@pytest.mark.parametrize(("expect", "exit_code"), [("any", 0), ("efa", 1)])
+def test_rehearsal_two_host_logs(expect: str, exit_code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """One rank per emulated host, connected over sockets: two nodes as NCCL counts them, whose link
+    is a network (fine under --expect any) and not EFA."""
+    logs = sorted(str(p) for p in REHEARSAL.glob("nccl.*.log"))
+    assert len(logs) == 2, logs
+    assert main("verify-transport", [*logs, "--expect", expect, "--nodes", "2"]) == exit_code
+    out = capsys.readouterr().out
+    assert "2 link(s) between nodes over NET/Socket" in out and "on 2 node(s)" in out
