@@ -4,6 +4,8 @@ lives in the shared folder beside the checkout; SHARED_DIR points elsewhere. CI 
 from __future__ import annotations
 
 import os
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,27 @@ def fake_aws_session(botocore_session):
 
     return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                          region_name="us-west-2", botocore_session=botocore_session)
+
+
+@contextmanager
+def _iam_enforced(endpoint: str):
+    """Make the moto server at `endpoint` check every request's signature and IAM policy, and put
+    moto back as it was afterwards: the setting is global to moto in this process, and later tests'
+    in-process moto mocks must not inherit it."""
+
+    def reset_auth(count: str) -> None:
+        request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=count.encode(), method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request).close()
+
+    reset_auth("0")
+    try:
+        yield
+    finally:
+        reset_auth("inf")
+
+
+@pytest.fixture(scope="session")
+def iam_enforced():
+    """`with iam_enforced(endpoint):` moto checks IAM inside the block only (see `_iam_enforced`)."""
+    return _iam_enforced

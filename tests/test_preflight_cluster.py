@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.request
 
 import boto3
 import pytest
@@ -29,7 +28,7 @@ TINY_RUN = ["--preset", "demo-cpu", "--set", "micro_batch=2", "--set", "seq_len=
 
 
 @pytest.fixture()
-def s3_with_iam(monkeypatch):
+def s3_with_iam(monkeypatch, iam_enforced):
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
@@ -42,8 +41,6 @@ def s3_with_iam(monkeypatch):
         "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "sts:*"], "Resource": "*"}]}))
     key = iam.create_access_key(UserName="head")["AccessKey"]
     boto3.client("s3", **bootstrap).create_bucket(Bucket=BUCKET)
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
-                                                  headers={"Content-Type": "text/plain"}))
     for name, value in {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
                         "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ENDPOINT_URL_STS": endpoint,
@@ -52,7 +49,8 @@ def s3_with_iam(monkeypatch):
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
     try:
-        yield endpoint
+        with iam_enforced(endpoint):
+            yield endpoint
     finally:
         server.stop()
 

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import threading
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +65,7 @@ class PodIdentityAgent:
 
 
 @pytest.fixture(scope="module")
-def iam_s3():
+def iam_s3(iam_enforced):
     """A moto server with the bucket, a writer and a reader IAM role, and IAM enforced from then on."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
@@ -91,11 +90,10 @@ def iam_s3():
             RoleArn=f"arn:aws:iam::123456789012:role/{role}", RoleSessionName="eks-ray-train-pod")["Credentials"]
         keys[role] = {"AccessKeyId": assumed["AccessKeyId"], "SecretAccessKey": assumed["SecretAccessKey"],
                       "Token": assumed["SessionToken"]}
-    # From here on every request must be signed by a known key and allowed by its policy.
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
-                                                  headers={"Content-Type": "text/plain"}))
     try:
-        yield endpoint, keys
+        # From here on every request must be signed by a known key and allowed by its policy.
+        with iam_enforced(endpoint):
+            yield endpoint, keys
     finally:
         server.stop()
 
