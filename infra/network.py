@@ -37,7 +37,8 @@ def gpu_zone_by_id(*, zone_id: str, available: Sequence[Zone]) -> Zone:
     for zone in available:
         if zone.zone_id == zone_id:
             return zone
-    offered = ", ".join(f"{z.zone_id} ({z.name})" for z in sorted(available, key=lambda z: z.zone_id))
+    offered = ", ".join(f"{z.zone_id} ({z.name})"
+                        for z in sorted(available, key=lambda z: z.zone_id))
     raise ValueError(f"GPU availability zone ID {zone_id} is not available to this account "
                      f"(available: {offered or 'none'}); run `python -m capacity probe` with this "
                      "account's credentials to choose again")

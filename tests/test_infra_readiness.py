@@ -17,8 +17,8 @@ from infra.readiness import (KubectlError, WorkersNotReady, _WorkersReadyProvide
 SCHEDULER_SAYS = ("0/3 nodes are available: 2 Insufficient memory, 1 node(s) didn't match Pod's "
                   "node affinity/selector. preemption: 0/3 nodes are available: 2 No preemption "
                   "victims found for incoming pod, 1 Preemption is not helpful for scheduling.")
-JOINING = ("0/2 nodes are available: 1 node(s) had untolerated taint {node.kubernetes.io/not-ready: "
-           "}, 1 node(s) didn't match Pod's node affinity/selector.")
+JOINING = ("0/2 nodes are available: 1 node(s) had untolerated taint "
+           "{node.kubernetes.io/not-ready: }, 1 node(s) didn't match Pod's node affinity/selector.")
 
 
 def pod(name: str, *, phase: str = "Running", ready: bool = True, scheduled: str | None = None,
@@ -149,8 +149,8 @@ here = Path({str(tmp_path)!r})
 args = sys.argv[1:]
 kubeconfig = args[args.index("--kubeconfig") + 1]
 mode = stat.S_IMODE(os.stat(kubeconfig).st_mode)
-(here / "calls.json").write_text(json.dumps({{"args": args, "kubeconfig": Path(kubeconfig).read_text(),
-                                              "mode": mode}}))
+seen = {{"args": args, "kubeconfig": Path(kubeconfig).read_text(), "mode": mode}}
+(here / "calls.json").write_text(json.dumps(seen))
 if (here / "fail.txt").exists():
     sys.stderr.write((here / "fail.txt").read_text())
     sys.exit(1)

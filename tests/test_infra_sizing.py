@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "policy"))
 
-from rules import parse_quantity  # noqa: E402  (Kubernetes quantities, as the policy pack reads them)
+from rules import parse_quantity  # noqa: E402  (quantities, read as the policy pack reads them)
 
 from infra.config import StackConfig  # noqa: E402
 from infra.helm_values import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, chart_values  # noqa: E402
