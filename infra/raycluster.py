@@ -115,7 +115,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
 
 
 def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[str, Any]:
-    """The RayCluster manifest for this stack: one head on the system node, one worker per GPU
+    """The RayCluster manifest for this stack: one head on a system node, one worker per GPU
     node."""
     nodes = cfg.gpu_node_count
     return {

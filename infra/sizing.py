@@ -168,6 +168,6 @@ def worker_pod_size(instance: InstanceType) -> PodSize:
 
 
 def head_pod_size(instance: InstanceType) -> PodSize:
-    """The Ray head takes half the system node; the other half runs the KubeRay operator,
+    """The Ray head takes half a system node; the other half runs the KubeRay operator,
     CoreDNS and the DaemonSets."""
     return PodSize(cpu=max(1, instance.vcpus // 2), memory_gib=max(2, instance.memory_gib // 2))
