@@ -147,10 +147,12 @@ def wait_for_workers(*, list_pods: Callable[[], Sequence[Mapping[str, Any]]], ex
         now = clock()
         if not listing_error and report.ready >= expected:
             return report
-        stuck = {(p.pod, p.reason): p for p in report.problems if p.stuck}
-        stuck_since = {key: stuck_since.get(key, now) for key in stuck}
-        long_stuck = [stuck[key] for key, since in stuck_since.items()
-                      if now - since >= stuck_after_s]
+        long_stuck: list[PodProblem] = []
+        if not listing_error:
+            stuck = {(p.pod, p.reason): p for p in report.problems if p.stuck}
+            stuck_since = {key: stuck_since.get(key, now) for key in stuck}
+            long_stuck = [stuck[key] for key, since in stuck_since.items()
+                          if now - since >= stuck_after_s]
         if long_stuck:
             raise WorkersNotReady(
                 f"Ray workers cannot become Ready without a change ({report.ready}/{expected} "
