@@ -1,5 +1,7 @@
 """The Pulumi program: reads the stack config, wires one component per concern, exports outputs."""
 
+import dataclasses
+
 import pulumi
 
 from infra import outputs
@@ -18,32 +20,40 @@ from infra.storage import CheckpointStorage, CheckpointStorageArgs
 
 cfg = load_running_stack_config()
 name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
-manifest = build_raycluster(cfg)
-ray_cluster_name = manifest["metadata"]["name"]
 
 network = Network("network", NetworkArgs(
-    cluster_name=name, gpu_availability_zone=cfg.gpu_availability_zone))
+    cluster_name=name, region=cfg.region, gpu_availability_zone_id=cfg.gpu_availability_zone_id,
+    gpu_availability_zone=cfg.gpu_availability_zone))
+# From here on the GPU AZ is this account's name for the zone ID the probe checked.
+cfg = dataclasses.replace(cfg, gpu_availability_zone=network.gpu_availability_zone)
+manifest = build_raycluster(cfg)
+ray_cluster_name = manifest["metadata"]["name"]
 cluster = EksCluster("cluster", EksClusterArgs(
     cluster_name=name, kubernetes_version=cfg.kubernetes_version, vpc_id=network.vpc_id,
     public_subnet_ids=network.public_subnet_ids, private_subnet_ids=network.private_subnet_ids,
-    api_access_cidrs=cfg.api_access_cidrs, admin_principal_arns=cfg.admin_principal_arns))
+    api_access_cidrs=cfg.api_access_cidrs, admin_principal_arns=cfg.admin_principal_arns,
+    pod_identity_agent_version=cfg.pod_identity_agent_version))
 system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.system_instance_type,
-    subnet_ids=network.node_subnet_ids))
+    subnet_ids=network.node_subnet_ids, node_count=cfg.system_node_count))
 gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
     root_volume_gib=cfg.gpu_root_volume_gib))
 addons = Addons("addons", AddonsArgs(
     provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
-    node_groups=[system_nodes, gpu_nodes]))
+    system_nodes=system_nodes, gpu_nodes=gpu_nodes))
 storage = CheckpointStorage("checkpoints", CheckpointStorageArgs(
     bucket_prefix=cfg.checkpoint_bucket_prefix,
-    retain_on_destroy=cfg.retain_checkpoints_on_destroy, key_prefix=ray_cluster_name,
+    retain_on_destroy=cfg.retain_checkpoints_on_destroy,
+    noncurrent_version_days=cfg.checkpoint_noncurrent_version_days,
+    incomplete_upload_days=cfg.checkpoint_incomplete_upload_days, key_prefix=ray_cluster_name,
     cluster_name=cluster.cluster_name, namespace=cfg.ray_namespace,
     service_account=SERVICE_ACCOUNT, cluster=cluster))
 ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
-    manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator))
+    manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator,
+    pod_identity=storage.pod_identity, kubeconfig=cluster.kubeconfig,
+    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes))
 
 pulumi.export(outputs.KUBECONFIG, cluster.kubeconfig)
 pulumi.export(outputs.CLUSTER_NAME, cluster.cluster_name)

@@ -4,7 +4,7 @@ and the KubeRay operator. Their values come from infra/helm_values.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -19,8 +19,11 @@ class AddonsArgs:
     """Helm values by chart name (infra.helm_values.chart_values)."""
     versions: Mapping[str, str]
     """Chart version by chart name (infra.helm_values.chart_versions)."""
-    node_groups: Sequence[pulumi.Resource]
-    """The operator waits for a node to run on; the plugins are installed after the nodes."""
+    system_nodes: pulumi.Resource
+    """The operator's release waits for the system nodes it runs on, and for nothing else: a GPU
+    capacity failure must not hold back the operator."""
+    gpu_nodes: pulumi.Resource
+    """The device plugins' releases wait for the GPU nodes their DaemonSets run on."""
 
 
 class Addons(pulumi.ComponentResource):
@@ -28,12 +31,15 @@ class Addons(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: AddonsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ray-eks:infra:Addons", name, None, opts)
-        self.nvidia_device_plugin = self._release(name, NVIDIA_DEVICE_PLUGIN, args)
-        self.efa_device_plugin = self._release(name, EFA_DEVICE_PLUGIN, args)
-        self.kuberay_operator = self._release(name, KUBERAY_OPERATOR, args)
+        self.nvidia_device_plugin = self._release(name, NVIDIA_DEVICE_PLUGIN, args,
+                                                  after=args.gpu_nodes)
+        self.efa_device_plugin = self._release(name, EFA_DEVICE_PLUGIN, args, after=args.gpu_nodes)
+        self.kuberay_operator = self._release(name, KUBERAY_OPERATOR, args,
+                                              after=args.system_nodes)
         self.register_outputs({"kuberayOperator": self.kuberay_operator.status})
 
-    def _release(self, name: str, chart: Chart, args: AddonsArgs) -> k8s.helm.v3.Release:
+    def _release(self, name: str, chart: Chart, args: AddonsArgs, *,
+                 after: pulumi.Resource) -> k8s.helm.v3.Release:
         return k8s.helm.v3.Release(
             f"{name}-{chart.name}",
             name=chart.name,
@@ -44,4 +50,4 @@ class Addons(pulumi.ComponentResource):
             create_namespace=True,
             values=dict(args.values[chart.name]),
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                        depends_on=list(args.node_groups)))
+                                        depends_on=[after]))

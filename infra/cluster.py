@@ -38,6 +38,8 @@ class EksClusterArgs:
     api_access_cidrs: Sequence[str]
     """CIDRs that may reach the public API endpoint; nodes use the private endpoint."""
     admin_principal_arns: Sequence[str]
+    pod_identity_agent_version: str
+    """The EKS Pod Identity agent add-on version, pinned (not whatever EKS defaults to that day)."""
 
 
 class EksCluster(pulumi.ComponentResource):
@@ -66,6 +68,7 @@ class EksCluster(pulumi.ComponentResource):
         # Lets the checkpoint role reach the Ray pods (infra/storage.py) without an OIDC provider.
         aws.eks.Addon(f"{name}-pod-identity-agent", cluster_name=args.cluster_name,
                       addon_name="eks-pod-identity-agent",
+                      addon_version=args.pod_identity_agent_version,
                       opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cluster]))
         self.cluster_name = pulumi.Output.from_input(args.cluster_name)
         self.kubeconfig = pulumi.Output.secret(self.cluster.kubeconfig_json)

@@ -31,7 +31,10 @@ _SEMVER_RE = re.compile(r"^v?\d+\.\d+\.\d+$")
 # A pinned image: a tag like v1.1 / 2.58.0 / train-ml-cuda-v1.1 (ends in a version), or a digest.
 _PINNED_TAG_RE = re.compile(r"^[\w.-]*v?\d+(\.\d+)+$")
 _DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
-_ARN_RE = re.compile(r"^arn:aws[\w-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
+# IAM roles and users only: EKS access entries refuse STS session principals (assumed-role ARNs).
+_ARN_RE = re.compile(r"^arn:aws[\w-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_ASSUMED_ROLE_RE = re.compile(r"^arn:(aws[\w-]*):sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
+_EKS_ADDON_VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")
 _BUCKET_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}$")
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -64,7 +67,10 @@ class StackConfig:
     gpu_node_count: int = 2
     """GPU nodes, also the Ray worker replicas (desired = min = max)."""
     system_instance_type: str = "m7i.xlarge"
-    """Instance type of the one system node (KubeRay operator, Ray head); no GPU."""
+    """Instance type of the system nodes (KubeRay operator, Ray head, CoreDNS); no GPU."""
+    system_node_count: int = 2
+    """System nodes. With one, losing it stops CoreDNS, the KubeRay operator and the Ray head
+    together (the running job dies and nothing reschedules the head until a node returns)."""
     kubernetes_version: str = "1.34"
     """EKS Kubernetes minor version, in standard support."""
     ray_image: str = DEFAULT_RAY_IMAGE
@@ -75,20 +81,33 @@ class StackConfig:
     """Helm chart version of nvidia-device-plugin."""
     efa_device_plugin_chart_version: str = "v0.5.30"
     """Helm chart version of aws-efa-k8s-device-plugin."""
+    pod_identity_agent_version: str = "v1.3.10-eksbuild.2"
+    """Version of the EKS Pod Identity agent add-on (`aws eks describe-addon-versions
+    --addon-name eks-pod-identity-agent --kubernetes-version <minor>` lists them)."""
     kuberay_operator_chart_version: str = "1.7.0"
     """Helm chart version of kuberay-operator (must match the CRD the RayCluster is built for)."""
     api_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
-    """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies)."""
+    """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies);
+    narrow it to your own address or range (the policy pack warns on 0.0.0.0/0)."""
     admin_principal_arns: tuple[str, ...] = ()
-    """IAM roles/users given cluster-admin through EKS access entries (the deployer always is)."""
+    """IAM roles/users given cluster-admin through EKS access entries. Leave out the identity
+    running `pulumi up`: it already is admin as the cluster's creator."""
     checkpoint_bucket_prefix: str = "ray-checkpoints"
     """Name prefix of the checkpoint bucket; Pulumi appends a random suffix."""
     retain_checkpoints_on_destroy: bool = True
     """Keep the checkpoint bucket (and its data) on `pulumi destroy`."""
+    checkpoint_noncurrent_version_days: int = 7
+    """Days an overwritten or deleted checkpoint object stays as a noncurrent version before S3
+    expires it (0 keeps every version forever)."""
+    checkpoint_incomplete_upload_days: int = 1
+    """Days before S3 aborts an unfinished multipart upload (a checkpoint write that died)."""
     ray_namespace: str = "ray"
     """Kubernetes namespace of the RayCluster and its service account."""
     gpu_root_volume_gib: int = 200
     """Root volume of GPU nodes: the DLC image is tens of GB, unpacked."""
+    workers_ready_timeout_minutes: int = 30
+    """How long `pulumi up` waits for every Ray worker pod to be Ready (GPU nodes joining and the
+    image pull take most of it) before failing with why they are not; 0 does not wait."""
     eks_image_registry_account: str = "602401143452"
     """AWS account of the regional ECR registry that serves EKS add-on images (the EFA device
     plugin). Most regions use the default; opt-in regions have their own account, listed in the
@@ -199,6 +218,13 @@ def _check_placement(cfg: StackConfig) -> None:
                           _fix_cmd(k("gpu_node_count"), 2))
 
 
+def _check_range(cfg: StackConfig, name: str, low: int, high: int, why: str) -> None:
+    value = getattr(cfg, name)
+    if not low <= value <= high:
+        raise ConfigError(config_key(name), value, f"must be between {low} and {high} ({why})",
+                          _fix_cmd(config_key(name), getattr(StackConfig, name)))
+
+
 def _check_settings(cfg: StackConfig) -> None:
     k = config_key
     if cfg.system_instance_type not in SYSTEM_INSTANCE_TYPES:
@@ -232,6 +258,13 @@ def _check_settings(cfg: StackConfig) -> None:
             raise ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
                               "write it like 203.0.113.0/24") from None
     for arn in cfg.admin_principal_arns:
+        session = _ASSUMED_ROLE_RE.match(arn)
+        if session:
+            partition, account, role = session.groups()
+            raise ConfigError(k("admin_principal_arns"), arn,
+                              "is an STS session, which EKS access entries refuse",
+                              f"list the role itself: arn:{partition}:iam::{account}:role/{role}"
+                              " (with its path, if it has one)")
         if not _ARN_RE.match(arn):
             raise ConfigError(k("admin_principal_arns"), arn, "is not an IAM role or user ARN",
                               "write it like arn:aws:iam::123456789012:role/Admin")
@@ -247,6 +280,15 @@ def _check_settings(cfg: StackConfig) -> None:
         raise ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
                           "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
                           _fix_cmd(k("gpu_root_volume_gib"), 200))
+    if not _EKS_ADDON_VERSION_RE.match(cfg.pod_identity_agent_version):
+        raise ConfigError(k("pod_identity_agent_version"), cfg.pod_identity_agent_version,
+                          "must pin an EKS add-on version like v1.3.10-eksbuild.2",
+                          _fix_cmd(k("pod_identity_agent_version"),
+                                   StackConfig.pod_identity_agent_version))
+    _check_range(cfg, "system_node_count", 1, 10, "they run a handful of small pods")
+    _check_range(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
+    _check_range(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")
+    _check_range(cfg, "workers_ready_timeout_minutes", 0, 180, "0 does not wait")
     if not _ACCOUNT_RE.match(cfg.eks_image_registry_account):
         raise ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
                           "must be a 12-digit AWS account ID",

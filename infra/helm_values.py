@@ -48,7 +48,7 @@ def efa_device_plugin_values(cfg: StackConfig) -> dict[str, Any]:
 
 
 def kuberay_operator_values() -> dict[str, Any]:
-    """The operator on the system node."""
+    """The operator on the system nodes."""
     return {"nodeSelector": dict(SYSTEM_NODE_LABELS)}
 
 

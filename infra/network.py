@@ -1,5 +1,9 @@
-"""The VPC: a public and a private subnet in each of two or more AZs, one of them the GPU AZ, and
-one NAT gateway. Nodes live in the private subnets."""
+"""The VPC: a public and a private subnet in each of two or more AZs, one of them the GPU AZ, one
+NAT gateway and an S3 gateway endpoint. Nodes live in the private subnets.
+
+The GPU AZ is found by its ID, not its name: AZ names are shuffled per AWS account, and the ID is
+what the capacity probe checked. The name the stack file carries is only what the ID was called in
+the probing account."""
 
 from __future__ import annotations
 
@@ -28,18 +32,25 @@ class SubnetPlan:
     private_cidr: str
 
 
-def choose_zones(*, gpu_zone: str, available: Sequence[Zone]) -> list[Zone]:
+def gpu_zone_by_id(*, zone_id: str, available: Sequence[Zone]) -> Zone:
+    """The zone with this ID, under whatever name this account gives it."""
+    for zone in available:
+        if zone.zone_id == zone_id:
+            return zone
+    offered = ", ".join(f"{z.zone_id} ({z.name})"
+                        for z in sorted(available, key=lambda z: z.zone_id))
+    raise ValueError(f"GPU availability zone ID {zone_id} is not available to this account "
+                     f"(available: {offered or 'none'}); run `python -m capacity probe` with this "
+                     "account's credentials to choose again")
+
+
+def choose_zones(*, gpu_zone: Zone, available: Sequence[Zone]) -> list[Zone]:
     """The GPU AZ first, then enough other AZs that at least two can hold the EKS control plane."""
-    by_name = {z.name: z for z in available}
-    if gpu_zone not in by_name:
-        raise ValueError(f"GPU availability zone {gpu_zone} is not available to this account "
-                         f"(available: {', '.join(sorted(by_name)) or 'none'}); run "
-                         "`python -m capacity probe` to choose again")
-    chosen = [by_name[gpu_zone]]
+    chosen = [gpu_zone]
     for zone in sorted(available, key=lambda z: z.name):
         if sum(z.zone_id not in EKS_CONTROL_PLANE_UNSUPPORTED_AZ_IDS for z in chosen) >= 2:
             break
-        if zone.name != gpu_zone and zone.zone_id not in EKS_CONTROL_PLANE_UNSUPPORTED_AZ_IDS:
+        if zone != gpu_zone and zone.zone_id not in EKS_CONTROL_PLANE_UNSUPPORTED_AZ_IDS:
             chosen.append(zone)
     if sum(z.zone_id not in EKS_CONTROL_PLANE_UNSUPPORTED_AZ_IDS for z in chosen) < 2:
         raise ValueError("EKS needs two availability zones that support its control plane; "
@@ -58,17 +69,31 @@ def plan_subnets(*, vpc_cidr: str, zones: Sequence[Zone]) -> list[SubnetPlan]:
             for i, z in enumerate(zones)]
 
 
+def s3_service_name(region: str) -> str:
+    """The S3 gateway endpoint's service name in this region's partition."""
+    prefix = "cn.com.amazonaws" if region.startswith("cn-") else "com.amazonaws"
+    return f"{prefix}.{region}.s3"
+
+
 @dataclass(frozen=True, kw_only=True)
 class NetworkArgs:
     cluster_name: str
     """EKS cluster name, for the subnet discovery tags."""
+    region: str
+    """The stack's region (names the S3 endpoint service)."""
+    gpu_availability_zone_id: str
+    """AZ ID of the GPU nodes; its zone gets a private subnet and the NAT gateway."""
     gpu_availability_zone: str
-    """AZ of the GPU nodes; gets a private subnet and the NAT gateway."""
+    """The name the stack file gives that zone; a different name in this account is warned
+    about, and this account's name is used."""
     vpc_cidr: str = "10.0.0.0/16"
 
 
 class Network(pulumi.ComponentResource):
-    """VPC, subnets, internet and NAT gateways, route tables."""
+    """VPC, subnets, internet and NAT gateways, route tables, the S3 gateway endpoint.
+
+    `gpu_availability_zone` is the GPU AZ's name in the deploying account, known when the
+    component is declared (the AZ lookup is a plain data call)."""
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ray-eks:infra:Network", name, None, opts)
@@ -77,12 +102,18 @@ class Network(pulumi.ComponentResource):
             state="available",
             filters=[{"name": "opt-in-status", "values": ["opt-in-not-required"]}],
             opts=pulumi.InvokeOptions(parent=self))
+        available = [Zone(name=n, zone_id=i) for n, i in zip(offered.names, offered.zone_ids)]
         try:
-            zones = choose_zones(gpu_zone=args.gpu_availability_zone, available=[
-                Zone(name=n, zone_id=i) for n, i in zip(offered.names, offered.zone_ids)])
+            gpu_zone = gpu_zone_by_id(zone_id=args.gpu_availability_zone_id, available=available)
+            zones = choose_zones(gpu_zone=gpu_zone, available=available)
             plan = plan_subnets(vpc_cidr=args.vpc_cidr, zones=zones)
         except ValueError as exc:
             raise pulumi.RunError(str(exc)) from None
+        if gpu_zone.name != args.gpu_availability_zone:
+            pulumi.log.warn(
+                f"GPU availability zone {gpu_zone.zone_id} is {gpu_zone.name} in this account, not "
+                f"{args.gpu_availability_zone} as the stack file says (AZ names differ between "
+                f"accounts); deploying into {gpu_zone.name}", resource=self)
         cluster_tag = {f"kubernetes.io/cluster/{args.cluster_name}": "shared"}
 
         vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=args.vpc_cidr, enable_dns_hostnames=True,
@@ -118,10 +149,16 @@ class Network(pulumi.ComponentResource):
         for p, sub in zip(plan, private):
             aws.ec2.RouteTableAssociation(f"{name}-private-{p.zone.name}", subnet_id=sub.id,
                                           route_table_id=private_rt.id, opts=child)
+        # Checkpoints (tens of GB each) and image layers reach S3 without the NAT gateway, which
+        # bills every GB it processes.
+        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=s3_service_name(args.region),
+                            vpc_endpoint_type="Gateway", route_table_ids=[private_rt.id],
+                            tags={"Name": f"{name}-s3"}, opts=child)
 
         control_plane = [i for i, p in enumerate(plan)
                          if p.zone.zone_id not in EKS_CONTROL_PLANE_UNSUPPORTED_AZ_IDS]
         self.vpc_id = vpc.id
+        self.gpu_availability_zone = gpu_zone.name
         self.availability_zones = [p.zone.name for p in plan]
         self.public_subnet_ids = [public[i].id for i in control_plane]
         self.private_subnet_ids = [private[i].id for i in control_plane]

@@ -1,5 +1,5 @@
-"""The two managed node groups: one system node (KubeRay operator, Ray head) and the EFA GPU nodes
-in one AZ and one cluster placement group."""
+"""The two managed node groups: the system nodes (KubeRay operator, Ray head, CoreDNS) and the EFA
+GPU nodes in one AZ and one cluster placement group."""
 
 from __future__ import annotations
 
@@ -41,11 +41,14 @@ class SystemNodeGroupArgs:
     cluster: eks.Cluster
     instance_type: str
     subnet_ids: Sequence[pulumi.Input[str]]
-    """Private subnets; the node may land in any of their AZs."""
+    """Private subnets; the nodes may land in any of their AZs."""
+    node_count: int
+    """desired = min = max; more than one keeps CoreDNS, the operator and the Ray head from
+    sharing one node's fate."""
 
 
 class SystemNodeGroup(pulumi.ComponentResource):
-    """One non-GPU node labelled role=system."""
+    """Non-GPU nodes labelled role=system."""
 
     def __init__(self, name: str, args: SystemNodeGroupArgs,
                  opts: pulumi.ResourceOptions | None = None):
@@ -59,8 +62,8 @@ class SystemNodeGroup(pulumi.ComponentResource):
             instance_types=[args.instance_type],
             capacity_type="ON_DEMAND",
             subnet_ids=list(args.subnet_ids),
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(desired_size=1, min_size=1,
-                                                              max_size=1),
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                desired_size=args.node_count, min_size=args.node_count, max_size=args.node_count),
             labels=dict(SYSTEM_NODE_LABELS),
             disk_size=SYSTEM_ROOT_VOLUME_GIB,
             opts=pulumi.ResourceOptions(parent=self))

@@ -7,7 +7,7 @@ defined once here. Pure data: no Pulumi.
 from __future__ import annotations
 
 SYSTEM_NODE_LABELS = {"role": "system"}
-"""On the system node: the KubeRay operator and the Ray head select it."""
+"""On the system nodes: the KubeRay operator and the Ray head select it."""
 
 GPU_NODE_LABELS = {"role": "gpu", "nvidia.com/gpu.present": "true"}
 """On GPU nodes. `nvidia.com/gpu.present` is what the nvidia-device-plugin DaemonSet's node affinity
@@ -25,7 +25,7 @@ EKS_TAINT_EFFECTS = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE",
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_ROOT_VOLUME_GIB = 100
-"""The system node pulls the Ray head image (the same DLC image as the workers, tens of GB)."""
+"""A system node pulls the Ray head image (the same DLC image as the workers, tens of GB)."""
 
 
 def gpu_toleration() -> dict[str, str]:

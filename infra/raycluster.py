@@ -15,6 +15,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
+from infra.readiness import RayWorkersReady, manifest_fingerprint
 from infra.sizing import head_pod_size, worker_pod_size
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
@@ -108,7 +109,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
 
 
 def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[str, Any]:
-    """The RayCluster manifest for this stack: one head on the system node, one worker per GPU
+    """The RayCluster manifest for this stack: one head on a system node, one worker per GPU
     node."""
     nodes = cfg.gpu_node_count
     return {
@@ -148,10 +149,18 @@ class RayClusterDeploymentArgs:
     """Kubernetes provider of the EKS cluster."""
     operator_release: pulumi.Resource
     """The KubeRay operator Helm release: it installs the CRD and must outlive the RayCluster."""
+    pod_identity: pulumi.Resource
+    """The Pod Identity association of the Ray service account: EKS injects credentials only
+    into pods admitted after it exists."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig, with which `pulumi up` watches the worker pods."""
+    workers_ready_timeout_minutes: int
+    """How long `pulumi up` waits for every worker pod to be Ready; 0 does not wait."""
 
 
 class RayClusterDeployment(pulumi.ComponentResource):
-    """The Ray namespace, the Ray pods' service account and the RayCluster itself."""
+    """The Ray namespace, the Ray pods' service account, the RayCluster itself, and (unless the
+    timeout is 0) `workers_ready`, which exists once every worker pod is Ready."""
 
     def __init__(self, name: str, args: RayClusterDeploymentArgs,
                  opts: pulumi.ResourceOptions | None = None):
@@ -172,7 +181,18 @@ class RayClusterDeployment(pulumi.ComponentResource):
             metadata=meta,
             spec=args.manifest["spec"],
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[namespace, self.service_account, args.operator_release])))
+                depends_on=[namespace, self.service_account, args.operator_release,
+                            args.pod_identity])))
+        self.workers_ready = None
+        if args.workers_ready_timeout_minutes:
+            (group,) = args.manifest["spec"]["workerGroupSpecs"]
+            self.workers_ready = RayWorkersReady(
+                f"{name}-workers-ready", kubeconfig=args.kubeconfig,
+                namespace=meta["namespace"], cluster_name=meta["name"],
+                expected_workers=group["replicas"],
+                timeout_minutes=args.workers_ready_timeout_minutes,
+                manifest_fingerprint=manifest_fingerprint(args.manifest),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ray_cluster]))
         self.namespace = pulumi.Output.from_input(meta["namespace"])
         self.cluster_name = pulumi.Output.from_input(meta["name"])
         self.register_outputs({"namespace": self.namespace, "clusterName": self.cluster_name})

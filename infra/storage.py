@@ -36,6 +36,28 @@ def checkpoint_policy(*, bucket_arn: str, key_prefix: str, cluster_name: str, na
     }
 
 
+def lifecycle_rules(*, noncurrent_version_days: int, incomplete_upload_days: int
+                    ) -> list[dict[str, Any]]:
+    """S3 lifecycle rules that keep a versioned checkpoint bucket from growing forever: Ray
+    deletes the checkpoints it prunes, which versioning keeps as noncurrent versions, and a
+    checkpoint write that dies leaves its multipart upload's parts behind (both billed)."""
+    everything: dict[str, Any] = {}  # an empty filter: every object in the bucket
+    rules: list[dict[str, Any]] = [{
+        "id": "abort-incomplete-multipart-uploads", "status": "Enabled", "filter": everything,
+        "abort_incomplete_multipart_upload": {"days_after_initiation": incomplete_upload_days},
+    }]
+    if noncurrent_version_days:
+        rules += [{
+            "id": "expire-noncurrent-versions", "status": "Enabled", "filter": everything,
+            "noncurrent_version_expiration": {"noncurrent_days": noncurrent_version_days},
+        }, {
+            # Once its old versions expire, a deleted object is a lone delete marker.
+            "id": "remove-expired-delete-markers", "status": "Enabled", "filter": everything,
+            "expiration": {"expired_object_delete_marker": True},
+        }]
+    return rules
+
+
 POD_IDENTITY_TRUST = {
     "Version": "2012-10-17",
     "Statement": [{"Effect": "Allow", "Action": ["sts:AssumeRole", "sts:TagSession"],
@@ -49,6 +71,10 @@ class CheckpointStorageArgs:
     """Bucket name prefix; a random suffix makes it globally unique."""
     retain_on_destroy: bool
     """Keep the bucket and its checkpoints on `pulumi destroy`."""
+    noncurrent_version_days: int
+    """Days before S3 expires a noncurrent object version (0: never)."""
+    incomplete_upload_days: int
+    """Days before S3 aborts an unfinished multipart upload."""
     key_prefix: str
     """Key prefix the Ray pods may use."""
     cluster_name: pulumi.Input[str]
@@ -59,7 +85,8 @@ class CheckpointStorageArgs:
 
 
 class CheckpointStorage(pulumi.ComponentResource):
-    """S3 bucket (SSE, versioning, public access blocked) and a Pod Identity role."""
+    """S3 bucket (SSE, versioning with a lifecycle, public access blocked) and a Pod Identity
+    role. `pod_identity` is the association: pods admitted before it exists get no credentials."""
 
     def __init__(self, name: str, args: CheckpointStorageArgs,
                  opts: pulumi.ResourceOptions | None = None):
@@ -73,8 +100,16 @@ class CheckpointStorage(pulumi.ComponentResource):
             f"{name}-sse", bucket=bucket.id,
             rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
             opts=child)
-        aws.s3.BucketVersioning(f"{name}-versioning", bucket=bucket.id,
-                                versioning_configuration={"status": "Enabled"}, opts=child)
+        versioning = aws.s3.BucketVersioning(f"{name}-versioning", bucket=bucket.id,
+                                             versioning_configuration={"status": "Enabled"},
+                                             opts=child)
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-lifecycle", bucket=bucket.id,
+            rules=lifecycle_rules(noncurrent_version_days=args.noncurrent_version_days,
+                                  incomplete_upload_days=args.incomplete_upload_days),
+            # After versioning: the rules act on the versions it keeps, and S3 refuses two
+            # concurrent changes to one bucket's configuration.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]))
         aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access-block", bucket=bucket.id, block_public_acls=True,
             block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True,
@@ -92,7 +127,7 @@ class CheckpointStorage(pulumi.ComponentResource):
                     bucket_arn=a[0], key_prefix=args.key_prefix, cluster_name=a[1],
                     namespace=args.namespace, service_account=args.service_account))),
             opts=child)
-        aws.eks.PodIdentityAssociation(
+        self.pod_identity = aws.eks.PodIdentityAssociation(
             f"{name}-pod-identity", cluster_name=args.cluster_name, namespace=args.namespace,
             service_account=args.service_account, role_arn=role.arn,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]))

@@ -35,6 +35,7 @@ class _Unknown:
 UNKNOWN = _Unknown()
 
 # Resource type tokens, as the engine names them (pulumi-aws 7.x, pulumi-kubernetes 4.x).
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
@@ -64,6 +65,9 @@ GPU_LABEL_VALUE = "true"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 ALLOWED_SERVICE_TYPES = (None, "ClusterIP")
+PRIMARY_INTERFACE_TYPES = ("efa", "interface")
+"""The primary interface carries the node's IP: EFA with ENA, or plain ENA beside `efa-only`
+interfaces (AWS's layout for instances with several network cards)."""
 PUBLIC_ACCESS_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
                        "restrictPublicBuckets")
 SSE_ALGORITHMS = ("AES256", "aws:kms", "aws:kms:dsse")
@@ -173,9 +177,11 @@ def efa_launch_template_violations(template: Mapping[str, Any],
                            "(interfaceType efa): NCCL would fall back to TCP sockets")
             else:
                 primary = _primary_interface(_items(interfaces))
-                if primary is not None and _get(primary, "interfaceType") != "efa":
+                kind = _get(primary, "interfaceType")
+                if primary is not None and kind not in PRIMARY_INTERFACE_TYPES:
                     out.append("the primary network interface (card 0, device 0) must have "
-                               "interfaceType efa, not efa-only: it also carries the node's IP")
+                               "interfaceType efa or interface (ENA), not "
+                               f"{kind!r}: it carries the node's IP")
     group_name = _get(template, "placement", "groupName")
     if group_name is None or group_name == "":
         out.append("launch template of a GPU node group sets no placement group: EFA traffic "
@@ -489,3 +495,23 @@ def bucket_violations(resources: Sequence[StackResource]) -> list[StackViolation
             out.append(StackViolation(bucket.urn, "bucket has no "
                                       "BucketServerSideEncryptionConfiguration"))
     return out
+
+
+# --- EKS API endpoint ------------------------------------------------------------------------
+
+OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+
+
+def public_api_access_warnings(props: Mapping[str, Any]) -> list[str]:
+    """The public EKS API endpoint is not open to the whole internet (a warning: IAM
+    authentication still applies, and some teams have no fixed address to list)."""
+    vpc = props.get("vpcConfig")
+    public, cidrs = _get(vpc, "endpointPublicAccess"), _get(vpc, "publicAccessCidrs")
+    if public is False or UNKNOWN in (vpc, public, cidrs):
+        return []
+    open_to = [c for c in _items(cidrs) if c in OPEN_CIDRS] or (
+        ["0.0.0.0/0 (the default)"] if not _items(cidrs) else [])
+    if not open_to:
+        return []
+    return [f"the public EKS API endpoint accepts connections from {', '.join(open_to)}; set "
+            "ray-eks:apiAccessCidrs to your own address or range (docs/SECURITY.md shows how)"]

@@ -35,6 +35,15 @@ BAD = [
     ("ray-eks:apiAccessCidrs", "[]", "at least one CIDR"),
     ("ray-eks:apiAccessCidrs", '["10.0.0.1/8"]', "is not an IPv4 CIDR"),
     ("ray-eks:adminPrincipalArns", '["alice"]', "is not an IAM role or user ARN"),
+    ("ray-eks:adminPrincipalArns",
+     '["arn:aws:sts::123456789012:assumed-role/Admin/alice"]', "is an STS session"),
+    ("ray-eks:adminPrincipalArns", '["arn:aws:iam::123456789012:group/Admins"]',
+     "is not an IAM role or user ARN"),
+    ("ray-eks:systemNodeCount", "0", "between 1 and 10"),
+    ("ray-eks:podIdentityAgentVersion", "latest", "must pin an EKS add-on version"),
+    ("ray-eks:checkpointNoncurrentVersionDays", "-1", "0 keeps every version"),
+    ("ray-eks:checkpointIncompleteUploadDays", "0", "S3 counts whole days"),
+    ("ray-eks:workersReadyTimeoutMinutes", "600", "0 does not wait"),
     ("ray-eks:checkpointBucketPrefix", "My_Bucket", "S3 naming"),
     ("ray-eks:retainCheckpointsOnDestroy", "maybe", "must be true or false"),
     ("ray-eks:rayNamespace", "Ray_NS", "Kubernetes namespace name"),
@@ -87,6 +96,20 @@ def test_a_missing_placement_key_points_at_the_probe(missing):
     values = {k: v for k, v in GOOD.items() if k != missing}
     with pytest.raises(ConfigError, match=rf"{missing} = None: is required.*capacity probe"):
         parse_stack_config(values)
+
+
+def test_an_sts_session_arn_is_refused_with_the_role_arn_as_fix():
+    arn = "arn:aws:sts::123456789012:assumed-role/Admin/alice@example.com"
+    with pytest.raises(ConfigError, match=r"Fix: list the role itself: "
+                                          r"arn:aws:iam::123456789012:role/Admin "):
+        parse_stack_config({**GOOD, "ray-eks:adminPrincipalArns": [arn]})
+
+
+def test_iam_roles_and_users_are_accepted():
+    arns = ["arn:aws:iam::123456789012:role/Admin", "arn:aws:iam::123456789012:user/alice",
+            "arn:aws-cn:iam::123456789012:role/path/to/Ops"]
+    assert parse_stack_config({**GOOD, "ray-eks:adminPrincipalArns": arns}).admin_principal_arns \
+        == tuple(arns)
 
 
 def test_a_secret_value_is_refused():

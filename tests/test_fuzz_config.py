@@ -44,7 +44,7 @@ valid_cidrs = st.builds(lambda ip, prefix: str(ipaddress.IPv4Network(f"{ip}/{pre
                                                                     strict=False)),
                         st.ip_addresses(v=4), st.integers(0, 32))
 # IAM names may hold commas, but then only the list and JSON forms can carry them; left out here.
-valid_arns = regex(r"arn:aws(-us-gov|-cn)?:(iam|sts)::\d{12}:(role|user|assumed-role)/"
+valid_arns = regex(r"arn:aws(-us-gov|-cn)?:iam::\d{12}:(role|user)/"
                    r"[A-Za-z0-9+=.@_-]{1,20}(/[A-Za-z0-9_-]{1,10})?")
 valid_versions = regex(r"(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})")
 valid_images = st.one_of(
@@ -86,6 +86,11 @@ def valid_configs(draw) -> dict:
         "ray-eks:rayNamespace": regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),
         "ray-eks:gpuRootVolumeGib": as_int_or_string(st.integers(100, 16384)),
         "ray-eks:eksImageRegistryAccount": regex(r"\d{12}"),
+        "ray-eks:systemNodeCount": as_int_or_string(st.integers(1, 10)),
+        "ray-eks:podIdentityAgentVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
+        "ray-eks:checkpointNoncurrentVersionDays": as_int_or_string(st.integers(0, 3650)),
+        "ray-eks:checkpointIncompleteUploadDays": as_int_or_string(st.integers(1, 365)),
+        "ray-eks:workersReadyTimeoutMinutes": as_int_or_string(st.integers(0, 180)),
     }
     for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
         values[key] = draw(optional[key])
@@ -122,6 +127,13 @@ bad_cidrs = st.one_of(
     st.builds(lambda ip, prefix: f"{ip}/{prefix}", st.ip_addresses(v=4), st.integers(0, 32)
               ).filter(not_cidr),
     st.text(max_size=20).filter(lambda s: "," not in s and not_cidr(s)))
+
+def out_of_range(low: int, high: int) -> st.SearchStrategy:
+    """A whole number outside [low, high], or not a whole number at all."""
+    return st.one_of(as_int_or_string(st.integers(max_value=low - 1)),
+                     as_int_or_string(st.integers(min_value=high + 1)),
+                     st.floats(), no_digits, st.booleans(), st.none())
+
 
 BAD: dict[str, st.SearchStrategy] = {
     "aws:region": st.one_of(
@@ -169,7 +181,9 @@ BAD: dict[str, st.SearchStrategy] = {
         st.lists(st.sampled_from([
             "alice", "arn:aws:iam::12345:role/x", "arn:aws:s3:::bucket",
             "arn:aws:iam::123456789012:group/admins", "arn:aws:iam::123456789012:role/",
-            "arn:aws:iam:us-east-1:123456789012:role/x", "arn:azure:iam::123456789012:role/x"]),
+            "arn:aws:iam:us-east-1:123456789012:role/x", "arn:azure:iam::123456789012:role/x",
+            "arn:aws:sts::123456789012:assumed-role/Admin/alice",
+            "arn:aws:sts::123456789012:federated-user/bob"]),
             min_size=1, max_size=2)),
     "ray-eks:checkpointBucketPrefix": st.one_of(
         st.sampled_from(["My_Bucket", "a", "-ckpt", "ckpt.bucket", "x" * 40, ""]),
@@ -187,6 +201,13 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:eksImageRegistryAccount": st.one_of(
         regex(r"\d{1,11}"), regex(r"\d{13,15}"), st.sampled_from(["ecr", "60240114345x", ""]),
         not_a_scalar),
+    "ray-eks:systemNodeCount": out_of_range(1, 10),
+    "ray-eks:podIdentityAgentVersion": st.one_of(
+        st.sampled_from(["latest", "v1.3.10", "1.3.10-eksbuild.2", "v1.3-eksbuild.1", "",
+                         "v1.3.10-eksbuild"]), no_digits, not_a_scalar),
+    "ray-eks:checkpointNoncurrentVersionDays": out_of_range(0, 3650),
+    "ray-eks:checkpointIncompleteUploadDays": out_of_range(1, 365),
+    "ray-eks:workersReadyTimeoutMinutes": out_of_range(0, 180),
 }
 
 

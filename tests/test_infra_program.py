@@ -5,6 +5,7 @@ eks.ManagedNodeGroup) show only their inputs under mocks, so those are what is a
 from __future__ import annotations
 
 import json
+import logging
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pulumi
 import pytest
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
 from pulumi.runtime.sync_await import _sync_await
 
 from capacity.stackfile import PLACEMENT_KEYS, plan_update, write
@@ -36,6 +38,18 @@ class ProgramRun:
     outputs: dict[str, Any] = field(default_factory=dict)
     secret_outputs: set[str] = field(default_factory=set)
     invokes: list[str] = field(default_factory=list)
+    dependencies: dict[str, set[str]] = field(default_factory=dict)
+    """URN -> the URNs it depends on (explicitly or through its inputs)."""
+    warnings: list[str] = field(default_factory=list)
+
+    def urn(self, typ: str, name: str) -> str:
+        (found,) = [u for u in self.dependencies
+                    if u.endswith(f"::{name}") and u.split("::")[-2].split("$")[-1] == typ]
+        return found
+
+    def waits_for(self, typ: str, name: str) -> set[str]:
+        """The names of everything the resource depends on."""
+        return {u.rsplit("::", 1)[-1] for u in self.dependencies[self.urn(typ, name)]}
 
     def of_type(self, typ: str) -> list[Declared]:
         return [r for r in self.resources if r.typ == typ]
@@ -46,9 +60,48 @@ class ProgramRun:
         return found[0]
 
 
+_DIRECTIONS = {"north": "n", "south": "s", "east": "e", "west": "w", "central": "c",
+               "northeast": "ne", "southeast": "se", "northwest": "nw", "southwest": "sw"}
+
+
+def zone_id_prefix(region: str) -> str:
+    """How AWS spells a region in its AZ IDs: us-west-2 -> usw2, ap-southeast-2 -> apse2."""
+    country, direction, number = region.split("-")
+    return f"{country}{_DIRECTIONS[direction]}{number}"
+
+
+def same_order_zones(region: str) -> list[tuple[str, str]]:
+    """An account where zone a is az1, b is az2, c is az3."""
+    return [(f"{region}{s}", f"{zone_id_prefix(region)}-az{i}") for s, i in zip("abc", (1, 2, 3))]
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The mock monitor, also keeping each registration's dependencies (the mocks see only its
+    inputs)."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks, run: ProgramRun):
+        super().__init__(mocks)
+        self.run = run
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        self.run.dependencies[response.urn] = set(request.dependencies)
+        return response
+
+
+class _WarningsLogger(logging.Logger):
+    def __init__(self, run: ProgramRun):
+        super().__init__("pulumi-mocks")
+        self.run = run
+
+    def warning(self, msg, *args, **kwargs):
+        self.run.warnings.append(str(msg))
+
+
 class _Mocks(pulumi.runtime.Mocks):
-    def __init__(self, run: ProgramRun, region: str):
+    def __init__(self, run: ProgramRun, region: str, zones: list[tuple[str, str]] | None = None):
         self.run, self.region = run, region
+        self.zones = zones or same_order_zones(region)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         self.run.resources.append(Declared(args.typ, args.name, dict(args.inputs)))
@@ -63,23 +116,25 @@ class _Mocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.run.invokes.append(args.token)
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-            prefix = "".join(part[0] for part in self.region.split("-")[:-1])
-            prefix += self.region.split("-")[-1]
-            return {"names": [f"{self.region}{s}" for s in "abc"],
-                    "zoneIds": [f"{prefix}-az{i}" for i in (1, 2, 3)], "id": self.region}
+            return {"names": [n for n, _ in self.zones], "zoneIds": [i for _, i in self.zones],
+                    "id": self.region}
         if args.token == "aws:index/getPartition:getPartition":
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
         return {}
 
 
-def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch) -> ProgramRun:
-    """Run __main__.py for `stack` with `config` (the stack file's `config:` mapping)."""
+def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch,
+                zones: list[tuple[str, str]] | None = None) -> ProgramRun:
+    """Run __main__.py for `stack` with `config` (the stack file's `config:` mapping), in an
+    account whose AZs are `zones` ((name, ID) pairs; by default a is az1, b az2, c az3)."""
     run = ProgramRun()
     exported: dict[str, Any] = {}
     monkeypatch.setattr(pulumi, "export", lambda k, v: exported.__setitem__(k, v))
     monkeypatch.chdir(repo_root)
     region = str(config.get("aws:region", "us-west-2"))
-    pulumi.runtime.set_mocks(_Mocks(run, region), project="ray-eks", stack=stack, preview=False)
+    mocks = _Mocks(run, region, zones)
+    pulumi.runtime.set_mocks(mocks, project="ray-eks", stack=stack, preview=False,
+                             monitor=_RecordingMonitor(mocks, run), logger=_WarningsLogger(run))
     # What the engine hands a program: strings, with structured values as JSON.
     pulumi.runtime.set_all_config({
         k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
@@ -200,15 +255,29 @@ def test_gpu_node_group_is_efa_enabled_in_the_gpu_az(program):
     assert gpu["subnetIds"] == [f"{gpu_subnet.name}-id"]
 
 
-def test_system_node_group_is_one_labelled_node(program):
+def _system_group(run: ProgramRun) -> dict[str, Any]:
+    return next(g.inputs for g in run.of_type("eks:index:ManagedNodeGroup")
+                if not g.inputs.get("enableEfaSupport"))
+
+
+def test_system_node_group_is_labelled_and_sized_by_the_config(program):
     config, run = program
     cfg = parse_stack_config(config)
-    system = next(g.inputs for g in run.of_type("eks:index:ManagedNodeGroup")
-                  if not g.inputs.get("enableEfaSupport"))
+    system = _system_group(run)
+    n = cfg.system_node_count
     assert system["instanceTypes"] == [cfg.system_instance_type]
     assert system["labels"] == {"role": "system"}
-    assert system["scalingConfig"] == {"desiredSize": 1, "minSize": 1, "maxSize": 1}
+    assert system["scalingConfig"] == {"desiredSize": n, "minSize": n, "maxSize": n}
+    assert n == 2  # the default: losing one node does not take DNS, the operator and the head
     assert "taints" not in system
+
+
+def test_the_system_group_size_is_configurable(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:systemNodeCount": 3}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    assert _system_group(run)["scalingConfig"] == {"desiredSize": 3, "minSize": 3, "maxSize": 3}
 
 
 def test_helm_releases_are_pinned_and_get_exactly_the_rendered_values(program):
@@ -249,6 +318,40 @@ def test_checkpoint_bucket_is_private_encrypted_versioned_and_kept(program):
     assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
 
 
+def _lifecycle(run: ProgramRun) -> dict[str, dict[str, Any]]:
+    config = run.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs
+    assert config["bucket"] == run.one("aws:s3/bucket:Bucket").name + "-id"
+    assert all(r["status"] == "Enabled" and r["filter"] == {} for r in config["rules"])
+    return {r["id"]: r for r in config["rules"]}
+
+
+def test_checkpoint_versions_and_failed_uploads_expire(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    rules = _lifecycle(run)
+    assert rules["expire-noncurrent-versions"]["noncurrentVersionExpiration"] == {
+        "noncurrentDays": cfg.checkpoint_noncurrent_version_days}
+    assert rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"] == {
+        "daysAfterInitiation": cfg.checkpoint_incomplete_upload_days}
+    assert rules["remove-expired-delete-markers"]["expiration"] == {
+        "expiredObjectDeleteMarker": True}
+    assert "checkpoints-versioning" in run.waits_for(
+        "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+        "checkpoints-lifecycle")
+
+
+def test_checkpoint_lifecycle_is_configurable(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:checkpointNoncurrentVersionDays": 0,
+              "ray-eks:checkpointIncompleteUploadDays": 3}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    rules = _lifecycle(run)
+    assert set(rules) == {"abort-incomplete-multipart-uploads"}  # versions kept forever
+    assert rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"] == {
+        "daysAfterInitiation": 3}
+
+
 def test_only_the_ray_service_account_can_use_the_bucket_prefix(program):
     config, run = program
     cfg = parse_stack_config(config)
@@ -282,11 +385,110 @@ def test_a_bad_value_fails_the_program_before_any_resource(monkeypatch):
     assert type(info.value).__name__ == "RunError"
 
 
-def test_a_gpu_az_the_account_lacks_fails_with_a_fix(monkeypatch):
+def test_a_gpu_az_id_the_account_lacks_fails_with_a_fix(monkeypatch):
     config = read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")
-    config["ray-eks:gpuAvailabilityZone"] = "us-west-2d"
-    with pytest.raises(Exception, match="us-west-2d is not available.*capacity probe"):
+    config["ray-eks:gpuAvailabilityZoneId"] = "usw2-az4"
+    with pytest.raises(Exception, match="usw2-az4 is not available.*capacity probe") as info:
         run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch)
+    assert type(info.value).__name__ == "RunError"
+
+
+# In this account the zone the probe checked (usw2-az1, "us-west-2a" where the probe ran) is
+# named us-west-2b.
+SHUFFLED = [("us-west-2a", "usw2-az3"), ("us-west-2b", "usw2-az1"), ("us-west-2c", "usw2-az2")]
+
+
+def test_the_gpu_az_is_resolved_from_its_id_in_the_deploying_account(monkeypatch):
+    config = read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")
+    assert (config["ray-eks:gpuAvailabilityZone"], config["ray-eks:gpuAvailabilityZoneId"]) == (
+        "us-west-2a", "usw2-az1")
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch, zones=SHUFFLED)
+    gpu = next(g.inputs for g in run.of_type("eks:index:ManagedNodeGroup")
+               if g.inputs.get("enableEfaSupport"))
+    assert gpu["placementGroupAvailabilityZone"] == "us-west-2b"
+    (gpu_subnet,) = [s for s in run.of_type("aws:ec2/subnet:Subnet")
+                     if f"{s.name}-id" in gpu["subnetIds"]]
+    assert gpu_subnet.inputs["availabilityZone"] == "us-west-2b"
+    ray = run.one("kubernetes:ray.io/v1:RayCluster").inputs
+    selector = ray["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+    assert selector["topology.kubernetes.io/zone"] == "us-west-2b"
+    assert run.outputs[outputs.GPU_AVAILABILITY_ZONE] == "us-west-2b"
+    (warning,) = [w for w in run.warnings if "usw2-az1" in w]
+    assert "us-west-2b in this account, not us-west-2a" in warning
+
+
+def test_a_gpu_az_name_that_matches_its_id_gives_no_warning(monkeypatch):
+    config = read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    assert not [w for w in run.warnings if "availability zone" in w]
+
+
+def test_s3_traffic_from_the_nodes_bypasses_the_nat_gateway(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    endpoint = run.one("aws:ec2/vpcEndpoint:VpcEndpoint").inputs
+    assert endpoint["vpcEndpointType"] == "Gateway"
+    assert endpoint["serviceName"] == f"com.amazonaws.{cfg.region}.s3"
+    private_rt = next(r for r in run.of_type("aws:ec2/routeTable:RouteTable")
+                      if any("natGatewayId" in route for route in r.inputs["routes"]))
+    assert endpoint["routeTableIds"] == [f"{private_rt.name}-id"]
+
+
+def test_the_operator_waits_for_the_system_nodes_only(program):
+    _, run = program
+    release = "kubernetes:helm.sh/v3:Release"
+    assert "system-nodes" in run.waits_for(release, "addons-kuberay-operator")
+    assert not {n for n in run.waits_for(release, "addons-kuberay-operator")
+                if n.startswith("gpu-")}
+    for plugin in ("addons-nvidia-device-plugin", "addons-aws-efa-k8s-device-plugin"):
+        assert "gpu-nodes" in run.waits_for(release, plugin)
+
+
+def test_the_raycluster_waits_for_the_pod_identity_association(program):
+    _, run = program
+    waits = run.waits_for("kubernetes:ray.io/v1:RayCluster", "ray-raycluster")
+    assert {"checkpoints-pod-identity", "addons-kuberay-operator", "ray-service-account"} <= waits
+
+
+def test_the_pod_identity_agent_version_is_pinned(program):
+    config, run = program
+    addon = run.one("aws:eks/addon:Addon").inputs
+    assert addon["addonName"] == "eks-pod-identity-agent"
+    assert addon["addonVersion"] == parse_stack_config(config).pod_identity_agent_version
+
+
+READY_TYPE = "pulumi-python:dynamic/ray-eks:RayWorkersReady"
+
+
+def test_pulumi_up_waits_for_every_worker_after_the_raycluster(program):
+    config, run = program
+    cfg = parse_stack_config(config)
+    ready = run.one(READY_TYPE)
+    assert ready.inputs["expectedWorkers"] == cfg.gpu_node_count
+    assert ready.inputs["timeoutSeconds"] == cfg.workers_ready_timeout_minutes * 60 > 0
+    assert (ready.inputs["namespace"], ready.inputs["clusterName"]) == (
+        cfg.ray_namespace, run.outputs[outputs.RAY_CLUSTER_NAME])
+    kubeconfig = ready.inputs["kubeconfig"]  # stored as a secret in the state
+    assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig
+    assert "ray-raycluster" in run.waits_for(READY_TYPE, ready.name)
+
+
+def test_a_zero_timeout_does_not_wait_for_the_workers(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:workersReadyTimeoutMinutes": 0}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    assert run.of_type(READY_TYPE) == []
+
+
+def test_the_kubernetes_provider_fails_loudly_on_an_unreachable_cluster(program):
+    # Only the PR preview workflow turns on skipping (PULUMI_K8S_SKIP_UPDATE_UNREACHABLE); an
+    # explicit provider setting would override that environment variable either way.
+    _, run = program
+    provider = run.one("pulumi:providers:kubernetes").inputs
+    assert not {"skipUpdateUnreachable", "deleteUnreachable"} & set(provider)
 
 
 def test_the_program_needs_no_pulumi_cli(monkeypatch, tmp_path):

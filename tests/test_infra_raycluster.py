@@ -18,7 +18,7 @@ import yaml
 from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.raycluster import build_raycluster
-from infra.sizing import allocatable, worker_pod_size
+from infra.sizing import node_allocatable, worker_pod_size
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
@@ -127,9 +127,10 @@ def test_workers_take_whole_efa_gpu_nodes_with_guaranteed_qos(cfg):
     limits = resources["limits"]
     assert limits["nvidia.com/gpu"] == str(instance.gpus)
     assert limits["vpc.amazonaws.com/efa"] == str(instance.efa_interfaces)
-    cpu, memory = allocatable(instance)
-    assert 0 < int(limits["cpu"]) < cpu
-    assert 0 < int(limits["memory"].removesuffix("Gi")) < memory
+    node = node_allocatable(instance)
+    assert 0 < int(limits["cpu"]) * 1000 < node.cpu_millicores
+    assert 0 < int(limits["memory"].removesuffix("Gi")) * 2**20 < node.memory_kib
+    assert limits["hugepages-2Mi"] == f"{node.hugepages_2mi * 2}Mi"
     assert int(limits["cpu"]) >= 0.9 * instance.vcpus
     assert worker_pod_size(instance).resources() == limits
 

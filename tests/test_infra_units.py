@@ -12,7 +12,7 @@ import pytest
 from infra.config import load_stack_config
 from infra.cost import estimated_cost_per_hour
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
-from infra.network import Zone, choose_zones, plan_subnets
+from infra.network import Zone, choose_zones, gpu_zone_by_id, plan_subnets, s3_service_name
 from infra.sizing import kube_reserved_cpu, worker_pod_size
 from infra.storage import checkpoint_policy
 
@@ -20,24 +20,38 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ZONES = [Zone(name=f"us-east-1{s}", zone_id=f"use1-az{i}") for s, i in zip("abcdef", (6, 1, 2, 4, 3, 5))]
 
 
+def test_the_gpu_zone_is_found_by_its_id_whatever_this_account_calls_it():
+    assert gpu_zone_by_id(zone_id="use1-az4", available=ZONES) == Zone(name="us-east-1d",
+                                                                       zone_id="use1-az4")
+
+
 def test_gpu_zone_comes_first_then_another_zone():
-    assert [z.name for z in choose_zones(gpu_zone="us-east-1d", available=ZONES)] == [
-        "us-east-1d", "us-east-1a"]
+    chosen = choose_zones(gpu_zone=gpu_zone_by_id(zone_id="use1-az4", available=ZONES),
+                          available=ZONES)
+    assert [z.name for z in chosen] == ["us-east-1d", "us-east-1a"]
 
 
 def test_a_zone_without_eks_control_plane_support_gets_two_companions():
-    chosen = choose_zones(gpu_zone="us-east-1e", available=ZONES)  # use1-az3
+    chosen = choose_zones(gpu_zone=gpu_zone_by_id(zone_id="use1-az3", available=ZONES),
+                          available=ZONES)
     assert [z.name for z in chosen] == ["us-east-1e", "us-east-1a", "us-east-1b"]
 
 
-def test_an_unknown_gpu_zone_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match="us-east-1z is not available.*capacity probe"):
-        choose_zones(gpu_zone="us-east-1z", available=ZONES)
+def test_an_unknown_gpu_zone_id_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"use1-az9 is not available to this account \(available: "
+                                         r"use1-az1 \(us-east-1b\), .*capacity probe"):
+        gpu_zone_by_id(zone_id="use1-az9", available=ZONES)
 
 
 def test_a_region_with_one_usable_zone_is_refused():
     with pytest.raises(ValueError, match="two availability zones"):
-        choose_zones(gpu_zone="us-east-1a", available=ZONES[:1])
+        choose_zones(gpu_zone=ZONES[0], available=ZONES[:1])
+
+
+@pytest.mark.parametrize(("region", "service"), [
+    ("eu-west-1", "com.amazonaws.eu-west-1.s3"), ("cn-north-1", "cn.com.amazonaws.cn-north-1.s3")])
+def test_the_s3_gateway_endpoint_service_name(region, service):
+    assert s3_service_name(region) == service
 
 
 def test_subnet_plan_is_disjoint_and_inside_the_vpc():
@@ -63,7 +77,8 @@ def test_worker_size_takes_every_gpu_and_efa_interface(name):
 
 def test_cost_adds_nodes_volumes_control_plane_and_nat():
     cfg = load_stack_config("us-west-2", REPO_ROOT)
-    expected = (2 * 4.6016 + 0.2016 + (2 * 200 + 100) * 0.08 / 730 + 0.10 + 0.045)
+    assert cfg.system_node_count == 2
+    expected = (2 * 4.6016 + 2 * 0.2016 + (2 * 200 + 2 * 100) * 0.08 / 730 + 0.10 + 0.045)
     assert estimated_cost_per_hour(cfg) == round(expected, 2)
 
 

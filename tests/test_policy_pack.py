@@ -77,9 +77,23 @@ def analyze_stack(servicer, resources: list[rules.StackResource]) -> list[proto.
     return list(servicer.AnalyzeStack(request, None).diagnostics)
 
 
-def test_every_policy_is_mandatory():
-    assert {p.enforcement_level for p in policies.POLICIES} == {EnforcementLevel.MANDATORY}
-    assert len(POLICY_NAMES) == len(policies.POLICIES) == 9
+ADVISORY_POLICIES = {"eks-api-not-open-to-all"}
+
+
+def test_every_policy_but_the_api_cidr_warning_is_mandatory():
+    levels = {p.name: p.enforcement_level for p in policies.POLICIES}
+    assert {n for n, level in levels.items() if level != EnforcementLevel.MANDATORY} == \
+        ADVISORY_POLICIES
+    assert levels["eks-api-not-open-to-all"] == EnforcementLevel.ADVISORY
+    assert len(POLICY_NAMES) == len(policies.POLICIES) == 10
+
+
+def test_an_api_endpoint_open_to_all_is_an_advisory_warning(servicer):
+    from test_policy_rules import eks_cluster
+    diagnostics = analyze(servicer, rules.EKS_CLUSTER, eks_cluster(["0.0.0.0/0"]))
+    assert [(d.policyName, d.enforcementLevel) for d in diagnostics] == [
+        ("eks-api-not-open-to-all", proto.ADVISORY)]
+    assert analyze(servicer, rules.EKS_CLUSTER, eks_cluster(["198.51.100.0/24"])) == []
 
 
 def _raycluster_with(change) -> dict[str, Any]:
@@ -188,7 +202,8 @@ def test_pack_process_serves_mandatory_policies():
             info = stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=20)
             assert info.name == "ray-eks-invariants"
             assert {p.name for p in info.policies} == POLICY_NAMES
-            assert {p.enforcementLevel for p in info.policies} == {proto.MANDATORY}
+            assert {p.name for p in info.policies if p.enforcementLevel != proto.MANDATORY} \
+                == ADVISORY_POLICIES
             rc = raycluster()
             rc["spec"]["headGroupSpec"]["serviceType"] = "LoadBalancer"
             response = stub.Analyze(proto.AnalyzeRequest(
@@ -241,14 +256,18 @@ def registered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
         provider = k8s.Provider("k8s", kubeconfig="{}")
         storage = CheckpointStorage("checkpoints", CheckpointStorageArgs(
             bucket_prefix=cfg.checkpoint_bucket_prefix,
-            retain_on_destroy=cfg.retain_checkpoints_on_destroy, key_prefix="runs",
+            retain_on_destroy=cfg.retain_checkpoints_on_destroy,
+            noncurrent_version_days=cfg.checkpoint_noncurrent_version_days,
+            incomplete_upload_days=cfg.checkpoint_incomplete_upload_days, key_prefix="runs",
             cluster_name="ray-eks", namespace=cfg.ray_namespace, service_account=SERVICE_ACCOUNT,
             cluster=provider))
         addons = Addons("addons", AddonsArgs(provider=provider, values=chart_values(cfg),
-                                             versions=chart_versions(cfg), node_groups=[]))
+                                             versions=chart_versions(cfg), system_nodes=provider,
+                                             gpu_nodes=provider))
         ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
             manifest=build_raycluster(cfg), provider=provider,
-            operator_release=addons.kuberay_operator))
+            operator_release=addons.kuberay_operator, pod_identity=storage.pod_identity,
+            kubeconfig="{}", workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes))
         return pulumi.Output.all(storage.uri, ray.cluster_name)
 
     declare()

@@ -154,6 +154,21 @@ def test_gpu_node_group_efa_compliant():
     assert rules.gpu_node_group_efa_violations(gpu_stack()) == []
 
 
+def multi_card_launch_template() -> dict[str, Any]:
+    """AWS's layout for an instance with several network cards (a p5.48xlarge has 32): an ENA
+    primary interface, an efa-only interface beside it on card 0, efa-only on every other card."""
+    interfaces = [{"deviceIndex": 0, "networkCardIndex": 0, "interfaceType": "interface"},
+                  {"deviceIndex": 1, "networkCardIndex": 0, "interfaceType": "efa-only"}]
+    interfaces += [{"deviceIndex": 0, "networkCardIndex": card, "interfaceType": "efa-only"}
+                   for card in range(1, 32)]
+    return {**efa_launch_template(), "networkInterfaces": interfaces}
+
+
+def test_an_ena_primary_beside_efa_only_interfaces_is_compliant():
+    assert rules.gpu_node_group_efa_violations(gpu_stack(template=multi_card_launch_template())) \
+        == []
+
+
 @pytest.mark.parametrize("template, placement, urn, expected", [
     ({**efa_launch_template(), "networkInterfaces": None}, None, LT_URN, "no EFA network interface"),
     ({**efa_launch_template(), "networkInterfaces": [
@@ -162,6 +177,10 @@ def test_gpu_node_group_efa_compliant():
     ({**efa_launch_template(), "networkInterfaces": [
         {"deviceIndex": 0, "networkCardIndex": 0, "interfaceType": "efa-only"}]},
      None, LT_URN, "primary network interface"),
+    ({**efa_launch_template(), "networkInterfaces": [
+        {"deviceIndex": 0, "networkCardIndex": 0, "interfaceType": "efa-only"},
+        {"deviceIndex": 1, "networkCardIndex": 0, "interfaceType": "interface"}]},
+     None, LT_URN, "not 'efa-only'"),
     ({**efa_launch_template(), "placement": None}, None, LT_URN, "no placement group"),
     (None, {"strategy": "spread", "name": "pg"}, LT_URN, "not 'cluster'"),
 ])
@@ -394,3 +413,31 @@ def test_unknown_values_are_not_judged():
 ])
 def test_parse_quantity(text, value):
     assert rules.parse_quantity(text) == value
+
+
+# --- EKS API endpoint ------------------------------------------------------------------------
+
+def eks_cluster(cidrs: Any, public: Any = True) -> dict[str, Any]:
+    """The aws:eks/cluster:Cluster pulumi-eks's Cluster creates (its vpcConfig)."""
+    return {"name": "ray-eks-us-west-2", "version": "1.34",
+            "vpcConfig": {"endpointPublicAccess": public, "endpointPrivateAccess": True,
+                          "publicAccessCidrs": cidrs, "subnetIds": [UNKNOWN]}}
+
+
+@pytest.mark.parametrize(("cidrs", "public", "warned"), [
+    (["0.0.0.0/0"], True, "0.0.0.0/0"),
+    (["203.0.113.7/32", "0.0.0.0/0"], True, "0.0.0.0/0"),
+    (None, True, "0.0.0.0/0 (the default)"),
+    (["203.0.113.0/24"], True, None),
+    (["0.0.0.0/0"], False, None),
+    (UNKNOWN, True, None),
+])
+def test_an_api_endpoint_open_to_everyone_is_warned_about(cidrs, public, warned):
+    warnings = rules.public_api_access_warnings(eks_cluster(cidrs, public))
+    if warned is None:
+        assert warnings == []
+    else:
+        (warning,) = warnings
+        assert f"accepts connections from {warned};" in warning
+        assert "ray-eks:apiAccessCidrs" in warning
+

@@ -90,3 +90,28 @@ def test_preview_uses_the_makefile_oidc_and_comments_on_the_pr(workflow):
     assert any("policy/venv/bin/pip install" in r and "policy/requirements.txt" in r
                for r in runs)
     assert steps.index(aws) < steps.index(pulumi)
+
+
+def test_previews_skip_the_cluster_the_read_only_role_cannot_reach(workflow):
+    steps = _steps(workflow, "preview")
+    pulumi = next(s for s in steps if s.get("uses", "").startswith("pulumi/actions@"))
+    assert pulumi["env"]["PULUMI_K8S_SKIP_UPDATE_UNREACHABLE"] == "true"
+    # Only the preview does: `pulumi up` elsewhere must fail on an unreachable cluster.
+    assert "PULUMI_K8S_SKIP_UPDATE_UNREACHABLE" not in workflow.get("env", {})
+    assert pulumi["with"]["command"] == "preview"
+
+
+def test_the_job_summary_shows_the_in_cluster_objects(workflow, tmp_path):
+    steps = _steps(workflow, "preview")
+    render = next(s for s in steps if "infra render" in s.get("run", ""))
+    pulumi = next(s for s in steps if s.get("uses", "").startswith("pulumi/actions@"))
+    assert steps.index(render) < steps.index(pulumi)
+    assert render["env"]["STACK"] == "${{ matrix.stack }}"
+    summary = tmp_path / "summary.md"
+    subprocess.run(["bash", "-euo", "pipefail", "-c", render["run"]], cwd=REPO_ROOT, check=True,
+                   env={"PATH": "/usr/bin:/bin", "STACK": "us-west-2",
+                        "GITHUB_STEP_SUMMARY": str(summary)}, timeout=120)
+    text = summary.read_text()
+    assert text.startswith("### In-cluster objects of stack us-west-2\n```yaml\n")
+    assert "kind: RayCluster" in text and text.endswith("```\n")
+
