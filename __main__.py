@@ -14,6 +14,7 @@ from infra.pulumi_config import load_running_stack_config
 from infra.raycluster import (AUTH_SECRET_KEY, DASHBOARD_PORT, SERVICE_ACCOUNT,
                               RayClusterDeployment, RayClusterDeploymentArgs, auth_secret_name,
                               build_raycluster, head_service_name)
+from infra.reservation import reservation_output
 from infra.storage import CheckpointStorage, CheckpointStorageArgs
 
 cfg = load_running_stack_config()
@@ -33,7 +34,8 @@ system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
 gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
-    root_volume_gib=cfg.gpu_root_volume_gib))
+    root_volume_gib=cfg.gpu_root_volume_gib, reservation=cfg.gpu_reservation,
+    cluster_name=cluster.cluster_name))
 addons = Addons("addons", AddonsArgs(
     provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
     node_groups=[system_nodes, gpu_nodes]))
@@ -60,3 +62,4 @@ pulumi.export(outputs.ESTIMATED_COST_PER_HOUR_USD, estimated_cost_per_hour(cfg))
 pulumi.export(outputs.PRICE_TABLE_DATE, PRICE_TABLE_DATE)
 pulumi.export(outputs.GPU_INSTANCE_TYPE, cfg.gpu_instance_type)
 pulumi.export(outputs.GPU_MEMORY_GIB, cfg.gpu_instance.gpu_memory_gib)
+pulumi.export(outputs.GPU_RESERVATION, reservation_output(cfg, stack=pulumi.get_stack()))

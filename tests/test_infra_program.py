@@ -72,14 +72,15 @@ class _Mocks(pulumi.runtime.Mocks):
         return {}
 
 
-def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch) -> ProgramRun:
+def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch,
+                mocks: type[_Mocks] = _Mocks) -> ProgramRun:
     """Run __main__.py for `stack` with `config` (the stack file's `config:` mapping)."""
     run = ProgramRun()
     exported: dict[str, Any] = {}
     monkeypatch.setattr(pulumi, "export", lambda k, v: exported.__setitem__(k, v))
     monkeypatch.chdir(repo_root)
     region = str(config.get("aws:region", "us-west-2"))
-    pulumi.runtime.set_mocks(_Mocks(run, region), project="ray-eks", stack=stack, preview=False)
+    pulumi.runtime.set_mocks(mocks(run, region), project="ray-eks", stack=stack, preview=False)
     # What the engine hands a program: strings, with structured values as JSON.
     pulumi.runtime.set_all_config({
         k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
