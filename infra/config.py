@@ -313,6 +313,20 @@ def _check_reservation(cfg: StackConfig) -> None:
                           f"is not after {k('gpu_reservation_start')} "
                           f"({cfg.gpu_reservation_start})",
                           "write the times EC2 reports for the reservation")
+    if cfg.gpu_reservation_instance_type not in INSTANCE_TYPES:
+        raise ConfigError(k("gpu_reservation_instance_type"), cfg.gpu_reservation_instance_type,
+                          "is not an instance type of infra/instance_types.py",
+                          "write the type EC2 reports for the reservation")
+    if not cfg.gpu_reservation_availability_zone.startswith(cfg.region) or not re.fullmatch(
+            r"[a-z]", cfg.gpu_reservation_availability_zone[len(cfg.region):] or "-"):
+        raise ConfigError(k("gpu_reservation_availability_zone"),
+                          cfg.gpu_reservation_availability_zone,
+                          f"is not an availability zone of {cfg.region}",
+                          "write the AZ EC2 reports for the reservation")
+    if cfg.gpu_reservation_instance_count < 1:
+        raise ConfigError(k("gpu_reservation_instance_count"),
+                          cfg.gpu_reservation_instance_count, "must be at least 1",
+                          "write the instance count EC2 reports for the reservation")
     owner = f"reservation {cfg.gpu_reservation_id}"
     if cfg.gpu_instance_type != cfg.gpu_reservation_instance_type:
         raise ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,

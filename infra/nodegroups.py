@@ -15,10 +15,10 @@ import pulumi_eks as eks
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
-from infra.config import GpuReservation
+from infra.config import GpuReservation, StackConfig
 from infra.instance_types import INSTANCE_TYPES
-from infra.reservation import (EKS_CAPACITY_TYPE, ReservationEnded, efa_network_interfaces,
-                               launch_window, reservation_launch_options)
+from infra.reservation import (EKS_CAPACITY_TYPE, LaunchWindow, ReservationEnded,
+                               efa_network_interfaces, launch_window, reservation_launch_options)
 
 NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
                  "AmazonEC2ContainerRegistryReadOnly")
@@ -86,6 +86,8 @@ class GpuNodeGroupArgs:
     reservation: GpuReservation | None = None
     """Capacity reservation to launch into: the group then gets its own launch template that
     targets it, and no placement group (infra/reservation.py says why)."""
+    window: LaunchWindow | None = None
+    """With a reservation: how many nodes to ask for now (gpu_launch_window)."""
     cluster_name: pulumi.Input[str] = ""
     """Name of the EKS cluster (needed with a reservation: its security group goes on the EFA
     interfaces of the group's own launch template)."""
@@ -125,18 +127,26 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.register_outputs({})
 
 
+def gpu_launch_window(cfg: StackConfig) -> LaunchWindow | None:
+    """The GPU node group's size now when it targets a reservation (None when it does not);
+    pulumi.RunError when the reservation can no longer launch instances. Called before any
+    resource is declared, like the config check."""
+    if cfg.gpu_reservation is None:
+        return None
+    try:
+        return launch_window(cfg.gpu_reservation, node_count=cfg.gpu_node_count,
+                             now=datetime.now(timezone.utc), stack=pulumi.get_stack())
+    except ReservationEnded as exc:
+        raise pulumi.RunError(f"stack {pulumi.get_stack()}: {exc}") from None
+
+
 def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Role,
                          parent: pulumi.Resource) -> eks.ManagedNodeGroup:
     """The GPU node group inside a capacity reservation, through a launch template of its own:
     pulumi-eks's EFA template has no capacity reservation target and a placement group."""
-    reservation = args.reservation
-    assert reservation is not None
+    reservation, window = args.reservation, args.window
+    assert reservation is not None and window is not None
     child = pulumi.ResourceOptions(parent=parent)
-    try:
-        window = launch_window(reservation, node_count=args.node_count,
-                               now=datetime.now(timezone.utc), stack=pulumi.get_stack())
-    except ReservationEnded as exc:
-        raise pulumi.RunError(f"stack {pulumi.get_stack()}: {exc}") from None
     if window.note:
         pulumi.log.warn(window.note, resource=parent)
     # Read from EC2, not written: the policy pack compares the node group with what EC2 holds.

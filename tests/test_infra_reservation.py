@@ -167,7 +167,8 @@ def test_what_destroy_leaves_and_what_it_costs_idle():
 # --- the program under mocks -----------------------------------------------------------------
 
 def _ec2_view(values: dict[str, Any]) -> dict[str, Any]:
-    """What EC2 reports for the stack's reservation (the read resource's state)."""
+    """What EC2 reports for the stack's reservation (the read resource's state), in the engine's
+    camelCase."""
     return {"instanceType": values.get("ray-eks:gpuReservationInstanceType"),
             "availabilityZone": values.get("ray-eks:gpuReservationAvailabilityZone"),
             "instanceCount": values.get("ray-eks:gpuReservationInstanceCount"),
@@ -181,8 +182,9 @@ def _mocks(ec2_view: dict[str, Any]):
 
         def new_resource(self, args: pulumi.runtime.MockResourceArgs):
             if args.resource_id and args.typ in (BLOCK, ODCR):
-                self.run.resources.append(_read(args.typ, args.name, args.resource_id))
-                return args.resource_id, {"id": args.resource_id, **ec2_view}
+                state = {"id": args.resource_id, **ec2_view}
+                self.run.resources.append(Declared(args.typ, args.name, state))
+                return args.resource_id, state
             return super().new_resource(args)
 
         def call(self, args: pulumi.runtime.MockCallArgs):
@@ -195,18 +197,16 @@ def _mocks(ec2_view: dict[str, Any]):
     return ReservationMocks
 
 
-def _read(typ: str, name: str, resource_id: str) -> Declared:
-    return Declared(typ, name, {"id": resource_id})
-
-
-def run_stack(tmp_path: Path, stack: str, values: dict[str, Any]) -> ProgramRun:
-    """Write the stack file as the capacity tools do, then run the program with it."""
+def run_stack(tmp_path: Path, stack: str, values: dict[str, Any], *,
+              ec2_view: dict[str, Any] | None = None) -> ProgramRun:
+    """Write the stack file as the capacity tools do, then run the program with it; a read of the
+    reservation answers what the stack file says, with `ec2_view` changed on top."""
     path = tmp_path / f"Pulumi.{stack}.yaml"
     write(plan_update(path, values))
     config = read_stack_values(path)
     with pytest.MonkeyPatch.context() as mp:
         return run_program(repo_root=REPO_ROOT, stack=stack, config=config, monkeypatch=mp,
-                           mocks=_mocks(_ec2_view(values)))
+                           mocks=_mocks({**_ec2_view(values), **(ec2_view or {})}))
 
 
 def gpu_group(run: ProgramRun) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def analyze_stack(servicer, resources: list[rules.StackResource]) -> list[proto.
 
 def test_every_policy_is_mandatory():
     assert {p.enforcement_level for p in policies.POLICIES} == {EnforcementLevel.MANDATORY}
-    assert len(POLICY_NAMES) == len(policies.POLICIES) == 9
+    assert len(POLICY_NAMES) == len(policies.POLICIES) == 10
 
 
 def _raycluster_with(change) -> dict[str, Any]:
