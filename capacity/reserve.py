@@ -181,7 +181,7 @@ def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
     outcome, detail = AttemptOutcome.FAILED, ""
     where = {"region": candidate.region, "zone": candidate.zone, "zone_id": candidate.zone_id,
              "instance_type": instance_type}
-    cancelled, stuck, kept = False, (), False
+    cancelled, stuck, kept, holding = False, (), False, False
     try:
         try:
             may_exist = True
@@ -201,20 +201,14 @@ def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
             else:
                 detail = f"reservation {created_id} ended {state}"
             if outcome is AttemptOutcome.PROVEN and keep is not None:
+                holding = True
                 with signals_deferred():
-                    try:
-                        keep(dataclasses.replace(candidate, instance_type=instance_type),
-                             created_id)
-                    except AwsFailure as failure:
-                        raise AwsFailure(kind=failure.kind, code=failure.code,
-                                         message=f"holding {created_id} failed: "
-                                                 f"{failure.message}",
-                                         action=failure.action) from None
+                    keep(dataclasses.replace(candidate, instance_type=instance_type), created_id)
                     kept = True
         except AwsFailure as failure:
             may_exist = bool(created_id)
             outcome = _OUTCOME.get(failure.kind, AttemptOutcome.FAILED)
-            detail = failure.summary
+            detail = (f"holding {created_id} failed: " if holding else "") + failure.summary
         finally:
             if not kept:
                 with signals_deferred():
