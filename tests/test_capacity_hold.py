@@ -17,6 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import ANY
 
+from capacity import stackfile
 from capacity.hold import HeldLog, stack_keeper
 from capacity.probe import AttemptOutcome, Candidate, Evidence
 from capacity.reserve import HELD_PREFIX, SAFETY_LIFETIME, TAG_KEY, prove_capacity, sweep_leftovers
@@ -197,13 +198,23 @@ def _client_error(operation: str, code: str) -> ClientError:
 
 
 def held_run(ec2: HoldingEc2, tmp_path: Path) -> HeldLog:
+    """A held run; the stack-file write is a point of the trace too (the commit point)."""
     log = HeldLog()
     keep = stack_keeper(make_api(ec2), stack="us-west-2", project_dir=tmp_path, node_count=2,
                         hours=HOURS, log=log)
     candidates = (Candidate(region=REGION, zone=f"{REGION}a", zone_id="usw2-az1",
                             evidence=Evidence.QUOTA_OK, instance_type="g6.12xlarge"),)
-    prove_capacity(make_api(ec2), candidates=candidates, instance_type="g6.12xlarge", count=2,
-                   keep=keep)
+    real_write = stackfile.write
+
+    def write(update) -> None:
+        index = ec2._enter("write")
+        real_write(update)
+        ec2.hook(index, "write", "after")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stackfile, "write", write)
+        prove_capacity(make_api(ec2), candidates=candidates, instance_type="g6.12xlarge",
+                       count=2, keep=keep)
     return log
 
 
@@ -220,7 +231,8 @@ def hold_points(tmp_path: Path) -> list[tuple[int, str, str]]:
 def test_a_signal_at_any_point_of_a_hold_leaves_it_held_and_written_or_cancelled(
         tmp_path_factory, guarded_handlers):
     points = hold_points(tmp_path_factory.mktemp("trace"))
-    assert {"modify", "tag", "create", "describe", "sleep", "cancel"} <= {op for _, op, _ in points}
+    assert {"modify", "tag", "write", "create", "describe", "sleep", "cancel"} <= {
+        op for _, op, _ in points}
     for sig in SIGNALS.values():
         for point in points:
             tmp_path = tmp_path_factory.mktemp("hold")
