@@ -88,7 +88,7 @@ class ReleaseOptions:
 
     @property
     def regions(self) -> tuple[str, ...]:
-        return (self.region,)
+        return (self.region,) if self.region else ()
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -163,6 +163,9 @@ def parse(args: argparse.Namespace, *, project_dir: Path, known: frozenset[str],
             raise BlocksInputError(f"{path.name} does not exist")
         values = stackfile.read_reservation(path)
         stackfile.precheck(path)
+        if values and not region:
+            raise BlocksInputError(f"{path.name} names no aws:region, so its reservation "
+                                   "cannot be found")
         return ReleaseOptions(stack=args.stack, region=region, values=values,
                               project_dir=project_dir)
     if problem := sellable_problem(args.instance_type):

@@ -24,8 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from capacity import blocks_cli
 from capacity import report as report_mod
 from capacity import stackfile
-from capacity.hold import MAX_HOLD_HOURS, HeldLog, stack_keeper
 from capacity.aws import AwsApi, AwsFailure, FailureKind
+from capacity.hold import MAX_HOLD_HOURS, HeldLog, stack_keeper
 from capacity.probe import (
     EXIT_BAD_INPUT,
     EXIT_NO_PLACEMENT,

@@ -23,6 +23,7 @@ from capacity.reserve import ReservationRun
 from capacity.stackfile import StackUpdate
 from infra.config import GpuReservation, format_utc
 from infra.instance_types import INSTANCE_TYPES
+from infra.reservation import odcr_idle_usd_per_hour
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,10 +80,11 @@ def _efa_cell(report: RegionReport) -> str:
 
 
 def _attempts_by_zone(result: ProbeResult) -> dict[tuple[str, str, str], ReservationAttempt]:
+    """Attempts by (region, AZ, instance type)."""
     if result.reservations is None:
         return {}
-    return {(a.region, a.zone, a.instance_type if len(result.request.instance_types) > 1 else ""):
-            a for a in result.reservations.attempts}
+    return {(a.region, a.zone, a.instance_type or result.request.instance_type): a
+            for a in result.reservations.attempts}
 
 
 def _verdict(report: RegionReport, zone: str, result: ProbeResult,
@@ -119,7 +121,8 @@ def table(result: ProbeResult) -> Table:
                       _quota_cell(report.quota), "", f"[red]{report.blocker}[/]")
             continue
         for zone in report.offered:
-            attempt = attempts.get((report.region, zone.name, report.instance_type))
+            attempt = attempts.get((report.region, zone.name,
+                                    report.instance_type or result.request.instance_type))
             res_cell = "" if attempt is None else attempt.outcome.value + (
                 f" ({attempt.reservation_id}, cancelled)" if attempt.cancelled else
                 f" ({attempt.reservation_id}, held)" if attempt.held else "")
@@ -159,10 +162,10 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
                   f"preset {preset} by default.", markup=False)
     if result.held is not None:
         held = result.held
-        idle = held.instance_count * INSTANCE_TYPES[held.instance_type].usd_per_hour
         out.print(f"Held On-Demand Capacity Reservation {held.reservation_id} until "
                   f"{format_utc(held.end)}: the GPU node group launches into it. Idle, it bills "
-                  f"about {idle:.2f} USD/hour; `pulumi destroy` leaves it to its end date; "
+                  f"about {odcr_idle_usd_per_hour(held):.2f} USD/hour; `pulumi destroy` leaves "
+                  f"it to its end date; "
                   f"`python -m capacity release --stack {result.stack}` cancels it.",
                   markup=False)
     unchecked = [r.region for r in result.reports

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from infra.config import GpuReservation, StackConfig, format_utc
-from infra.instance_types import InstanceType
+from infra.instance_types import INSTANCE_TYPES, InstanceType
 
 CAPACITY_BLOCK_RECLAIM = timedelta(minutes=30)
 """EC2 starts terminating a Capacity Block's instances this long before the block ends."""
@@ -96,13 +96,20 @@ def launch_window(reservation: GpuReservation, *, node_count: int, now: datetime
     return LaunchWindow(desired_nodes=node_count, note="")
 
 
+def odcr_idle_usd_per_hour(reservation: GpuReservation) -> float:
+    """An On-Demand Capacity Reservation bills every reserved instance at the On-Demand price
+    (from the price table), used or not."""
+    return round(reservation.instance_count
+                 * INSTANCE_TYPES[reservation.instance_type].usd_per_hour, 2)
+
+
 def idle_usd_per_hour(cfg: StackConfig) -> float:
-    """What the reservation costs per hour while no node uses it: an ODCR bills every reserved
-    instance at the On-Demand price (from the price table); a Capacity Block is paid up front."""
+    """What the reservation costs per hour while no node uses it (a Capacity Block is paid up
+    front: nothing more)."""
     reservation = cfg.gpu_reservation
     if reservation is None or reservation.is_capacity_block:
         return 0.0
-    return round(reservation.instance_count * cfg.gpu_instance.usd_per_hour, 2)
+    return odcr_idle_usd_per_hour(reservation)
 
 
 def after_destroy(cfg: StackConfig, *, stack: str) -> str:

@@ -8,6 +8,8 @@ point of a held run.
 
 from __future__ import annotations
 
+import io
+import json
 import signal
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -16,14 +18,19 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import ANY
+from rich.console import Console
 
 from capacity import stackfile
 from capacity.hold import HeldLog, stack_keeper
-from capacity.probe import AttemptOutcome, Candidate, Evidence
-from capacity.reserve import HELD_PREFIX, SAFETY_LIFETIME, TAG_KEY, prove_capacity, sweep_leftovers
-from infra.config import format_utc, parse_stack_config, read_stack_values
+from capacity.probe import (AttemptOutcome, Candidate, Evidence, ProbeRequest, RegionReport,
+                            ReservationAttempt, ZoneOffer, choose_placement)
+from capacity.report import ProbeResult, as_json, print_human
+from capacity.reserve import (HELD_PREFIX, SAFETY_LIFETIME, TAG_KEY, ReservationRun,
+                              prove_capacity, sweep_leftovers)
+from infra.config import GpuReservation, format_utc, parse_stack_config, read_stack_values
 from test_capacity_reserve import (DENIED_MESSAGE, NOW, Ec2Stubs, api, create_params,  # noqa: F401
                                    ec2, sleep, stub_cancel)
+from test_capacity_probe import G6, QUOTA_OK
 from test_reliability_reservations import (_API_NAMES, REGION, SIGNALS, Behaviour, FakeEc2,
                                            guarded_handlers, make_api)  # noqa: F401
 
@@ -264,3 +271,29 @@ def test_a_signal_at_any_point_of_a_hold_leaves_it_held_and_written_or_cancelled
                 if entry.tags.get(TAG_KEY, "").startswith(HELD_PREFIX):
                     continue
                 assert entry.end_date <= NOW + SAFETY_LIFETIME
+
+
+def test_the_report_names_the_held_reservation_its_idle_cost_and_the_way_out(tmp_path):
+    request = ProbeRequest(instance_type="g6.12xlarge", node_count=2, regions=("us-west-2",),
+                           reserve=True, hold_hours=HOURS)
+    report = RegionReport(region="us-west-2", facts=G6, quota=QUOTA_OK,
+                          instance_type="g6.12xlarge",
+                          zones=(ZoneOffer(name="us-west-2a", zone_id="usw2-az2", offered=True),))
+    attempt = ReservationAttempt(region="us-west-2", zone="us-west-2a", zone_id="usw2-az2",
+                                 outcome=AttemptOutcome.PROVEN, reservation_id=HELD,
+                                 instance_type="g6.12xlarge", held=True)
+    held = GpuReservation(reservation_id=HELD, kind="on-demand", instance_type="g6.12xlarge",
+                          availability_zone="us-west-2a", instance_count=2, start=NOW,
+                          end=NOW + timedelta(hours=HOURS))
+    placement = choose_placement((), (attempt,), request=request)
+    result = ProbeResult(request=request, reports=(report,), candidates=(),
+                         reservations=ReservationRun(attempts=(attempt,)), placement=placement,
+                         reasons=(), exit_code=0, stack="us-west-2", held=held)
+    out = io.StringIO()
+    print_human(result, out=Console(file=out, width=250), err=Console(file=io.StringIO()))
+    text = out.getvalue()
+    assert f"proven ({HELD}, held)" in text
+    assert f"Held On-Demand Capacity Reservation {HELD} until 2026-01-01T20:00:00Z" in text
+    assert "about 9.20 USD/hour" in text and "capacity release --stack us-west-2" in text
+    doc = json.loads(as_json(result))
+    assert doc["held"] == {"reservation_id": HELD, "end": "2026-01-01T20:00:00Z"}
