@@ -196,7 +196,10 @@ def release(api: AwsApi, *, region: str, path: Path, values: dict) -> Released:
     kind = str(values.get(config_key("gpu_reservation_type"), ""))
     update = stackfile.plan_update(path, {}, remove=stackfile.RESERVATION_KEYS)
     try:
-        state = api.reservation(region=region, reservation_id=rid).state
+        found = api.reservation(region=region, reservation_id=rid)
+        state = found.state
+        if found.reservation_type == "capacity-block":  # EC2's word over the stack file's
+            kind = "capacity-block"
     except AwsFailure as failure:
         if failure.kind is not FailureKind.NOT_FOUND:
             raise

@@ -296,6 +296,16 @@ def test_release_of_a_block_only_stops_targeting_it(api, ec2, tmp_path):
     assert "gpuReservation" not in path.read_text()
 
 
+def test_release_never_cancels_what_ec2_says_is_a_block(api, ec2, tmp_path):
+    path = reserved_stack(tmp_path, "on-demand")  # the file says ODCR; EC2 knows better
+    ec2.add_response("describe_capacity_reservations", {"CapacityReservations": [
+        bought("active")]}, expected_params={"CapacityReservationIds": [BLOCK_ID]})
+    out, err, out_text, _ = consoles()  # no cancel stubbed: a cancel call would fail the test
+    assert blocks_cli.run(release_opts(tmp_path), api=api, out=out, err=err) == 0
+    assert "cannot be cancelled" in out_text.getvalue()
+    assert "gpuReservation" not in path.read_text()
+
+
 def test_release_that_ec2_refuses_keeps_the_keys(api, ec2, tmp_path):
     path = reserved_stack(tmp_path, "on-demand")
     before = path.read_text()
