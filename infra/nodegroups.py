@@ -145,7 +145,7 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
     """The GPU node group inside a capacity reservation, through a launch template of its own:
     pulumi-eks's EFA template has no capacity reservation target and a placement group."""
     reservation, window = args.reservation, args.window
-    assert reservation is not None and window is not None
+    assert reservation is not None and window is not None and args.cluster_name
     child = pulumi.ResourceOptions(parent=parent)
     if window.note:
         pulumi.log.warn(window.note, resource=parent)
