@@ -160,17 +160,11 @@ def _record(api: AwsApi, res: Reservation, *, region: str, offering: BlockOfferi
         keys = ", ".join(f"{k}: {v}"
                          for k, v in stackfile.reservation_values(reservation).items())
         raise PurchaseError(f"bought Capacity Block {reservation.reservation_id} "
-                            f"({offering_summary(offering)}) but could not write {path} ({exc}); "
+                            f"({offer_summary(offering)}) but could not write {path} ({exc}); "
                             f"set these keys by hand, with the placement keys for "
                             f"{res.availability_zone}: {keys}") from None
     return Bought(reservation=reservation, update=update, state=res.state,
                   found_by_tag=found_by_tag)
-
-
-def offering_summary(offering: BlockOffering) -> str:
-    return (f"{offering.instance_count} x {offering.instance_type} in "
-            f"{offering.availability_zone}, {format_utc(offering.start)} to "
-            f"{format_utc(offering.end)}")
 
 
 @dataclass(frozen=True, kw_only=True)

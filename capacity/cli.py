@@ -265,7 +265,7 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
     reservations, held = None, HeldLog()
     if request.reserve and candidates:
         if not opts.as_json:
-            err.print(f"proving capacity with reservations ("
+            err.print("proving capacity with reservations ("
                       + (f"the first kept for {request.hold_hours:g} h" if request.hold_hours
                          else "cancelled at once") + f") in up to {len(candidates)} AZs")
         keep = (stack_keeper(api, stack=opts.stack, project_dir=opts.project_dir,

@@ -17,7 +17,7 @@ from capacity.report import job_preset
 from infra.config import parse_stack_config, read_stack_values
 from infra.instance_types import INSTANCE_TYPES
 from test_capacity_cli import moto_url, probe  # noqa: F401  (fixtures)
-from test_capacity_probe import QUOTA_OK, QUOTA_UNKNOWN, region
+from test_capacity_probe import QUOTA_UNKNOWN, region
 
 
 def facts(name: str) -> InstanceFacts:
