@@ -120,20 +120,25 @@ def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str, count: i
     except AwsFailure as failure:
         if failure.kind in _NO_PERMISSION:
             return failure
-    checks = [lambda: api.cancel_reservation(region=candidate.region,
-                                             reservation_id=_PLACEHOLDER_ID, dry_run=True)]
-    if hold:
-        checks += [
+    try:
+        api.cancel_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
+                               dry_run=True)
+    except AwsFailure as failure:
+        # The placeholder ID not being found still means the call was authorized.
+        if failure.kind is not FailureKind.NOT_FOUND:
+            return failure
+    if not hold:
+        return None
+    # Holding only needs to be allowed: should it fail otherwise, the reservation is cancelled.
+    for check in (
             lambda: api.extend_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
                                            end_date=api.now() + SAFETY_LIFETIME, dry_run=True),
             lambda: api.tag_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
-                                        tags={TAG_KEY: "preflight"}, dry_run=True)]
-    for check in checks:
+                                        tags={TAG_KEY: "preflight"}, dry_run=True)):
         try:
             check()
         except AwsFailure as failure:
-            # The placeholder ID not being found still means the call was authorized.
-            if failure.kind is not FailureKind.NOT_FOUND:
+            if failure.kind in _NO_PERMISSION:
                 return failure
     return None
 

@@ -297,3 +297,24 @@ def test_the_report_names_the_held_reservation_its_idle_cost_and_the_way_out(tmp
     assert "about 9.20 USD/hour" in text and "capacity release --stack us-west-2" in text
     doc = json.loads(as_json(result))
     assert doc["held"] == {"reservation_id": HELD, "end": "2026-01-01T20:00:00Z"}
+
+
+def test_a_denied_tagging_permission_stops_the_hold_before_anything_is_created(api, ec2,
+                                                                                tmp_path):
+    path = stack_path(tmp_path)
+    ec2.add_client_error("create_capacity_reservation", "DryRunOperation", "", 412,
+                         expected_params={**create_params("us-west-2a"), "DryRun": True})
+    ec2.add_client_error("cancel_capacity_reservation", "DryRunOperation", "", 412,
+                         expected_params={"CapacityReservationId": ANY, "DryRun": True})
+    ec2.add_client_error("modify_capacity_reservation",
+                         "InvalidCapacityReservationId.NotFound", "no such reservation", 400)
+    ec2.add_client_error("create_tags", "UnauthorizedOperation",
+                         DENIED_MESSAGE.replace("CreateCapacityReservation", "CreateTags"), 403)
+    keep = stack_keeper(api, stack="us-west-2", project_dir=tmp_path, node_count=2, hours=HOURS,
+                        log=HeldLog())
+    run = prove_capacity(api, candidates=(cand(),), instance_type="g6.12xlarge", count=2,
+                         keep=keep)
+    (attempt,) = run.attempts
+    assert attempt.outcome is AttemptOutcome.DENIED and attempt.reservation_id == ""
+    assert "ec2:CreateTags" in attempt.detail and "DryRun preflight" in attempt.detail
+    assert path.read_text() == COMMITTED
