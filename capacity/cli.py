@@ -85,7 +85,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m capacity", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="python -m capacity",
+                     description="Find, hold or buy GPU capacity and write it into "
+                                 "Pulumi.<stack>.yaml (docs/CAPACITY.md).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("probe", help="find a region/AZ with launchable GPU capacity and write it",
                        description="Find where the GPU node group can launch and write it into "
