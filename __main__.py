@@ -12,13 +12,16 @@ from infra.helm_values import chart_values, chart_versions
 from infra.instance_types import PRICE_TABLE_DATE
 from infra.network import Network, NetworkArgs
 from infra.nodegroups import GpuNodeGroup, GpuNodeGroupArgs, SystemNodeGroup, SystemNodeGroupArgs
+from infra.nodegroups import gpu_launch_window
 from infra.pulumi_config import load_running_stack_config
 from infra.raycluster import (AUTH_SECRET_KEY, DASHBOARD_PORT, SERVICE_ACCOUNT,
                               RayClusterDeployment, RayClusterDeploymentArgs, auth_secret_name,
                               build_raycluster, head_service_name)
+from infra.reservation import reservation_output
 from infra.storage import CheckpointStorage, CheckpointStorageArgs
 
 cfg = load_running_stack_config()
+gpu_window = gpu_launch_window(cfg)  # a reservation that has ended stops the program here
 name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
 
 network = Network("network", NetworkArgs(
@@ -39,7 +42,8 @@ system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
 gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
-    root_volume_gib=cfg.gpu_root_volume_gib))
+    root_volume_gib=cfg.gpu_root_volume_gib, reservation=cfg.gpu_reservation,
+    window=gpu_window, cluster_name=cluster.cluster_name))
 addons = Addons("addons", AddonsArgs(
     provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
     system_nodes=system_nodes, gpu_nodes=gpu_nodes))
@@ -71,3 +75,4 @@ pulumi.export(outputs.PRICE_TABLE_DATE, PRICE_TABLE_DATE)
 pulumi.export(outputs.GPU_INSTANCE_TYPE, cfg.gpu_instance_type)
 pulumi.export(outputs.GPU_MEMORY_GIB, cfg.gpu_instance.gpu_memory_gib)
 pulumi.export(outputs.RAY_WORKER_GPUS, cfg.gpu_node_count * cfg.gpu_instance.gpus)
+pulumi.export(outputs.GPU_RESERVATION, reservation_output(cfg, stack=pulumi.get_stack()))

@@ -12,8 +12,9 @@ import enum
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any, Callable
 
 import boto3
@@ -160,9 +161,64 @@ class Reservation:
     reservation_id: str
     """cr-... identifier."""
     state: str
-    """active, pending, failed, cancelled, expired, ..."""
+    """active, pending, failed, cancelled, expired, scheduled, payment-pending, ..."""
     availability_zone: str
     """AZ name the reservation is in."""
+    zone_id: str = ""
+    """AZ ID, when EC2 reports it."""
+    instance_type: str = ""
+    """Instance type reserved."""
+    instance_count: int = 0
+    """Instances reserved."""
+    start: datetime | None = None
+    """When it starts (a Capacity Block's start; an ODCR's creation)."""
+    end: datetime | None = None
+    """When it ends (None: unlimited)."""
+    reservation_type: str = "default"
+    """`default` (an ODCR) or `capacity-block`."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Its tags."""
+
+
+def _reservation(r: dict[str, Any]) -> Reservation:
+    """A Reservation from EC2's CapacityReservation shape."""
+    return Reservation(
+        reservation_id=r["CapacityReservationId"], state=r["State"],
+        availability_zone=r["AvailabilityZone"], zone_id=r.get("AvailabilityZoneId", ""),
+        instance_type=r.get("InstanceType", ""),
+        instance_count=int(r.get("TotalInstanceCount", 0)),
+        start=r.get("StartDate") or r.get("CreateDate"), end=r.get("EndDate"),
+        reservation_type=r.get("ReservationType", "default"),
+        tags={t["Key"]: t["Value"] for t in r.get("Tags", [])})
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockOffering:
+    """A Capacity Block for ML that EC2 offers for sale (DescribeCapacityBlockOfferings)."""
+
+    offering_id: str
+    """cb-... identifier: what a purchase names."""
+    instance_type: str
+    """Instance type."""
+    availability_zone: str
+    """AZ name the block would be in."""
+    instance_count: int
+    """Instances."""
+    start: datetime
+    """Start of the reservation."""
+    end: datetime
+    """End of the reservation (EC2 reclaims instances from 30 minutes before)."""
+    duration_hours: int
+    """Length in hours."""
+    upfront_fee: Decimal
+    """Price, paid at purchase."""
+    currency: str
+    """Currency of the price (USD)."""
+
+    @property
+    def per_instance_hour(self) -> Decimal:
+        hours = Decimal(max(1, self.duration_hours * self.instance_count))
+        return (self.upfront_fee / hours).quantize(Decimal("0.0001"))
 
 
 class AwsApi:
@@ -345,8 +401,7 @@ class AwsApi:
                 return Reservation(reservation_id="", state="dry-run",
                                    availability_zone=availability_zone)
             raise
-        return Reservation(reservation_id=res["CapacityReservationId"], state=res["State"],
-                           availability_zone=res["AvailabilityZone"])
+        return _reservation(res)
 
     def cancel_reservation(self, *, region: str, reservation_id: str,
                            dry_run: bool = False) -> None:
@@ -358,24 +413,78 @@ class AwsApi:
                 return
             raise
 
-    def reservations_tagged(self, *, region: str, tag_key: str,
-                            tag_value: str | None = None) -> list[Reservation]:
-        """Reservations carrying the tag (any value unless given) that still hold capacity."""
+    def reservations_tagged(self, *, region: str, tag_key: str, tag_value: str | None = None,
+                            states: tuple[str, ...] = ("active", "pending")) -> list[Reservation]:
+        """Reservations carrying the tag (any value unless given) in one of `states` (by default
+        those that still hold capacity)."""
         tag_filter = ({"Name": f"tag:{tag_key}", "Values": [tag_value]} if tag_value is not None
                       else {"Name": "tag-key", "Values": [tag_key]})
         found = self._paginate("ec2", region, "describe_capacity_reservations",
                                "CapacityReservations",
-                               Filters=[tag_filter,
-                                        {"Name": "state", "Values": ["active", "pending"]}])
-        return [Reservation(reservation_id=r["CapacityReservationId"], state=r["State"],
-                            availability_zone=r["AvailabilityZone"]) for r in found]
+                               Filters=[tag_filter, {"Name": "state", "Values": list(states)}])
+        return [_reservation(r) for r in found]
 
     def reservation(self, *, region: str, reservation_id: str) -> Reservation:
         found = self._call("ec2", region, "describe_capacity_reservations",
                            CapacityReservationIds=[reservation_id])["CapacityReservations"]
-        r = found[0]
-        return Reservation(reservation_id=r["CapacityReservationId"], state=r["State"],
-                           availability_zone=r["AvailabilityZone"])
+        return _reservation(found[0])
+
+    def extend_reservation(self, *, region: str, reservation_id: str, end_date: datetime,
+                           dry_run: bool = False) -> None:
+        """Move a reservation's (limited) end date."""
+        try:
+            self._call("ec2", region, "modify_capacity_reservation",
+                       CapacityReservationId=reservation_id, EndDateType="limited",
+                       EndDate=end_date, DryRun=dry_run)
+        except AwsFailure as failure:
+            if dry_run and failure.code == "DryRunOperation":
+                return
+            raise
+
+    def tag_reservation(self, *, region: str, reservation_id: str, tags: dict[str, str],
+                        dry_run: bool = False) -> None:
+        """Set tags on a reservation (a tag that exists gets the new value)."""
+        try:
+            self._call("ec2", region, "create_tags", Resources=[reservation_id],
+                       Tags=[{"Key": k, "Value": v} for k, v in tags.items()], DryRun=dry_run)
+        except AwsFailure as failure:
+            if dry_run and failure.code == "DryRunOperation":
+                return
+            raise
+
+    # --- Capacity Blocks for ML ------------------------------------------------------------------
+
+    def capacity_block_offerings(self, *, region: str, instance_type: str, count: int,
+                                 duration_hours: int, start_after: datetime | None = None,
+                                 end_before: datetime | None = None) -> list[BlockOffering]:
+        """The blocks EC2 offers for sale now for this type, count and duration."""
+        dates: dict[str, Any] = {}
+        if start_after is not None:
+            dates["StartDateRange"] = start_after
+        if end_before is not None:
+            dates["EndDateRange"] = end_before
+        found = self._paginate("ec2", region, "describe_capacity_block_offerings",
+                               "CapacityBlockOfferings", InstanceType=instance_type,
+                               InstanceCount=count, CapacityDurationHours=duration_hours,
+                               **dates)
+        return [BlockOffering(
+            offering_id=o["CapacityBlockOfferingId"], instance_type=o["InstanceType"],
+            availability_zone=o["AvailabilityZone"], instance_count=int(o["InstanceCount"]),
+            start=o["StartDate"], end=o["EndDate"],
+            duration_hours=int(o.get("CapacityBlockDurationHours", 0)),
+            upfront_fee=Decimal(str(o["UpfrontFee"])), currency=o.get("CurrencyCode", "USD"))
+            for o in found]
+
+    def purchase_capacity_block(self, *, region: str, offering_id: str,
+                                tags: dict[str, str]) -> Reservation:
+        """Buy a Capacity Block (it bills at once and cannot be cancelled). Sent once, never
+        retried: the call takes no client token, so a retry could buy a second block."""
+        res = self._call(
+            "ec2", region, "purchase_capacity_block", retry=False,
+            CapacityBlockOfferingId=offering_id, InstancePlatform="Linux/UNIX",
+            TagSpecifications=[{"ResourceType": "capacity-reservation",
+                                "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}])
+        return _reservation(res["CapacityReservation"])
 
     def now(self) -> datetime:
         return self._now()

@@ -1,4 +1,5 @@
 """`python -m capacity probe`: validate input, probe, decide, report, write the stack file.
+(`blocks` and `release` are in capacity/blocks_cli.py.)
 
 Exit codes: 0 placed and written (or shown, with --dry-run); 1 no placement, with a reason per
 location; 2 bad input (one line, nothing probed, no file touched); 3 credentials or permissions.
@@ -7,6 +8,7 @@ location; 2 bad input (one line, nothing probed, no file touched); 3 credentials
 from __future__ import annotations
 
 import argparse
+import contextvars
 import dataclasses
 import difflib
 import re
@@ -19,9 +21,11 @@ import boto3
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from capacity import blocks_cli
 from capacity import report as report_mod
 from capacity import stackfile
 from capacity.aws import AwsApi, AwsFailure, FailureKind
+from capacity.hold import MAX_HOLD_HOURS, HeldLog, stack_keeper
 from capacity.probe import (
     EXIT_BAD_INPUT,
     EXIT_NO_PLACEMENT,
@@ -32,7 +36,7 @@ from capacity.probe import (
     rank_candidates,
     unplaced_reasons,
 )
-from capacity.regions import probe_regions
+from capacity.regions import probe_instance_types
 from capacity.reserve import prove_capacity
 from infra.config import ConfigError, stack_file
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
@@ -43,6 +47,8 @@ DEFAULT_REGIONS = ("us-west-2", "us-east-1", "us-east-2", "eu-west-1", "eu-centr
 DEFAULT_INSTANCE_TYPE = "g6.12xlarge"
 _STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 _PARTITIONS = ("aws", "aws-us-gov", "aws-cn")
+_COMMAND = contextvars.ContextVar("command", default="probe")
+"""The subcommand being run, for the prefix of error lines."""
 
 
 class InputError(ValueError):
@@ -68,6 +74,10 @@ class Options:
     project_dir: Path
     """Where Pulumi.<stack>.yaml lives."""
 
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return self.request.regions
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -75,7 +85,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m capacity", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="python -m capacity",
+                     description="Find, hold or buy GPU capacity and write it into "
+                                 "Pulumi.<stack>.yaml (docs/CAPACITY.md).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("probe", help="find a region/AZ with launchable GPU capacity and write it",
                        description="Find where the GPU node group can launch and write it into "
@@ -85,15 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--regions", default="", help="comma-separated regions, in preference order")
     where.add_argument("--all-regions", action="store_true",
                        help="probe every region enabled in the account")
-    p.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE,
-                   help=f"GPU instance type (default {DEFAULT_INSTANCE_TYPE})")
+    types = p.add_mutually_exclusive_group()
+    types.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE,
+                       help=f"GPU instance type (default {DEFAULT_INSTANCE_TYPE})")
+    types.add_argument("--instance-types", default="",
+                       help="comma-separated GPU instance types to fall back across: all are "
+                            "probed, placements ranked by availability, quota and price")
     p.add_argument("--nodes", default="2", help="GPU nodes in one AZ (default 2)")
     p.add_argument("--reserve", action="store_true",
                    help="prove capacity with a capacity reservation, cancelled at once")
+    p.add_argument("--hold", default="", metavar="HOURS",
+                   help="prove capacity with a reservation and keep it for HOURS (it bills "
+                        "until then); the GPU node group launches into it")
     p.add_argument("--dry-run", action="store_true",
                    help="show the stack-file change, write nothing")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
     p.add_argument("--region-timeout", default="60", help="seconds per region (default 60)")
+    blocks_cli.add_commands(sub)
     return parser
 
 
@@ -125,11 +145,53 @@ def _check_regions(regions: Sequence[str], known: frozenset[str]) -> None:
                              + (f"; did you mean {hint[0]}?" if hint else ""))
 
 
-def parse_options(argv: Sequence[str], *, project_dir: Path,
-                  known: frozenset[str]) -> Options:
+def _instance_types(args: argparse.Namespace) -> tuple[str, ...]:
+    if not args.instance_types:
+        _check_instance_type(args.instance_type)
+        return (args.instance_type,)
+    names = tuple(dict.fromkeys(t.strip() for t in args.instance_types.split(",") if t.strip()))
+    if not names:
+        raise InputError("--instance-types is empty")
+    for name in names:
+        _check_instance_type(name)
+    return names
+
+
+def _hold_hours(args: argparse.Namespace) -> float:
+    if not args.hold:
+        return 0.0
+    try:
+        hours = float(args.hold)
+    except ValueError:
+        hours = 0.0
+    if not 1 <= hours <= MAX_HOLD_HOURS:
+        raise InputError(f"--hold must be a number of hours from 1 to {MAX_HOLD_HOURS}, "
+                         f"got {args.hold!r}")
+    if args.dry_run:
+        raise InputError("--hold keeps a billed reservation and writes the stack file; it "
+                         "cannot be combined with --dry-run")
+    return hours
+
+
+def _refuse_if_reserved(path: Path, stack: str) -> None:
+    try:
+        blocks_cli.refuse_if_reserved(path, stack)
+    except blocks_cli.BlocksInputError as exc:
+        raise InputError(str(exc)) from None
+
+
+def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[str],
+                  default_region: str = "") -> Options | blocks_cli.BlocksOptions | \
+        blocks_cli.ReleaseOptions:
     """Validate everything that needs no cloud call. InputError, ConfigError or StackFileError
     on a user mistake."""
     args = build_parser().parse_args(argv)
+    if args.command != "probe":
+        try:
+            return blocks_cli.parse(args, project_dir=project_dir, known=known,
+                                    default_region=default_region)
+        except blocks_cli.BlocksInputError as exc:
+            raise InputError(str(exc)) from None
     nodes = _positive_int("--nodes", args.nodes)
     try:
         timeout = float(args.region_timeout)
@@ -138,7 +200,8 @@ def parse_options(argv: Sequence[str], *, project_dir: Path,
     if timeout <= 0:
         raise InputError(f"--region-timeout must be a positive number of seconds, "
                          f"got {args.region_timeout!r}")
-    _check_instance_type(args.instance_type)
+    instance_types = _instance_types(args)
+    hold_hours = _hold_hours(args)
     if args.stack and not _STACK_NAME_RE.match(args.stack):
         raise InputError(f"--stack {args.stack!r} is not a stack name (letters, digits, - _ .)")
     regions = tuple(r.strip() for r in args.regions.split(",") if r.strip())
@@ -148,6 +211,7 @@ def parse_options(argv: Sequence[str], *, project_dir: Path,
     if args.stack:
         path = stack_file(args.stack, project_dir)
         stackfile.precheck(path)
+        _refuse_if_reserved(path, args.stack)
         stack_region = stackfile.read_region(path)
         if not regions and stack_region:
             regions = (stack_region,)  # with --all-regions: probed first
@@ -158,9 +222,12 @@ def parse_options(argv: Sequence[str], *, project_dir: Path,
     if not args.stack:
         for region in regions:
             stackfile.precheck(stack_file(region, project_dir))
+            _refuse_if_reserved(stack_file(region, project_dir), region)
     return Options(
-        request=ProbeRequest(instance_type=args.instance_type, node_count=nodes, regions=regions,
-                             reserve=args.reserve, current_zone_id=current_zone_id),
+        request=ProbeRequest(instance_type=instance_types[0], node_count=nodes, regions=regions,
+                             reserve=args.reserve or bool(hold_hours),
+                             current_zone_id=current_zone_id, fallback_types=instance_types[1:],
+                             hold_hours=hold_hours),
         stack=args.stack, all_regions=args.all_regions, dry_run=args.dry_run,
         as_json=args.json, region_timeout_s=timeout, project_dir=project_dir)
 
@@ -170,7 +237,8 @@ def _home_region(session: boto3.Session, regions: Sequence[str]) -> str:
 
 
 def _fail(err: Console, message: str, code: int) -> int:
-    err.print(f"capacity probe: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"capacity {_COMMAND.get()}: error: {message}", markup=False, highlight=False,
+              soft_wrap=True)
     return code
 
 
@@ -185,23 +253,29 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
         if not opts.stack:  # any of them may become the stack: refuse a malformed one now
             for region in regions:
                 stackfile.precheck(stack_file(region, opts.project_dir))
+                _refuse_if_reserved(stack_file(region, opts.project_dir), region)
         request = dataclasses.replace(request, regions=regions)
     with Progress(TextColumn("probing regions"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.description}"), console=err,
                   transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("", total=len(request.regions))
-        reports = probe_regions(
+        task = progress.add_task("", total=len(request.regions) * len(request.instance_types))
+        reports = probe_instance_types(
             api, request=request, timeout_s=opts.region_timeout_s,
-            on_done=lambda r: progress.update(task, advance=1, description=r.region))
+            on_done=lambda r: progress.update(task, advance=1,
+                                              description=f"{r.region} {r.instance_type}"))
     candidates = rank_candidates(reports, request=request)
-    reservations = None
+    reservations, held = None, HeldLog()
     if request.reserve and candidates:
         if not opts.as_json:
-            err.print(f"proving capacity with reservations (cancelled at once) in up to "
-                      f"{len(candidates)} AZs")
+            err.print("proving capacity with reservations ("
+                      + (f"the first kept for {request.hold_hours:g} h" if request.hold_hours
+                         else "cancelled at once") + f") in up to {len(candidates)} AZs")
+        keep = (stack_keeper(api, stack=opts.stack, project_dir=opts.project_dir,
+                             node_count=request.node_count, hours=request.hold_hours, log=held)
+                if request.hold_hours else None)
         reservations = prove_capacity(api, candidates=candidates,
                                       instance_type=request.instance_type,
-                                      count=request.node_count)
+                                      count=request.node_count, keep=keep)
     attempts = reservations.attempts if reservations else ()
     placement = choose_placement(candidates, attempts, request=request)
     code = exit_code(placement, reports, attempts)
@@ -211,7 +285,10 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
     if code == EXIT_BAD_INPUT:
         return _fail(err, f"{request.instance_type} does not support EFA in any probed region; "
                           f"use one of {', '.join(GPU_INSTANCE_TYPES)}", code)
-    if placement is not None:
+    if placement is not None and held.update is not None:
+        result = dataclasses.replace(result, stack=held.stack, update=held.update, written=True,
+                                     held=held.reservation)
+    elif placement is not None:
         stack = opts.stack or placement.region
         update = stackfile.plan_update(stack_file(stack, opts.project_dir),
                                        stackfile.placement_values(placement))
@@ -231,15 +308,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     argv = list(sys.argv[1:] if argv is None else argv)
+    _COMMAND.set(blocks_cli.command_of(argv))
     try:
-        opts = parse_options(argv, project_dir=Path.cwd(), known=known_regions())
+        opts = parse_options(argv, project_dir=Path.cwd(), known=known_regions(),
+                             default_region=boto3.Session().region_name or "")
     except (InputError, ConfigError, stackfile.StackFileError) as exc:
         return _fail(err, str(exc), EXIT_BAD_INPUT)
     session = boto3.Session()
-    home = _home_region(session, opts.request.regions)
+    home = _home_region(session, opts.regions)
     api = AwsApi(session=session, call_timeout_s=min(20.0, opts.region_timeout_s))
     try:
         api.caller_account(region=home)
+        if not isinstance(opts, Options):
+            return blocks_cli.run(opts, api=api, out=out, err=err)
         return run_probe(opts, api=api, home_region=home, out=out, err=err)
     except AwsFailure as failure:
         code = (EXIT_PERMISSION if failure.kind in (FailureKind.CREDENTIALS, FailureKind.DENIED)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from capacity.aws import FailureKind, InstanceFacts
 from capacity.quota import QuotaCheck, QuotaVerdict
+from infra.instance_types import INSTANCE_TYPES
 
 EXIT_PLACED = 0
 EXIT_NO_PLACEMENT = 1
@@ -33,6 +34,15 @@ class ProbeRequest:
     """Prove capacity with a create-and-cancel On-Demand Capacity Reservation."""
     current_zone_id: str = ""
     """AZ ID the stack uses now; kept when it still qualifies, so the node group does not move."""
+    fallback_types: tuple[str, ...] = ()
+    """Further instance types to probe (`--instance-types`): placements of all of them are
+    ranked together."""
+    hold_hours: float = 0.0
+    """Keep the proving reservation for this many hours instead of cancelling it (`--hold`)."""
+
+    @property
+    def instance_types(self) -> tuple[str, ...]:
+        return (self.instance_type, *self.fallback_types)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +85,8 @@ class RegionReport:
     """Set when the probe of this region failed or timed out."""
     elapsed_s: float = 0.0
     """Wall time of this region's probe."""
+    instance_type: str = ""
+    """The instance type probed (empty: the request's only type)."""
 
     @property
     def offered(self) -> tuple[ZoneOffer, ...]:
@@ -127,6 +139,8 @@ class Candidate:
     """AZ ID."""
     evidence: Evidence
     """Strongest evidence before any reservation."""
+    instance_type: str = ""
+    """Instance type (empty: the request's only type)."""
 
 
 class AttemptOutcome(enum.Enum):
@@ -156,7 +170,12 @@ class ReservationAttempt:
     reservation_id: str = ""
     """The reservation created, if any."""
     cancelled: bool = False
-    """Whether the created reservation was cancelled (always, unless cancelling failed)."""
+    """Whether the created reservation was cancelled (always, unless cancelling failed or it is
+    held)."""
+    instance_type: str = ""
+    """Instance type reserved (empty: the request's only type)."""
+    held: bool = False
+    """Kept for the stack (`--hold`) and written to its stack file."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,19 +198,35 @@ class Placement:
 
 def rank_candidates(reports: tuple[RegionReport, ...], *,
                     request: ProbeRequest) -> tuple[Candidate, ...]:
-    """Qualifying AZs, best first: strongest evidence, then the user's region order, then the
-    stack's current AZ, then AZ ID (a stable order across accounts)."""
+    """Qualifying AZs, best first: strongest evidence (availability, quota), then the node
+    group's On-Demand price per hour (with several instance types), then the user's type order,
+    region order, the stack's current AZ, and AZ ID (a stable order across accounts)."""
     order = {r: i for i, r in enumerate(request.regions)}
+    type_order = {t: i for i, t in enumerate(request.instance_types)}
     out = []
     for report in reports:
         if report.blocker or report.quota is None:
             continue
         evidence = (Evidence.QUOTA_OK if report.quota.verdict is QuotaVerdict.OK
                     else Evidence.QUOTA_UNCHECKED)
+        instance_type = report.instance_type or request.instance_type
         out.extend(Candidate(region=report.region, zone=z.name, zone_id=z.zone_id,
-                             evidence=evidence) for z in report.offered)
-    return tuple(sorted(out, key=lambda c: (c.evidence, order.get(c.region, len(order)),
-                                            c.zone_id != request.current_zone_id, c.zone_id)))
+                             evidence=evidence, instance_type=instance_type)
+                   for z in report.offered)
+
+    def key(c: Candidate) -> tuple:
+        t = c.instance_type or request.instance_type
+        return (c.evidence, node_group_usd_per_hour(t, request.node_count),
+                type_order.get(t, len(type_order)), order.get(c.region, len(order)),
+                c.zone_id != request.current_zone_id, c.zone_id)
+
+    return tuple(sorted(out, key=key))
+
+
+def node_group_usd_per_hour(instance_type: str, node_count: int) -> float:
+    """The GPU nodes' On-Demand list price per hour (infra/instance_types.py)."""
+    known = INSTANCE_TYPES.get(instance_type)
+    return node_count * known.usd_per_hour if known else float("inf")
 
 
 def choose_placement(candidates: tuple[Candidate, ...], attempts: tuple[ReservationAttempt, ...],
@@ -202,21 +237,27 @@ def choose_placement(candidates: tuple[Candidate, ...], attempts: tuple[Reservat
         if proven is None:
             return None
         return Placement(region=proven.region, zone=proven.zone, zone_id=proven.zone_id,
-                         instance_type=request.instance_type, node_count=request.node_count,
-                         evidence=Evidence.CAPACITY_PROVEN)
+                         instance_type=proven.instance_type or request.instance_type,
+                         node_count=request.node_count, evidence=Evidence.CAPACITY_PROVEN)
     if not candidates:
         return None
     best = candidates[0]
     return Placement(region=best.region, zone=best.zone, zone_id=best.zone_id,
-                     instance_type=request.instance_type, node_count=request.node_count,
-                     evidence=best.evidence)
+                     instance_type=best.instance_type or request.instance_type,
+                     node_count=request.node_count, evidence=best.evidence)
 
 
 def unplaced_reasons(reports: tuple[RegionReport, ...],
                      attempts: tuple[ReservationAttempt, ...]) -> tuple[str, ...]:
-    """One line per location that was not chosen: each region's blocker, each failed attempt."""
-    lines = [f"{r.region}: {r.blocker}" for r in reports if r.blocker]
-    lines += [f"{a.region} {a.zone} ({a.zone_id}): {a.outcome.value}"
+    """One line per location that was not chosen: each region's blocker, each failed attempt
+    (named with its instance type when several types were probed)."""
+    several = len({r.instance_type for r in reports} | {a.instance_type for a in attempts}) > 1
+
+    def where(region: str, instance_type: str) -> str:
+        return f"{region} {instance_type}" if several and instance_type else region
+
+    lines = [f"{where(r.region, r.instance_type)}: {r.blocker}" for r in reports if r.blocker]
+    lines += [f"{where(a.region, a.instance_type)} {a.zone} ({a.zone_id}): {a.outcome.value}"
               + (f" - {a.detail}" if a.detail else "")
               for a in attempts if a.outcome is not AttemptOutcome.PROVEN]
     return tuple(lines)

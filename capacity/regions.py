@@ -6,6 +6,7 @@ a region still running at the deadline is reported as timed out while the others
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable
@@ -22,7 +23,8 @@ def probe_region(api: AwsApi, *, region: str, request: ProbeRequest) -> RegionRe
     start = time.monotonic()
     facts = api.instance_facts(region=region, instance_type=request.instance_type)
     if facts is None:
-        return RegionReport(region=region, elapsed_s=time.monotonic() - start)
+        return RegionReport(region=region, elapsed_s=time.monotonic() - start,
+                            instance_type=request.instance_type)
     zone_ids = api.availability_zones(region=region)
     offered = api.offered_zones(region=region, instance_type=request.instance_type)
     zones = tuple(ZoneOffer(name=name, zone_id=zone_ids[name], offered=name in offered)
@@ -31,11 +33,13 @@ def probe_region(api: AwsApi, *, region: str, request: ProbeRequest) -> RegionRe
     if any(z.offered for z in zones) and facts.efa_supported and facts.max_efa_interfaces > 0:
         quota = check_quota(api, region=region, facts=facts, node_count=request.node_count)
     return RegionReport(region=region, facts=facts, zones=zones, quota=quota,
-                        elapsed_s=time.monotonic() - start)
+                        elapsed_s=time.monotonic() - start, instance_type=request.instance_type)
 
 
-def _failed(region: str, failure: RegionFailure, elapsed_s: float) -> RegionReport:
-    return RegionReport(region=region, failure=failure, elapsed_s=elapsed_s)
+def _failed(region: str, failure: RegionFailure, elapsed_s: float,
+            instance_type: str = "") -> RegionReport:
+    return RegionReport(region=region, failure=failure, elapsed_s=elapsed_s,
+                        instance_type=instance_type)
 
 
 def _probe_safely(api: AwsApi, region: str, request: ProbeRequest) -> RegionReport:
@@ -44,11 +48,12 @@ def _probe_safely(api: AwsApi, region: str, request: ProbeRequest) -> RegionRepo
         return probe_region(api, region=region, request=request)
     except AwsFailure as failure:
         return _failed(region, RegionFailure(kind=failure.kind, message=failure.summary,
-                                             action=failure.action), time.monotonic() - start)
+                                             action=failure.action), time.monotonic() - start,
+                       request.instance_type)
     except Exception as exc:  # a bug or an unexpected response must not sink the other regions
         return _failed(region, RegionFailure(kind=FailureKind.OTHER,
                                              message=f"{type(exc).__name__}: {exc}"),
-                       time.monotonic() - start)
+                       time.monotonic() - start, request.instance_type)
 
 
 def probe_regions(api: AwsApi, *, request: ProbeRequest, timeout_s: float, concurrent: bool = True,
@@ -84,8 +89,20 @@ def probe_regions(api: AwsApi, *, request: ProbeRequest, timeout_s: float, concu
                     pending.discard(fut)
                     record(_failed(region, RegionFailure(
                         kind=FailureKind.TIMEOUT, message=f"no answer within {timeout_s:g}s"),
-                        now - started[region]))
+                        now - started[region], request.instance_type))
     finally:
         # Threads still blocked on a slow region end at the botocore read timeout.
         pool.shutdown(wait=False, cancel_futures=True)
     return tuple(results[r] for r in request.regions)
+
+
+def probe_instance_types(api: AwsApi, *, request: ProbeRequest, timeout_s: float,
+                         on_done: Callable[[RegionReport], None] = lambda _: None
+                         ) -> tuple[RegionReport, ...]:
+    """`probe_regions` for each of the request's instance types, one type after the other (the
+    regions of one type at once): reports per type in the request's type order."""
+    reports: list[RegionReport] = []
+    for instance_type in request.instance_types:
+        one = dataclasses.replace(request, instance_type=instance_type, fallback_types=())
+        reports.extend(probe_regions(api, request=one, timeout_s=timeout_s, on_done=on_done))
+    return tuple(reports)

@@ -21,6 +21,9 @@ from capacity.probe import (
 from capacity.quota import QuotaCheck, QuotaVerdict
 from capacity.reserve import ReservationRun
 from capacity.stackfile import StackUpdate
+from infra.config import GpuReservation, format_utc
+from infra.instance_types import INSTANCE_TYPES
+from infra.reservation import odcr_idle_usd_per_hour
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +50,16 @@ class ProbeResult:
     """The planned stack-file change."""
     written: bool = False
     """Whether the stack file was written (False with --dry-run or without a change)."""
+    held: GpuReservation | None = None
+    """The reservation kept for the stack with --hold (written to its stack file)."""
+
+
+def job_preset(instance_type: str) -> tuple[int, str]:
+    """(GPU memory in GiB, the preset `python -m workloads submit` picks for it by default)."""
+    from workloads.train.config import preset_for_gpu
+
+    memory = INSTANCE_TYPES[instance_type].gpu_memory_gib
+    return memory, preset_for_gpu(memory)
 
 
 def _quota_cell(quota: QuotaCheck | None) -> str:
@@ -66,20 +79,24 @@ def _efa_cell(report: RegionReport) -> str:
     return f"yes ({report.facts.max_efa_interfaces})"
 
 
-def _attempts_by_zone(result: ProbeResult) -> dict[tuple[str, str], ReservationAttempt]:
+def _attempts_by_zone(result: ProbeResult) -> dict[tuple[str, str, str], ReservationAttempt]:
+    """Attempts by (region, AZ, instance type)."""
     if result.reservations is None:
         return {}
-    return {(a.region, a.zone): a for a in result.reservations.attempts}
+    return {(a.region, a.zone, a.instance_type or result.request.instance_type): a
+            for a in result.reservations.attempts}
 
 
 def _verdict(report: RegionReport, zone: str, result: ProbeResult,
              attempt: ReservationAttempt | None) -> str:
     p = result.placement
-    if p is not None and (p.region, p.zone) == (report.region, zone):
+    if p is not None and (p.region, p.zone, p.instance_type) == (
+            report.region, zone, report.instance_type or result.request.instance_type):
         return f"[bold green]chosen[/] ({p.evidence.label})"
     if attempt is not None and attempt.outcome is not AttemptOutcome.PROVEN:
         return f"[red]{attempt.outcome.value}[/]"
-    cand = next((c for c in result.candidates if (c.region, c.zone) == (report.region, zone)), None)
+    cand = next((c for c in result.candidates if (c.region, c.zone) == (report.region, zone)
+                 and c.instance_type in ("", report.instance_type)), None)
     if cand is None:
         return "[red]blocked[/]"
     colour = "yellow" if report.quota and report.quota.verdict is QuotaVerdict.UNKNOWN else "green"
@@ -87,26 +104,31 @@ def _verdict(report: RegionReport, zone: str, result: ProbeResult,
 
 
 def table(result: ProbeResult) -> Table:
-    t = Table(title=f"{result.request.node_count} x {result.request.instance_type}",
-              title_justify="left")
-    for col in ("region", "AZ", "AZ ID", "offered", "EFA", "free/needed vCPUs", "reservation",
-                "verdict"):
+    types = result.request.instance_types
+    several = len(types) > 1
+    t = Table(title=f"{result.request.node_count} x {' / '.join(types)}", title_justify="left")
+    for col in (("type",) if several else ()) + (
+            "region", "AZ", "AZ ID", "offered", "EFA", "free/needed vCPUs", "reservation",
+            "verdict"):
         t.add_column(col, overflow="fold")
     attempts = _attempts_by_zone(result)
     for report in result.reports:
+        first = ((report.instance_type or result.request.instance_type,) if several else ())
         if report.blocker and not (report.quota and report.offered):
             offered = "?" if report.failure else ("no" if report.facts is None or not report.offered
                                                   else "yes")
-            t.add_row(report.region, "-", "-", offered, _efa_cell(report),
+            t.add_row(*first, report.region, "-", "-", offered, _efa_cell(report),
                       _quota_cell(report.quota), "", f"[red]{report.blocker}[/]")
             continue
         for zone in report.offered:
-            attempt = attempts.get((report.region, zone.name))
+            attempt = attempts.get((report.region, zone.name,
+                                    report.instance_type or result.request.instance_type))
             res_cell = "" if attempt is None else attempt.outcome.value + (
-                f" ({attempt.reservation_id}, cancelled)" if attempt.cancelled else "")
+                f" ({attempt.reservation_id}, cancelled)" if attempt.cancelled else
+                f" ({attempt.reservation_id}, held)" if attempt.held else "")
             verdict = (f"[red]{report.blocker}[/]" if report.blocker
                        else _verdict(report, zone.name, result, attempt))
-            t.add_row(report.region, zone.name, zone.zone_id, "yes", _efa_cell(report),
+            t.add_row(*first, report.region, zone.name, zone.zone_id, "yes", _efa_cell(report),
                       _quota_cell(report.quota), res_cell, verdict)
     return t
 
@@ -134,6 +156,18 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
         return
     out.print(f"Placement: {p.node_count} x {p.instance_type} in {p.region} {p.zone} "
               f"({p.zone_id}), {p.evidence.label}.", markup=False)
+    memory, preset = job_preset(p.instance_type)
+    if len(result.request.instance_types) > 1:
+        out.print(f"{p.instance_type} GPUs have {memory} GiB: `python -m workloads submit` runs "
+                  f"preset {preset} by default.", markup=False)
+    if result.held is not None:
+        held = result.held
+        out.print(f"Held On-Demand Capacity Reservation {held.reservation_id} until "
+                  f"{format_utc(held.end)}: the GPU node group launches into it. Idle, it bills "
+                  f"about {odcr_idle_usd_per_hour(held):.2f} USD/hour; `pulumi destroy` leaves "
+                  f"it to its end date; "
+                  f"`python -m capacity release --stack {result.stack}` cancels it.",
+                  markup=False)
     unchecked = [r.region for r in result.reports
                  if r.region == p.region and r.quota and r.quota.verdict is QuotaVerdict.UNKNOWN]
     if unchecked:
@@ -178,6 +212,13 @@ def as_json(result: ProbeResult) -> str:
         "candidates": _plain(result.candidates),
         "reservations": _plain(result.reservations),
         "stack": result.stack or None,
+        "held": None if result.held is None else {
+            "reservation_id": result.held.reservation_id,
+            "end": format_utc(result.held.end)},
+        "gpu_memory_gib": None if result.placement is None else job_preset(
+            result.placement.instance_type)[0],
+        "preset": None if result.placement is None else job_preset(
+            result.placement.instance_type)[1],
         "stack_file": None if result.update is None else str(result.update.path),
         "changed": None if result.update is None else result.update.changed,
         "written": result.written,

@@ -9,11 +9,17 @@ A reservation bills from the moment it exists, so this module must never leak on
 - every reservation ends by itself (EndDateType=limited) shortly after, should all of that fail;
 - reservations tagged by earlier runs that are still active are swept (cancelled) first;
 - a client token makes a retried create idempotent.
+
+With `--hold` (a `keep` callback), the proven reservation is kept instead: only then is its end
+date moved out to the hold, its tag marked `held:<stack>` (which the sweep leaves alone) and the
+stack file written, all with SIGINT/SIGTERM held back. The stack file is the commit point: a
+reservation that did not get there is cancelled like any other, and one that did is named.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import uuid
@@ -25,7 +31,9 @@ from capacity.aws import AwsApi, AwsFailure, FailureKind
 from capacity.probe import AttemptOutcome, Candidate, ReservationAttempt
 
 TAG_KEY = "ray-eks:capacity-probe"
-"""Tag on every reservation the probe creates; its value is the attempt's client token."""
+"""Tag on every reservation the probe creates; its value is the attempt's client token, or
+`held:<stack>` once `--hold` kept it for a stack."""
+HELD_PREFIX = "held:"
 PURPOSE_TAG = ("Purpose", "capacity probe; cancelled at once; safe to cancel")
 SAFETY_LIFETIME = timedelta(minutes=30)
 """EndDate of every reservation: AWS ends it by itself even if every cancel failed."""
@@ -97,12 +105,13 @@ def signals_deferred() -> Iterator[None]:
         raise KeyboardInterrupt(f"signal {received[0]}")
 
 
-def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str,
-              count: int) -> AwsFailure | None:
-    """DryRun the create and the cancel; None when both are allowed. A create that fails for
-    another reason than permissions passes (the real create will say why); a cancel that cannot be
-    confirmed fails, so nothing is created that might not be cancellable. (Describe is checked by
-    the sweep of leftovers that follows.)"""
+def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str, count: int,
+              hold: bool = False) -> AwsFailure | None:
+    """DryRun the create and the cancel (with `hold`, also the end-date change and the tagging
+    that keep a reservation); None when all are allowed. A create that fails for another reason
+    than permissions passes (the real create will say why); a cancel that cannot be confirmed
+    fails, so nothing is created that might not be cancellable. (Describe is checked by the sweep
+    of leftovers that follows.)"""
     try:
         api.create_reservation(
             region=candidate.region, availability_zone=candidate.zone, instance_type=instance_type,
@@ -118,6 +127,19 @@ def preflight(api: AwsApi, *, candidate: Candidate, instance_type: str,
         # The placeholder ID not being found still means the call was authorized.
         if failure.kind is not FailureKind.NOT_FOUND:
             return failure
+    if not hold:
+        return None
+    # Holding only needs to be allowed: should it fail otherwise, the reservation is cancelled.
+    for check in (
+            lambda: api.extend_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
+                                           end_date=api.now() + SAFETY_LIFETIME, dry_run=True),
+            lambda: api.tag_reservation(region=candidate.region, reservation_id=_PLACEHOLDER_ID,
+                                        tags={TAG_KEY: "preflight"}, dry_run=True)):
+        try:
+            check()
+        except AwsFailure as failure:
+            if failure.kind in _NO_PERMISSION:
+                return failure
     return None
 
 
@@ -138,8 +160,10 @@ def cancel(api: AwsApi, *, region: str, reservation_id: str) -> bool:
 
 
 def sweep_leftovers(api: AwsApi, *, region: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Cancel active reservations an earlier run tagged; (cancelled IDs, IDs that would not)."""
-    leftovers = api.reservations_tagged(region=region, tag_key=TAG_KEY)
+    """Cancel active reservations an earlier run tagged and did not hold for a stack;
+    (cancelled IDs, IDs that would not)."""
+    leftovers = [r for r in api.reservations_tagged(region=region, tag_key=TAG_KEY)
+                 if not r.tags.get(TAG_KEY, "").startswith(HELD_PREFIX)]
     done, stuck = [], []
     for res in leftovers:
         (done if cancel(api, region=region, reservation_id=res.reservation_id) else stuck).append(
@@ -147,14 +171,22 @@ def sweep_leftovers(api: AwsApi, *, region: str) -> tuple[tuple[str, ...], tuple
     return tuple(done), tuple(stuck)
 
 
-def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
-                       count: int) -> ReservationAttempt:
-    """Create a targeted reservation for all nodes in the candidate AZ, then cancel it."""
+Keep = Callable[[Candidate, str], None]
+"""keep(candidate, reservation_id): hold a proven reservation (extend it, mark it, write the stack
+file); it returns once the reservation is recorded, or raises and the reservation is cancelled."""
+
+
+def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str, count: int,
+                       keep: Keep | None = None) -> ReservationAttempt:
+    """Create a targeted reservation for all nodes in the candidate AZ, then cancel it, or with
+    `keep`, hold it."""
     token = str(uuid.uuid4())
+    instance_type = candidate.instance_type or instance_type
     created_id, may_exist = "", False
     outcome, detail = AttemptOutcome.FAILED, ""
-    where = {"region": candidate.region, "zone": candidate.zone, "zone_id": candidate.zone_id}
-    cancelled, stuck = False, ()
+    where = {"region": candidate.region, "zone": candidate.zone, "zone_id": candidate.zone_id,
+             "instance_type": instance_type}
+    cancelled, stuck, kept, holding = False, (), False, False
     try:
         try:
             may_exist = True
@@ -173,22 +205,33 @@ def reserve_and_cancel(api: AwsApi, *, candidate: Candidate, instance_type: str,
                 outcome = AttemptOutcome.PROVEN
             else:
                 detail = f"reservation {created_id} ended {state}"
+            if outcome is AttemptOutcome.PROVEN and keep is not None:
+                holding = True
+                with signals_deferred():
+                    keep(dataclasses.replace(candidate, instance_type=instance_type), created_id)
+                    kept = True
         except AwsFailure as failure:
             may_exist = bool(created_id)
             outcome = _OUTCOME.get(failure.kind, AttemptOutcome.FAILED)
-            detail = failure.summary
+            detail = (f"holding {created_id} failed: " if holding else "") + failure.summary
         finally:
-            with signals_deferred():
-                cancelled, stuck = _cancel_attempt(api, region=candidate.region,
-                                                   created_id=created_id, token=token,
-                                                   may_exist=may_exist)
+            if not kept:
+                with signals_deferred():
+                    cancelled, stuck = _cancel_attempt(api, region=candidate.region,
+                                                       created_id=created_id, token=token,
+                                                       may_exist=may_exist)
     except KeyboardInterrupt as interrupt:
         # The interrupt (or one held back during the cancel) ends the probe here: name what
-        # could not be cancelled, or the caller could only say "a reservation".
+        # could not be cancelled or what is held, or the caller could only say "a reservation".
         for reservation_id in stuck:
             interrupt.add_note(f"reservation {reservation_id} in {candidate.region} could not be "
                                f"cancelled; it ends by itself within {SAFETY_LIFETIME}")
+        if kept:
+            interrupt.add_note(f"reservation {created_id} in {candidate.region} is held and "
+                               f"written to the stack file")
         raise
+    if kept:
+        return ReservationAttempt(**where, outcome=outcome, reservation_id=created_id, held=True)
     if created_id and not cancelled:
         detail = (f"{detail + '; ' if detail else ''}cancel failed: {created_id} ends by itself "
                   f"within {SAFETY_LIFETIME}")
@@ -212,9 +255,10 @@ def _cancel_attempt(api: AwsApi, *, region: str, created_id: str, token: str,
 
 
 def _prepare_region(api: AwsApi, *, candidate: Candidate, instance_type: str, count: int,
-                    run: _RunLog) -> tuple[AttemptOutcome, str] | None:
+                    run: _RunLog, hold: bool) -> tuple[AttemptOutcome, str] | None:
     """Preflight, then sweep leftovers, once per region; why the region cannot be tried, if so."""
-    refused = preflight(api, candidate=candidate, instance_type=instance_type, count=count)
+    refused = preflight(api, candidate=candidate, instance_type=instance_type, count=count,
+                        hold=hold)
     if refused is not None:
         outcome = (AttemptOutcome.DENIED if refused.kind in _NO_PERMISSION
                    else AttemptOutcome.FAILED)
@@ -241,11 +285,11 @@ class _RunLog:
 
 def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_type: str,
                    count: int,
-                   on_attempt: Callable[[ReservationAttempt], None] = lambda _: None
-                   ) -> ReservationRun:
-    """Try candidates in rank order until one reservation succeeds. No capacity or an unsupported
-    AZ moves on to the next AZ; a quota failure skips the rest of that region; a permission
-    failure stops everything (it would fail everywhere)."""
+                   on_attempt: Callable[[ReservationAttempt], None] = lambda _: None,
+                   keep: Keep | None = None) -> ReservationRun:
+    """Try candidates in rank order until one reservation succeeds (and, with `keep`, is held).
+    No capacity or an unsupported AZ moves on to the next AZ; a quota failure skips the rest of
+    that region; a permission failure stops everything (it would fail everywhere)."""
     run = _RunLog()
     blocked: dict[str, tuple[AttemptOutcome, str]] = {}
     prepared: set[str] = set()
@@ -256,11 +300,13 @@ def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_t
 
     with sigterm_interrupts():
         for cand in candidates:
-            where = {"region": cand.region, "zone": cand.zone, "zone_id": cand.zone_id}
+            where = {"region": cand.region, "zone": cand.zone, "zone_id": cand.zone_id,
+                     "instance_type": cand.instance_type or instance_type}
             if cand.region not in prepared:
                 prepared.add(cand.region)
-                problem = _prepare_region(api, candidate=cand, instance_type=instance_type,
-                                          count=count, run=run)
+                problem = _prepare_region(api, candidate=cand,
+                                          instance_type=cand.instance_type or instance_type,
+                                          count=count, run=run, hold=keep is not None)
                 if problem is not None:
                     blocked[cand.region] = problem
             if cand.region in blocked:
@@ -270,9 +316,9 @@ def prove_capacity(api: AwsApi, *, candidates: tuple[Candidate, ...], instance_t
                     break
                 continue
             attempt = reserve_and_cancel(api, candidate=cand, instance_type=instance_type,
-                                         count=count)
+                                         count=count, keep=keep)
             record(attempt)
-            if attempt.reservation_id and not attempt.cancelled:
+            if attempt.reservation_id and not (attempt.cancelled or attempt.held):
                 run.leaked.append(attempt.reservation_id)
             if attempt.outcome in (AttemptOutcome.PROVEN, AttemptOutcome.DENIED):
                 break

@@ -1,9 +1,10 @@
 """Write the probe's choice into `Pulumi.<stack>.yaml`, changing nothing else.
 
 The file is edited through a ruamel.yaml round trip, with the indentation that reproduces the file
-exactly as it is; only then are the GPU placement keys set. A final line diff checks that every line
-that changed is one of those keys, so other keys and comments are kept byte-for-byte, or the file is
-not written at all.
+exactly as it is; only then are the GPU placement keys (and the reservation keys of `--hold`,
+`blocks` and `release`) set or removed. A final line diff checks that every line that changed is
+one of those keys, so other keys and comments are kept byte-for-byte, or the file is not written
+at all.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from capacity.probe import Placement
-from infra.config import ConfigError, check_settings, config_key, parse_stack_config, read_stack_values
+from infra.config import (PLACEMENT_FIELDS, RESERVATION_FIELDS, ConfigError, GpuReservation,
+                          check_settings, config_key, format_utc, parse_stack_config,
+                          read_stack_values)
 
-PLACEMENT_KEYS = tuple(config_key(name) for name in (
-    "region", "gpu_availability_zone", "gpu_availability_zone_id", "gpu_instance_type",
-    "gpu_node_count"))
+PLACEMENT_KEYS = tuple(config_key(name) for name in PLACEMENT_FIELDS)
+RESERVATION_KEYS = tuple(config_key(name) for name in RESERVATION_FIELDS)
+MANAGED_KEYS = PLACEMENT_KEYS + RESERVATION_KEYS
+"""Every key the capacity commands write, in the order they are inserted."""
 
 # (mapping, sequence, offset) layouts tried in order; the first that reproduces the file is used.
 _LAYOUTS = ((2, 4, 2), (2, 2, 0), (4, 4, 2), (4, 4, 0), (4, 6, 4), (2, 4, 0), (4, 2, 0))
@@ -80,6 +84,24 @@ def read_zone_id(path: Path) -> str:
     return str(read_stack_values(path).get(config_key("gpu_availability_zone_id")) or "")
 
 
+def reservation_values(reservation: GpuReservation) -> dict[str, Any]:
+    """The reservation keys with the reservation's values."""
+    return dict(zip(RESERVATION_KEYS, (
+        reservation.reservation_id, reservation.kind, reservation.instance_type,
+        reservation.availability_zone, reservation.instance_count, format_utc(reservation.start),
+        format_utc(reservation.end))))
+
+
+def read_reservation(path: Path) -> dict[str, Any]:
+    """The reservation keys an existing stack file sets (empty when it targets none)."""
+    if not path.exists():
+        return {}
+    values = read_stack_values(path)
+    if not values.get(RESERVATION_KEYS[0]):
+        return {}
+    return {key: values[key] for key in RESERVATION_KEYS if key in values}
+
+
 def _yaml(layout: tuple[int, int, int]) -> YAML:
     yaml = YAML()
     yaml.preserve_quotes = True
@@ -105,21 +127,29 @@ def _faithful_yaml(text: str, path: Path) -> tuple[YAML, Any]:
                          f"so it is left untouched; set {', '.join(PLACEMENT_KEYS)} by hand")
 
 
+def _by_hand(values: Mapping[str, Any], remove: tuple[str, ...]) -> str:
+    sets = ", ".join(f"{k}: {v}" for k, v in values.items())
+    return f"set {sets} by hand" + (f" and remove {', '.join(remove)}" if remove else "")
+
+
 def _set_placement(config: CommentedMap, values: Mapping[str, Any]) -> None:
-    """Replace existing keys in place; insert missing ones after the placement key before them."""
-    for i, key in enumerate(PLACEMENT_KEYS):
+    """Replace existing keys in place; insert missing ones after the managed key before them."""
+    for i, key in enumerate(MANAGED_KEYS):
+        if key not in values:
+            continue
         if key in config:
             config[key] = values[key]
             continue
-        earlier = [k for k in PLACEMENT_KEYS[:i] if k in config]
+        earlier = [k for k in MANAGED_KEYS[:i] if k in config]
         pos = list(config).index(earlier[-1]) + 1 if earlier else 0
         config.insert(pos, key, values[key])
 
 
-_KEY_LINE = re.compile(r"^\s*(" + "|".join(re.escape(k) for k in PLACEMENT_KEYS) + r")\s*:")
+_KEY_LINE = re.compile(r"^\s*(" + "|".join(re.escape(k) for k in MANAGED_KEYS) + r")\s*:")
 
 
-def _check_only_placement_changed(before: str, after: str, path: Path) -> None:
+def _check_only_placement_changed(before: str, after: str, path: Path,
+                                  fix: str) -> None:
     a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag == "equal":
@@ -127,8 +157,7 @@ def _check_only_placement_changed(before: str, after: str, path: Path) -> None:
         touched = a[i1:i2] + b[j1:j2]
         if not all(_KEY_LINE.match(line) for line in touched):
             raise StackFileError(f"{path}: updating it would also change other lines "
-                                 f"({touched[0].strip()!r}), so it is left untouched; set "
-                                 f"{', '.join(PLACEMENT_KEYS)} by hand")
+                                 f"({touched[0].strip()!r}), so it is left untouched; {fix}")
 
 
 def _parses(text: str) -> ConfigError | None:
@@ -151,9 +180,12 @@ def precheck(path: Path) -> None:
         _faithful_yaml(text, path)
 
 
-def plan_update(path: Path, values: Mapping[str, Any]) -> StackUpdate:
-    """The new text of the stack file. ConfigError when the existing file is malformed,
-    StackFileError when it cannot be updated without touching other content."""
+def plan_update(path: Path, values: Mapping[str, Any], *,
+                remove: tuple[str, ...] = ()) -> StackUpdate:
+    """The new text of the stack file with `values` set and the keys in `remove` gone (both among
+    MANAGED_KEYS). ConfigError when the existing file is malformed, StackFileError when it cannot
+    be updated without touching other content."""
+    assert set(values) | set(remove) <= set(MANAGED_KEYS), "not a key the capacity tools own"
     if not path.exists():
         yaml = _yaml(_LAYOUTS[0])
         config = CommentedMap()
@@ -172,8 +204,10 @@ def plan_update(path: Path, values: Mapping[str, Any]) -> StackUpdate:
     if doc.get("config") is None:
         doc["config"] = CommentedMap()
     _set_placement(doc["config"], values)
+    for key in remove:
+        doc["config"].pop(key, None)
     after = _dump(yaml, doc)
-    _check_only_placement_changed(before, after, path)
+    _check_only_placement_changed(before, after, path, _by_hand(values, remove))
     if _parses(before) is None and (problem := _parses(after)) is not None:
         raise StackFileError(f"{path}: the new placement would not be a valid stack config "
                              f"({problem}); file left untouched")

@@ -13,10 +13,12 @@ import ipaddress
 import json
 import re
 from dataclasses import MISSING, dataclass, fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
+from infra.instance_types import (GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES,
+                                  sells_capacity_blocks)
 
 PROJECT = "ray-eks"
 """The Pulumi project name (Pulumi.yaml `name`): the namespace of this program's config keys."""
@@ -112,10 +114,40 @@ class StackConfig:
     """AWS account of the regional ECR registry that serves EKS add-on images (the EFA device
     plugin). Most regions use the default; opt-in regions have their own account, listed in the
     EKS user guide under "Amazon container image registries"."""
+    gpu_reservation_id: str = ""
+    """Capacity reservation the GPU launch template targets (cr-...): an On-Demand Capacity
+    Reservation kept by `python -m capacity probe --hold`, or a Capacity Block bought by
+    `python -m capacity blocks`. Empty: plain On-Demand capacity in a cluster placement group."""
+    gpu_reservation_type: str = ""
+    """`on-demand` (an ODCR) or `capacity-block` (launched with market type capacity-block)."""
+    gpu_reservation_instance_type: str = ""
+    """Instance type the reservation is for, as EC2 reported it; must equal gpuInstanceType."""
+    gpu_reservation_availability_zone: str = ""
+    """AZ name the reservation is in, as EC2 reported it; must equal gpuAvailabilityZone."""
+    gpu_reservation_instance_count: int = 0
+    """Instances the reservation holds; gpuNodeCount may not exceed it."""
+    gpu_reservation_start: str = ""
+    """When the reservation starts (ISO 8601, UTC). A Capacity Block not started yet gets a node
+    group of 0 nodes until then."""
+    gpu_reservation_end: str = ""
+    """When the reservation ends (ISO 8601, UTC). EC2 reclaims a Capacity Block's instances from
+    30 minutes before this."""
 
     @property
     def gpu_instance(self):
         return INSTANCE_TYPES[self.gpu_instance_type]
+
+    @property
+    def gpu_reservation(self) -> GpuReservation | None:
+        """The targeted capacity reservation, None without one."""
+        if not self.gpu_reservation_id:
+            return None
+        return GpuReservation(
+            reservation_id=self.gpu_reservation_id, kind=self.gpu_reservation_type,
+            instance_type=self.gpu_reservation_instance_type,
+            availability_zone=self.gpu_reservation_availability_zone,
+            instance_count=self.gpu_reservation_instance_count,
+            start=parse_utc(self.gpu_reservation_start), end=parse_utc(self.gpu_reservation_end))
 
     @property
     def system_instance(self):
@@ -159,6 +191,8 @@ def _as_bool(key: str, raw: Any) -> bool:
 def _as_str(key: str, raw: Any) -> str:
     if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
         return str(raw).strip()
+    if isinstance(raw, datetime):  # an unquoted timestamp in hand-written YAML
+        return format_utc(raw)
     raise ConfigError(key, raw, "must be a string", _fix_cmd(key, "<value>"))
 
 
@@ -190,6 +224,7 @@ def _check(cfg: StackConfig, *, placement: bool = True) -> None:
     k = config_key
     if placement:
         _check_placement(cfg)
+        _check_reservation(cfg)
     _check_settings(cfg)
 
 
@@ -223,6 +258,121 @@ def _check_range(cfg: StackConfig, name: str, low: int, high: int, why: str) -> 
     if not low <= value <= high:
         raise ConfigError(config_key(name), value, f"must be between {low} and {high} ({why})",
                           _fix_cmd(config_key(name), getattr(StackConfig, name)))
+
+
+RESERVATION_KINDS = ("on-demand", "capacity-block")
+_RESERVATION_ID_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuReservation:
+    """The capacity reservation the GPU node group launches into (validated config)."""
+
+    reservation_id: str
+    """cr-... identifier."""
+    kind: str
+    """`on-demand` or `capacity-block`."""
+    instance_type: str
+    """Instance type EC2 reserved."""
+    availability_zone: str
+    """AZ name of the reservation."""
+    instance_count: int
+    """Instances reserved."""
+    start: datetime
+    """Start, UTC."""
+    end: datetime
+    """End, UTC."""
+
+    @property
+    def is_capacity_block(self) -> bool:
+        return self.kind == "capacity-block"
+
+
+def parse_utc(text: str) -> datetime:
+    """An ISO 8601 time with a UTC offset (`2026-12-03T11:30:00Z`), as an aware datetime in UTC;
+    ValueError otherwise."""
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError(f"{text!r} has no UTC offset")
+    return value.astimezone(timezone.utc)
+
+
+def format_utc(value: datetime) -> str:
+    """The stack file's spelling of a time: ISO 8601 in UTC, seconds, `Z`."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check_reservation(cfg: StackConfig) -> None:
+    """The reservation keys are all set or all unset, and agree with the GPU placement."""
+    k = config_key
+    release = "or run `python -m capacity release --stack <stack>` to stop targeting it"
+    set_fields = [name for name in RESERVATION_FIELDS[1:] if getattr(cfg, name)]
+    if not cfg.gpu_reservation_id:
+        if set_fields:
+            raise ConfigError(k(set_fields[0]), getattr(cfg, set_fields[0]),
+                              f"is set without {k('gpu_reservation_id')}",
+                              "remove the ray-eks:gpuReservation* keys, or let `python -m "
+                              "capacity probe --hold` or `python -m capacity blocks` write them")
+        return
+    if not _RESERVATION_ID_RE.match(cfg.gpu_reservation_id):
+        raise ConfigError(k("gpu_reservation_id"), cfg.gpu_reservation_id,
+                          "is not a capacity reservation ID like cr-0123456789abcdef0",
+                          "let `python -m capacity probe --hold` or `python -m capacity blocks` "
+                          "write it")
+    missing = [name for name in RESERVATION_FIELDS[1:] if not getattr(cfg, name)]
+    if missing:
+        raise ConfigError(k(missing[0]), None, f"is required with {k('gpu_reservation_id')}",
+                          "let `python -m capacity probe --hold` or `python -m capacity blocks` "
+                          "write every ray-eks:gpuReservation* key")
+    if cfg.gpu_reservation_type not in RESERVATION_KINDS:
+        raise ConfigError(k("gpu_reservation_type"), cfg.gpu_reservation_type,
+                          f"must be one of {', '.join(RESERVATION_KINDS)}",
+                          _fix_cmd(k("gpu_reservation_type"), RESERVATION_KINDS[0]))
+    for name in ("gpu_reservation_start", "gpu_reservation_end"):
+        try:
+            parse_utc(getattr(cfg, name))
+        except ValueError:
+            raise ConfigError(k(name), getattr(cfg, name), "is not an ISO 8601 time in UTC",
+                              "write it like 2026-12-03T11:30:00Z") from None
+    if parse_utc(cfg.gpu_reservation_end) <= parse_utc(cfg.gpu_reservation_start):
+        raise ConfigError(k("gpu_reservation_end"), cfg.gpu_reservation_end,
+                          f"is not after {k('gpu_reservation_start')} "
+                          f"({cfg.gpu_reservation_start})",
+                          "write the times EC2 reports for the reservation")
+    if cfg.gpu_reservation_instance_type not in INSTANCE_TYPES:
+        raise ConfigError(k("gpu_reservation_instance_type"), cfg.gpu_reservation_instance_type,
+                          "is not an instance type of infra/instance_types.py",
+                          "write the type EC2 reports for the reservation")
+    if not cfg.gpu_reservation_availability_zone.startswith(cfg.region) or not re.fullmatch(
+            r"[a-z]", cfg.gpu_reservation_availability_zone[len(cfg.region):] or "-"):
+        raise ConfigError(k("gpu_reservation_availability_zone"),
+                          cfg.gpu_reservation_availability_zone,
+                          f"is not an availability zone of {cfg.region}",
+                          "write the AZ EC2 reports for the reservation")
+    if cfg.gpu_reservation_instance_count < 1:
+        raise ConfigError(k("gpu_reservation_instance_count"),
+                          cfg.gpu_reservation_instance_count, "must be at least 1",
+                          "write the instance count EC2 reports for the reservation")
+    owner = f"reservation {cfg.gpu_reservation_id}"
+    if cfg.gpu_instance_type != cfg.gpu_reservation_instance_type:
+        raise ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,
+                          f"differs from {owner}'s instance type "
+                          f"{cfg.gpu_reservation_instance_type}: no instance could launch into it",
+                          f"set it back to {cfg.gpu_reservation_instance_type}, {release}")
+    if cfg.gpu_availability_zone != cfg.gpu_reservation_availability_zone:
+        raise ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
+                          f"differs from {owner}'s AZ {cfg.gpu_reservation_availability_zone}",
+                          f"set it back to {cfg.gpu_reservation_availability_zone}, {release}")
+    if cfg.gpu_node_count > cfg.gpu_reservation_instance_count:
+        raise ConfigError(k("gpu_node_count"), cfg.gpu_node_count,
+                          f"exceeds the {cfg.gpu_reservation_instance_count} instances "
+                          f"{owner} holds",
+                          f"set it to at most {cfg.gpu_reservation_instance_count}, {release}")
+    if (cfg.gpu_reservation_type == "capacity-block"
+            and not sells_capacity_blocks(cfg.gpu_reservation_instance_type)):
+        raise ConfigError(k("gpu_reservation_type"), cfg.gpu_reservation_type,
+                          f"EC2 sells no Capacity Blocks for {cfg.gpu_reservation_instance_type}",
+                          "write the type EC2 reports for the reservation (on-demand for an ODCR)")
 
 
 def _check_settings(cfg: StackConfig) -> None:
@@ -329,12 +479,17 @@ PLACEMENT_FIELDS = ("region", "gpu_availability_zone", "gpu_availability_zone_id
                     "gpu_instance_type", "gpu_node_count")
 """What `python -m capacity probe` writes into a stack file; it keeps every other key."""
 
+RESERVATION_FIELDS = ("gpu_reservation_id", "gpu_reservation_type", "gpu_reservation_instance_type",
+                      "gpu_reservation_availability_zone", "gpu_reservation_instance_count",
+                      "gpu_reservation_start", "gpu_reservation_end")
+"""What `probe --hold` and `blocks` write beside the placement, and `release` removes."""
+
 
 def check_settings(values: Mapping[str, Any]) -> None:
     """Validate every key of a stack file except the placement the probe is about to write, so a
     bad value fails before the probe makes any cloud call."""
     kwargs = {name: value for name, value in _coerce_values(values).items()
-              if name not in PLACEMENT_FIELDS}
+              if name not in PLACEMENT_FIELDS + RESERVATION_FIELDS}
     _check(StackConfig(region="", gpu_availability_zone="", gpu_availability_zone_id="", **kwargs),
            placement=False)
 

@@ -29,8 +29,12 @@ class InstanceType:
     gpus: int = 0
     gpu_model: str = ""
     gpu_memory_gib: int = 0
+    """Memory of one GPU: `workloads submit` picks its default preset by it."""
     efa_interfaces: int = 0
     """Maximum EFA interfaces the type supports (0: no EFA)."""
+    network_cards: int = 1
+    """Network cards (`MaximumNetworkCards`): a launch template gives each its own EFA interface,
+    the first (card 0) also carrying the node's IP address."""
     usd_per_hour: float
 
 
@@ -44,9 +48,11 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         InstanceType(name="g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
                      gpu_memory_gib=24, efa_interfaces=1, usd_per_hour=5.672),
         InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
-                     gpu_memory_gib=40, efa_interfaces=4, usd_per_hour=21.96),
+                     gpu_memory_gib=40, efa_interfaces=4, network_cards=4,
+                     usd_per_hour=21.96),
         InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
-                     gpu_memory_gib=80, efa_interfaces=32, usd_per_hour=55.04),
+                     gpu_memory_gib=80, efa_interfaces=32, network_cards=32,
+                     usd_per_hour=55.04),
         InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, usd_per_hour=0.2016),
         InstanceType(name="m7i.2xlarge", vcpus=8, memory_gib=32, usd_per_hour=0.4032),
     )
@@ -54,3 +60,13 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
 
 GPU_INSTANCE_TYPES = tuple(sorted(n for n, t in INSTANCE_TYPES.items() if t.gpus and t.efa_interfaces))
 SYSTEM_INSTANCE_TYPES = tuple(sorted(n for n, t in INSTANCE_TYPES.items() if not t.gpus))
+
+CAPACITY_BLOCK_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200",
+                           "trn1", "trn2")
+"""Instance families EC2 sells Capacity Blocks for ML for (EC2 user guide, "Supported instance
+types and Regions"); G-family types such as g6 are not among them."""
+
+
+def sells_capacity_blocks(instance_type: str) -> bool:
+    """Whether EC2 sells Capacity Blocks for this instance type."""
+    return instance_type.split(".", 1)[0] in CAPACITY_BLOCK_FAMILIES

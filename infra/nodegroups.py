@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Sequence
 
 import pulumi
@@ -14,6 +15,10 @@ import pulumi_eks as eks
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
+from infra.config import GpuReservation, StackConfig
+from infra.instance_types import INSTANCE_TYPES
+from infra.reservation import (EKS_CAPACITY_TYPE, LaunchWindow, ReservationEnded,
+                               efa_network_interfaces, launch_window, reservation_launch_options)
 
 NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
                  "AmazonEC2ContainerRegistryReadOnly")
@@ -81,6 +86,14 @@ class GpuNodeGroupArgs:
     subnet_id: pulumi.Input[str]
     """The private subnet in `availability_zone` (the only subnet of the group)."""
     root_volume_gib: int
+    reservation: GpuReservation | None = None
+    """Capacity reservation to launch into: the group then gets its own launch template that
+    targets it, and no placement group (infra/reservation.py says why)."""
+    window: LaunchWindow | None = None
+    """With a reservation: how many nodes to ask for now (gpu_launch_window)."""
+    cluster_name: pulumi.Input[str] = ""
+    """Name of the EKS cluster (needed with a reservation: its security group goes on the EFA
+    interfaces of the group's own launch template)."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -91,6 +104,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
         super().__init__("ray-eks:infra:GpuNodeGroup", name, None, opts)
         role = _node_role(name, self)
         n = args.node_count
+        if args.reservation is not None:
+            self.node_group = _reserved_node_group(name, args, role=role, parent=self)
+            self.register_outputs({})
+            return
         self.node_group = eks.ManagedNodeGroup(
             f"{name}-nodes",
             cluster=args.cluster,
@@ -111,3 +128,64 @@ class GpuNodeGroup(pulumi.ComponentResource):
             disk_size=args.root_volume_gib,
             opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({})
+
+
+def gpu_launch_window(cfg: StackConfig) -> LaunchWindow | None:
+    """The GPU node group's size now when it targets a reservation (None when it does not);
+    pulumi.RunError when the reservation can no longer launch instances. Called before any
+    resource is declared, like the config check."""
+    if cfg.gpu_reservation is None:
+        return None
+    try:
+        return launch_window(cfg.gpu_reservation, node_count=cfg.gpu_node_count,
+                             now=datetime.now(timezone.utc), stack=pulumi.get_stack())
+    except ReservationEnded as exc:
+        raise pulumi.RunError(f"stack {pulumi.get_stack()}: {exc}") from None
+
+
+def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Role,
+                         parent: pulumi.Resource) -> eks.ManagedNodeGroup:
+    """The GPU node group inside a capacity reservation, through a launch template of its own:
+    pulumi-eks's EFA template has no capacity reservation target and a placement group."""
+    reservation, window = args.reservation, args.window
+    assert reservation is not None and window is not None and args.cluster_name
+    child = pulumi.ResourceOptions(parent=parent)
+    if window.note:
+        pulumi.log.warn(window.note, resource=parent)
+    # Read from EC2, not written: the policy pack compares the node group with what EC2 holds.
+    reader = (aws.ec2.CapacityBlockReservation if reservation.is_capacity_block
+              else aws.ec2.CapacityReservation)
+    target = reader.get(f"{name}-reservation", reservation.reservation_id, opts=child)
+    instance = INSTANCE_TYPES[args.instance_type]
+    # The security group EKS made for the cluster: managed nodes get it by default, and its
+    # self-referencing rule lets EFA traffic flow between the nodes. Looked up once the cluster
+    # exists (during the first preview it is not known yet).
+    security_group = aws.eks.get_cluster_output(
+        name=args.cluster_name,
+        opts=pulumi.InvokeOutputOptions(parent=parent, depends_on=[args.cluster]),
+    ).vpc_config.cluster_security_group_id
+    template = aws.ec2.LaunchTemplate(
+        f"{name}-launch-template",
+        instance_type=args.instance_type,
+        network_interfaces=efa_network_interfaces(instance, [security_group]),
+        block_device_mappings=[{"device_name": "/dev/xvda", "ebs": {
+            "volume_size": args.root_volume_gib, "volume_type": "gp3",
+            "delete_on_termination": "true"}}],
+        **reservation_launch_options(reservation, reservation_id=target.id),
+        opts=child)
+    n = args.node_count
+    return eks.ManagedNodeGroup(
+        f"{name}-nodes",
+        cluster=args.cluster,
+        node_role=role,
+        ami_type=GPU_AMI_TYPE,
+        capacity_type=EKS_CAPACITY_TYPE[reservation.kind],
+        launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+            id=template.id, version=template.latest_version.apply(str)),
+        subnet_ids=[args.subnet_id],
+        scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+            desired_size=window.desired_nodes, min_size=window.desired_nodes, max_size=n),
+        labels=dict(GPU_NODE_LABELS),
+        taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
+                                           effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
+        opts=child)

@@ -31,8 +31,12 @@ GPU_MEMORY_GIB = "gpuMemoryGib"
 RAY_WORKER_GPUS = "rayWorkerGpus"
 """GPUs of all Ray worker pods together: the job waits for this many to register before training."""
 
+GPU_RESERVATION = "gpuReservation"
+"""The capacity reservation the GPU nodes launch into (id, type, AZ, start, end, idle cost per
+hour, and what `pulumi destroy` leaves of it), or null. Destroy lists it as it removes it."""
+
 ALL = (KUBECONFIG, CLUSTER_NAME, REGION, GPU_AVAILABILITY_ZONE, RAY_NAMESPACE, RAY_CLUSTER_NAME,
        RAY_HEAD_SERVICE, RAY_DASHBOARD_PORT, RAY_AUTH_SECRET_NAME, RAY_AUTH_SECRET_KEY,
        CHECKPOINT_BUCKET_URI, ESTIMATED_COST_PER_HOUR_USD, PRICE_TABLE_DATE, GPU_INSTANCE_TYPE,
-       GPU_MEMORY_GIB, RAY_WORKER_GPUS)
+       GPU_MEMORY_GIB, RAY_WORKER_GPUS, GPU_RESERVATION)
 SECRET = (KUBECONFIG,)

@@ -96,6 +96,12 @@ POLICIES = [
         description="Each GPU node group's launch template has EFA network interfaces and a "
                     "cluster placement group.",
         rule=rules.gpu_node_group_efa_violations),
+    _stack_policy(
+        name="capacity-reservation-matches",
+        description="A launch template that targets a capacity reservation or Capacity Block "
+                    "launches the reservation's instance type in its AZ (as EC2 reports them), "
+                    "with market type capacity-block for a block.",
+        rule=rules.capacity_reservation_violations),
     _resource_policy(
         name="ray-worker-guaranteed-efa",
         description="Ray worker containers set requests equal to limits and the Ray container "

@@ -39,6 +39,9 @@ EKS_CLUSTER = "aws:eks/cluster:Cluster"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+SUBNET = "aws:ec2/subnet:Subnet"
+CAPACITY_RESERVATION = "aws:ec2/capacityReservation:CapacityReservation"
+CAPACITY_BLOCK = "aws:ec2/capacityBlockReservation:CapacityBlockReservation"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 SERVICE = "kubernetes:core/v1:Service"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -183,7 +186,12 @@ def efa_launch_template_violations(template: Mapping[str, Any],
                                "interfaceType efa or interface (ENA), not "
                                f"{kind!r}: it carries the node's IP")
     group_name = _get(template, "placement", "groupName")
-    if group_name is None or group_name == "":
+    if reservation_target(template) is not None:
+        if group_name not in (None, "", UNKNOWN):
+            out.append("launch template targets a capacity reservation and also sets a placement "
+                       "group: instances in a placement group only draw on reservations made in "
+                       "it, so they would fail with InsufficientInstanceCapacity")
+    elif group_name is None or group_name == "":
         out.append("launch template of a GPU node group sets no placement group: EFA traffic "
                    "between nodes needs a cluster placement group")
     for group in placement_groups:
@@ -239,6 +247,113 @@ def gpu_node_group_efa_violations(resources: Sequence[StackResource]) -> list[St
             out.extend(StackViolation(lt.urn, m)
                        for m in efa_launch_template_violations(lt.props, [g.props for g in pgs]))
     return out
+
+
+# --- Capacity reservations and Capacity Blocks ----------------------------------------------
+
+def reservation_target(template: Mapping[str, Any]) -> Any:
+    """The capacity reservation ID a launch template targets (UNKNOWN during preview when it
+    comes from another resource), or None when it targets none."""
+    spec = template.get("capacityReservationSpecification")
+    if spec is UNKNOWN:
+        return UNKNOWN
+    target = _get(spec, "capacityReservationTarget")
+    if target is UNKNOWN:
+        return UNKNOWN
+    rid = _get(target, "capacityReservationId")
+    return rid if rid not in (None, "") else None
+
+
+def _targeted_reservations(template: StackResource,
+                           reservations: Sequence[StackResource]) -> list[StackResource]:
+    """The reservation resources a template targets: through the engine's property dependencies,
+    else by a known ID equal to the reservation's."""
+    urns = set(template.property_dependencies.get("capacityReservationSpecification", ()))
+    found = [r for r in reservations if r.urn in urns]
+    rid = reservation_target(template.props)
+    return found or [r for r in reservations if isinstance(rid, str) and r.props.get("id") == rid]
+
+
+def _is_block(template: Mapping[str, Any], reservation: StackResource) -> bool:
+    return (reservation.type == CAPACITY_BLOCK
+            or reservation.props.get("reservationType") == "capacity-block"
+            or _get(template, "instanceMarketOptions", "marketType") == "capacity-block")
+
+
+def _known_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def capacity_reservation_violations(resources: Sequence[StackResource]) -> list[StackViolation]:
+    """A launch template that targets a capacity reservation launches what the reservation holds:
+    its instance type (on the template and on every node group using it) and its AZ (of every
+    subnet of those node groups). The reservation's own resource (read from EC2) is the truth; a
+    Capacity Block also needs market type capacity-block and node group capacity type
+    CAPACITY_BLOCK."""
+    templates = [r for r in resources if r.type == LAUNCH_TEMPLATE]
+    reservations = [r for r in resources if r.type in (CAPACITY_RESERVATION, CAPACITY_BLOCK)]
+    groups = [r for r in resources if r.type == NODE_GROUP]
+    subnets = [r for r in resources if r.type == SUBNET]
+    out: list[StackViolation] = []
+    for lt in templates:
+        rid = reservation_target(lt.props)
+        if rid is None:
+            continue
+        targeted = _targeted_reservations(lt, reservations)
+        if not targeted:
+            shown = rid if isinstance(rid, str) else "(known at deploy time)"
+            out.append(StackViolation(lt.urn, f"launch template targets capacity reservation "
+                                      f"{shown}, which this stack does not read from EC2, so "
+                                      "its instance type and AZ cannot be checked"))
+            continue
+        users = [ng for ng in groups if _referenced(ng, "launchTemplate", [lt], ("id", "name"))]
+        for res in targeted:
+            out.extend(_reservation_mismatches(lt, res, users, subnets))
+    return out
+
+
+def _reservation_mismatches(lt: StackResource, res: StackResource, users: list[StackResource],
+                            subnets: Sequence[StackResource]) -> list[StackViolation]:
+    block = _is_block(lt.props, res)
+    what = "Capacity Block" if block else "capacity reservation"
+    rid = _known_str(res.props.get("id")) or res.urn.rsplit("::", 1)[-1]
+    want_type = _known_str(res.props.get("instanceType"))
+    want_zone = _known_str(res.props.get("availabilityZone"))
+    out: list[StackViolation] = []
+    lt_type = _known_str(lt.props.get("instanceType"))
+    if want_type and lt_type and lt_type != want_type:
+        out.append(StackViolation(lt.urn, f"launch template launches {lt_type} into {what} {rid}, "
+                                  f"which holds {want_type}: no instance would launch"))
+    if block and _get(lt.props, "instanceMarketOptions", "marketType") not in (
+            "capacity-block", UNKNOWN):
+        out.append(StackViolation(lt.urn, f"launch template targets {what} {rid} without "
+                                  "instanceMarketOptions.marketType capacity-block"))
+    for ng in users:
+        types = [t for t in _items(ng.props.get("instanceTypes")) if _known_str(t)]
+        for t in types:
+            if want_type and t != want_type:
+                out.append(StackViolation(ng.urn, f"node group runs {t} in {what} {rid}, which "
+                                          f"holds {want_type}"))
+        capacity_type = ng.props.get("capacityType")
+        if block and capacity_type not in ("CAPACITY_BLOCK", UNKNOWN):
+            out.append(StackViolation(ng.urn, f"node group launches into {what} {rid} with "
+                                      f"capacityType {capacity_type!r}, not CAPACITY_BLOCK"))
+        for subnet in _referenced_all(ng, "subnetIds", subnets):
+            zone = _known_str(subnet.props.get("availabilityZone"))
+            if want_zone and zone and zone != want_zone:
+                out.append(StackViolation(ng.urn, f"node group's subnet is in {zone}, but {what} "
+                                          f"{rid} is in {want_zone}: no instance would launch"))
+    return out
+
+
+def _referenced_all(by: StackResource, prop: str,
+                    candidates: Sequence[StackResource]) -> list[StackResource]:
+    """The candidates a list property (e.g. subnetIds) refers to: through the property's
+    dependencies, else by known IDs."""
+    urns = set(by.property_dependencies.get(prop, ()))
+    found = [c for c in candidates if c.urn in urns]
+    ids = {v for v in _items(by.props.get(prop)) if isinstance(v, str)}
+    return found or [c for c in candidates if c.props.get("id") in ids]
 
 
 # --- Ray: worker resources, exposure ---------------------------------------------------------

@@ -8,14 +8,15 @@ from __future__ import annotations
 import ipaddress
 import json
 import string
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.config import (KNOWN_KEYS, ConfigError, StackConfig, SUPPORTED_KUBERNETES_MINORS,
-                          config_key, parse_stack_config)
-from infra.instance_types import GPU_INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
+                          config_key, format_utc, parse_stack_config)
+from infra.instance_types import GPU_INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, sells_capacity_blocks
 
 EXAMPLES_VALID = 200
 EXAMPLES_PER_BAD_KEY = 40
@@ -94,9 +95,30 @@ def valid_configs(draw) -> dict:
     }
     for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
         values[key] = draw(optional[key])
+    if draw(st.booleans()):  # a capacity reservation for the placement, as the tools write it
+        values.update(draw(valid_reservations(values)))
     if draw(st.booleans()):  # other namespaces are not this program's to judge
         values.update({"aws:profile": "dev", "pulumi:tags": {"team": "ml"}})
     return values
+
+
+@st.composite
+def valid_reservations(draw, placement: dict) -> dict:
+    """Reservation keys that agree with `placement` (its type, AZ and node count)."""
+    instance_type = placement.setdefault("ray-eks:gpuInstanceType", "g6.12xlarge")
+    nodes = int(placement.get("ray-eks:gpuNodeCount", 2))
+    kind = "capacity-block" if sells_capacity_blocks(instance_type) and draw(st.booleans()) \
+        else "on-demand"
+    start = draw(st.datetimes(datetime(2024, 1, 1), datetime(2030, 1, 1),
+                              timezones=st.just(timezone.utc)))
+    end = start + draw(st.timedeltas(timedelta(minutes=1), timedelta(days=182)))
+    return {"ray-eks:gpuReservationId": draw(regex(r"cr-[0-9a-f]{17}")),
+            "ray-eks:gpuReservationType": kind,
+            "ray-eks:gpuReservationInstanceType": instance_type,
+            "ray-eks:gpuReservationAvailabilityZone": placement["ray-eks:gpuAvailabilityZone"],
+            "ray-eks:gpuReservationInstanceCount": draw(as_int_or_string(st.integers(nodes, 64))),
+            "ray-eks:gpuReservationStart": format_utc(start),
+            "ray-eks:gpuReservationEnd": draw(st.sampled_from([format_utc(end), end]))}
 
 
 # --- bad values, per key -------------------------------------------------------------------------
@@ -198,6 +220,23 @@ BAD: dict[str, st.SearchStrategy] = {
         as_int_or_string(st.integers(max_value=99)),
         as_int_or_string(st.integers(min_value=16385)),
         st.floats(), no_digits, st.booleans(), st.none()),
+    "ray-eks:gpuReservationId": st.one_of(
+        st.sampled_from(["cr-", "sg-0123456789abcdef0", "CR-0123456789ABCDEF0", "cr-xyz",
+                         "cr-0123456789abcdef01234"]), not_a_scalar),
+    "ray-eks:gpuReservationType": st.one_of(
+        st.sampled_from(["spot", "default", "ondemand", "Capacity-Block"]), not_a_scalar),
+    "ray-eks:gpuReservationInstanceType": st.one_of(
+        st.sampled_from(["g6.48xlarge", "p5", "G6.12XLARGE"]), not_a_scalar),
+    "ray-eks:gpuReservationAvailabilityZone": st.one_of(
+        st.sampled_from(["mx-none-9b", "usw2-az1", "us-west"]), not_a_scalar),
+    "ray-eks:gpuReservationInstanceCount": st.one_of(
+        as_int_or_string(st.integers(max_value=-1)), st.floats(allow_nan=True), no_digits,
+        st.booleans(), st.none()),
+    "ray-eks:gpuReservationStart": st.one_of(
+        st.sampled_from(["tomorrow", "2026-13-01T00:00:00Z", "2026-12-01T10:00:00"]),
+        not_a_scalar),
+    "ray-eks:gpuReservationEnd": st.one_of(
+        st.sampled_from(["next week", "2026-12-01", "2026-12-01T25:00:00Z"]), not_a_scalar),
     "ray-eks:eksImageRegistryAccount": st.one_of(
         regex(r"\d{1,11}"), regex(r"\d{13,15}"), st.sampled_from(["ecr", "60240114345x", ""]),
         not_a_scalar),

@@ -124,17 +124,18 @@ class _Mocks(pulumi.runtime.Mocks):
 
 
 def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch,
-                zones: list[tuple[str, str]] | None = None) -> ProgramRun:
+                zones: list[tuple[str, str]] | None = None, mocks: type[_Mocks] = _Mocks) -> ProgramRun:
     """Run __main__.py for `stack` with `config` (the stack file's `config:` mapping), in an
-    account whose AZs are `zones` ((name, ID) pairs; by default a is az1, b az2, c az3)."""
+    account whose AZs are `zones` ((name, ID) pairs; by default a is az1, b az2, c az3), under
+    `mocks` (a subclass of `_Mocks` answers more calls)."""
     run = ProgramRun()
     exported: dict[str, Any] = {}
     monkeypatch.setattr(pulumi, "export", lambda k, v: exported.__setitem__(k, v))
     monkeypatch.chdir(repo_root)
     region = str(config.get("aws:region", "us-west-2"))
-    mocks = _Mocks(run, region, zones)
-    pulumi.runtime.set_mocks(mocks, project="ray-eks", stack=stack, preview=False,
-                             monitor=_RecordingMonitor(mocks, run), logger=_WarningsLogger(run))
+    program_mocks = mocks(run, region, zones)
+    pulumi.runtime.set_mocks(program_mocks, project="ray-eks", stack=stack, preview=False,
+                             monitor=_RecordingMonitor(program_mocks, run), logger=_WarningsLogger(run))
     # What the engine hands a program: strings, with structured values as JSON.
     pulumi.runtime.set_all_config({
         k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})

@@ -1,0 +1,308 @@
+"""A GPU node group that launches into a capacity reservation: the stack keys that say so, the pure
+launch-template and timing rules (infra/reservation.py), and the Pulumi program under mocks with a
+stack file holding an On-Demand Capacity Reservation or a Capacity Block."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pulumi
+import pytest
+from moto import mock_aws
+
+from capacity.stackfile import PLACEMENT_KEYS, RESERVATION_KEYS, plan_update, write
+from infra import outputs
+from infra.config import ConfigError, GpuReservation, parse_stack_config, read_stack_values
+from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
+from infra.reservation import (ReservationEnded, after_destroy, efa_network_interfaces,
+                               idle_usd_per_hour, launch_window)
+from test_infra_program import REPO_ROOT, Declared, ProgramRun, _Mocks, run_program
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+CLUSTER_SG = "sg-0c1u5te7000000000"
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+BLOCK = "aws:ec2/capacityBlockReservation:CapacityBlockReservation"
+ODCR = "aws:ec2/capacityReservation:CapacityReservation"
+
+
+def odcr_values(**changes: Any) -> dict[str, Any]:
+    """A stack written by `probe --hold 8`: 2 x g6.12xlarge held in us-west-2a until 2099."""
+    values = {**dict(zip(PLACEMENT_KEYS, ("us-west-2", "us-west-2a", "usw2-az1", "g6.12xlarge",
+                                          2))),
+              **dict(zip(RESERVATION_KEYS, ("cr-0123456789abcdef0", "on-demand", "g6.12xlarge",
+                                            "us-west-2a", 2, "2026-12-01T10:00:00Z",
+                                            "2099-01-01T10:00:00Z")))}
+    values.update(changes)
+    return values
+
+
+def block_values(start: str, end: str, **changes: Any) -> dict[str, Any]:
+    """A stack written by `capacity blocks --purchase`: 2 x p5.48xlarge in us-east-2b."""
+    values = {**dict(zip(PLACEMENT_KEYS, ("us-east-2", "us-east-2b", "use2-az2", "p5.48xlarge",
+                                          2))),
+              **dict(zip(RESERVATION_KEYS, ("cr-0b10c0000000000a1", "capacity-block",
+                                            "p5.48xlarge", "us-east-2b", 2, start, end)))}
+    values.update(changes)
+    return values
+
+
+def reservation(kind: str = "capacity-block", *, start: datetime = NOW + timedelta(days=1),
+                end: datetime = NOW + timedelta(days=3)) -> GpuReservation:
+    return GpuReservation(reservation_id="cr-0b10c0000000000a1", kind=kind,
+                          instance_type="p5.48xlarge", availability_zone="us-east-2b",
+                          instance_count=2, start=start, end=end)
+
+
+# --- the stack keys --------------------------------------------------------------------------
+
+def test_reservation_keys_parse_into_one_value():
+    cfg = parse_stack_config(odcr_values())
+    assert cfg.gpu_reservation == GpuReservation(
+        reservation_id="cr-0123456789abcdef0", kind="on-demand", instance_type="g6.12xlarge",
+        availability_zone="us-west-2a", instance_count=2,
+        start=datetime(2026, 12, 1, 10, tzinfo=timezone.utc),
+        end=datetime(2099, 1, 1, 10, tzinfo=timezone.utc))
+    unset = dict(zip(RESERVATION_KEYS, ("", "", "", "", 0, "", "")))
+    assert parse_stack_config(odcr_values(**unset)).gpu_reservation is None
+
+
+@pytest.mark.parametrize("changes, key, problem", [
+    ({"ray-eks:gpuInstanceType": "g6e.12xlarge"}, "ray-eks:gpuInstanceType",
+     "differs from reservation cr-0123456789abcdef0's instance type g6.12xlarge"),
+    ({"ray-eks:gpuAvailabilityZone": "us-west-2b"}, "ray-eks:gpuAvailabilityZone",
+     "differs from reservation cr-0123456789abcdef0's AZ us-west-2a"),
+    ({"ray-eks:gpuNodeCount": 3}, "ray-eks:gpuNodeCount", "exceeds the 2 instances"),
+    ({"ray-eks:gpuReservationId": "sg-123"}, "ray-eks:gpuReservationId", "is not a capacity"),
+    ({"ray-eks:gpuReservationType": "spot"}, "ray-eks:gpuReservationType", "must be one of"),
+    ({"ray-eks:gpuReservationEnd": "tomorrow"}, "ray-eks:gpuReservationEnd", "ISO 8601"),
+    ({"ray-eks:gpuReservationEnd": "2026-12-01T09:00:00Z"}, "ray-eks:gpuReservationEnd",
+     "is not after"),
+    ({"ray-eks:gpuReservationType": "capacity-block"}, "ray-eks:gpuReservationType",
+     "EC2 sells no Capacity Blocks for g6.12xlarge"),
+])
+def test_reservation_that_disagrees_with_the_placement_is_refused(changes, key, problem):
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config(odcr_values(**changes))
+    assert err.value.key == key and problem in str(err.value)
+
+
+def test_reservation_keys_come_all_or_none():
+    values = odcr_values()
+    del values["ray-eks:gpuReservationId"]
+    with pytest.raises(ConfigError, match="is set without ray-eks:gpuReservationId"):
+        parse_stack_config(values)
+    values = odcr_values()
+    del values["ray-eks:gpuReservationEnd"]
+    with pytest.raises(ConfigError, match="gpuReservationEnd = None: is required"):
+        parse_stack_config(values)
+
+
+def test_an_unquoted_timestamp_in_hand_written_yaml_is_read(tmp_path: Path):
+    path = tmp_path / "Pulumi.dev.yaml"
+    text = "config:\n" + "".join(f"  {k}: {v}\n" for k, v in odcr_values().items())
+    path.write_text(text.replace("'", ""))
+    assert "2099-01-01T10:00:00Z\n" in path.read_text()
+    cfg = parse_stack_config(read_stack_values(path))
+    assert cfg.gpu_reservation_end == "2099-01-01T10:00:00Z"
+
+
+# --- launch template and timing --------------------------------------------------------------
+
+def test_p5_gets_one_efa_interface_on_each_of_its_32_network_cards():
+    interfaces = efa_network_interfaces(INSTANCE_TYPES["p5.48xlarge"], ["sg-1"])
+    assert len(interfaces) == 32 == INSTANCE_TYPES["p5.48xlarge"].efa_interfaces
+    assert [i["network_card_index"] for i in interfaces] == list(range(32))
+    assert (interfaces[0]["interface_type"], interfaces[0]["device_index"]) == ("efa", 0)
+    assert {(i["interface_type"], i["device_index"]) for i in interfaces[1:]} == {("efa-only", 1)}
+    (single,) = efa_network_interfaces(INSTANCE_TYPES["g6.12xlarge"], ["sg-1"])
+    assert single["interface_type"] == "efa" and single["security_groups"] == ["sg-1"]
+
+
+def test_a_block_not_started_yet_gets_no_nodes_and_says_when_it_starts():
+    window = launch_window(reservation(), node_count=2, now=NOW, stack="us-east-2")
+    assert window.desired_nodes == 0
+    assert "starts at 2026-12-02T12:00:00Z (in 24.0 h)" in window.note
+    assert "30 minutes before it ends" in window.note
+
+
+def test_a_running_block_gets_every_node_and_names_the_reclaim_time():
+    window = launch_window(reservation(start=NOW - timedelta(hours=1)), node_count=2, now=NOW,
+                           stack="us-east-2")
+    assert window.desired_nodes == 2
+    assert "reclaims its instances from 2026-12-04T11:30:00Z" in window.note
+
+
+@pytest.mark.parametrize("kind, end, message", [
+    ("capacity-block", NOW + timedelta(minutes=29), "EC2 reclaims its instances from"),
+    ("on-demand", NOW - timedelta(seconds=1), "it ended at 2026-12-01T11:59:59Z"),
+])
+def test_a_reservation_past_its_last_launch_is_refused(kind, end, message):
+    with pytest.raises(ReservationEnded, match=message) as err:
+        launch_window(reservation(kind, start=NOW - timedelta(days=1), end=end), node_count=2,
+                      now=NOW, stack="us-east-2")
+    assert "python -m capacity release --stack us-east-2" in str(err.value)
+
+
+def test_on_demand_reservation_runs_at_once():
+    odcr = reservation("on-demand", start=NOW + timedelta(hours=1))
+    assert launch_window(odcr, node_count=2, now=NOW, stack="s").desired_nodes == 2
+
+
+def test_what_destroy_leaves_and_what_it_costs_idle():
+    odcr = parse_stack_config(odcr_values())
+    assert idle_usd_per_hour(odcr) == round(2 * INSTANCE_TYPES["g6.12xlarge"].usd_per_hour, 2)
+    note = after_destroy(odcr, stack="us-west-2")
+    assert "leaves On-Demand Capacity Reservation cr-0123456789abcdef0 active until " \
+           "2099-01-01T10:00:00Z" in note
+    assert "9.20 USD/hour" in note and "capacity release --stack us-west-2" in note
+    block = parse_stack_config(block_values("2026-12-02T11:30:00Z", "2026-12-04T11:30:00Z"))
+    assert idle_usd_per_hour(block) == 0.0
+    assert "paid up front, cannot be cancelled" in after_destroy(block, stack="us-east-2")
+    unset = dict(zip(RESERVATION_KEYS, ("", "", "", "", 0, "", "")))
+    assert after_destroy(parse_stack_config(odcr_values(**unset)), stack="s") == ""
+
+
+# --- the program under mocks -----------------------------------------------------------------
+
+def _ec2_view(values: dict[str, Any]) -> dict[str, Any]:
+    """What EC2 reports for the stack's reservation (the read resource's state), in the engine's
+    camelCase."""
+    return {"instanceType": values.get("ray-eks:gpuReservationInstanceType"),
+            "availabilityZone": values.get("ray-eks:gpuReservationAvailabilityZone"),
+            "instanceCount": values.get("ray-eks:gpuReservationInstanceCount"),
+            "endDate": values.get("ray-eks:gpuReservationEnd")}
+
+
+def _mocks(ec2_view: dict[str, Any]):
+    class ReservationMocks(_Mocks):
+        """The base mocks, plus EC2's answer for a read of the reservation and EKS's answer for
+        the cluster (whose security group the EFA interfaces carry)."""
+
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+            if args.resource_id and args.typ in (BLOCK, ODCR):
+                state = {"id": args.resource_id, **ec2_view}
+                self.run.resources.append(Declared(args.typ, args.name, state))
+                return args.resource_id, state
+            return super().new_resource(args)
+
+        def call(self, args: pulumi.runtime.MockCallArgs):
+            if args.token == "aws:eks/getCluster:getCluster":
+                self.run.invokes.append(args.token)
+                return {"name": args.args["name"],
+                        "vpcConfig": {"clusterSecurityGroupId": CLUSTER_SG}}
+            return super().call(args)
+
+    return ReservationMocks
+
+
+def run_stack(tmp_path: Path, stack: str, values: dict[str, Any], *,
+              ec2_view: dict[str, Any] | None = None) -> ProgramRun:
+    """Write the stack file as the capacity tools do, then run the program with it; a read of the
+    reservation answers what the stack file says, with `ec2_view` changed on top."""
+    path = tmp_path / f"Pulumi.{stack}.yaml"
+    write(plan_update(path, values))
+    config = read_stack_values(path)
+    with pytest.MonkeyPatch.context() as mp:
+        return run_program(repo_root=REPO_ROOT, stack=stack, config=config, monkeypatch=mp,
+                           mocks=_mocks({**_ec2_view(values), **(ec2_view or {})}))
+
+
+def gpu_group(run: ProgramRun) -> dict[str, Any]:
+    (group,) = [g.inputs for g in run.of_type("eks:index:ManagedNodeGroup")
+                if g.inputs.get("amiType") == "AL2023_x86_64_NVIDIA"]
+    return group
+
+
+def test_held_odcr_is_the_launch_templates_target_without_a_placement_group(tmp_path):
+    run = run_stack(tmp_path, "us-west-2", odcr_values())
+    (read,) = run.of_type(ODCR)
+    template = run.one(LT).inputs
+    target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert read.inputs["id"] == "cr-0123456789abcdef0"
+    assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
+    assert "instanceMarketOptions" not in template
+    assert template["instanceType"] == "g6.12xlarge"
+    assert "placement" not in template and not run.of_type("aws:ec2/placementGroup:PlacementGroup")
+    (interface,) = template["networkInterfaces"]
+    assert interface["interfaceType"] == "efa" and interface["securityGroups"] == [CLUSTER_SG]
+    assert template["blockDeviceMappings"][0]["ebs"]["volumeSize"] == 200
+    group = gpu_group(run)
+    assert group["capacityType"] == "ON_DEMAND"
+    assert group["launchTemplate"]["id"] == "gpu-launch-template-id"
+    assert group["scalingConfig"] == {"desiredSize": 2, "minSize": 2, "maxSize": 2}
+    for conflicting in ("enableEfaSupport", "placementGroupAvailabilityZone", "diskSize",
+                        "instanceTypes"):
+        assert conflicting not in group
+    assert group["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
+    out = run.outputs[outputs.GPU_RESERVATION]
+    assert out["id"] == "cr-0123456789abcdef0" and out["idleUsdPerHour"] == 9.2
+    assert "leaves On-Demand Capacity Reservation" in out["afterDestroy"]
+
+
+def test_started_capacity_block_is_targeted_with_market_type_capacity_block(tmp_path):
+    run = run_stack(tmp_path, "us-east-2", block_values("2026-01-01T11:30:00Z",
+                                                        "2099-01-01T11:30:00Z"))
+    (read,) = run.of_type(BLOCK)
+    template = run.one(LT).inputs
+    assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert template["capacityReservationSpecification"]["capacityReservationTarget"] == {
+        "capacityReservationId": read.inputs["id"]} == {
+        "capacityReservationId": "cr-0b10c0000000000a1"}
+    assert len(template["networkInterfaces"]) == 32 and template["instanceType"] == "p5.48xlarge"
+    assert not run.of_type("aws:ec2/placementGroup:PlacementGroup")
+    group = gpu_group(run)
+    assert group["capacityType"] == "CAPACITY_BLOCK"
+    assert group["scalingConfig"] == {"desiredSize": 2, "minSize": 2, "maxSize": 2}
+    assert "cannot be cancelled" in run.outputs[outputs.GPU_RESERVATION]["afterDestroy"]
+
+
+def test_block_not_started_yet_deploys_with_no_gpu_nodes_and_says_when_it_starts(tmp_path):
+    run = run_stack(tmp_path, "us-east-2", block_values("2099-01-01T11:30:00Z", "2099-01-03T11:30:00Z"))
+    assert gpu_group(run)["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
+    assert any("Capacity Block cr-0b10c0000000000a1 starts at 2099-01-01T11:30:00Z" in warning
+               and "run `pulumi up` again after it starts" in warning for warning in run.warnings)
+
+
+def test_ended_reservation_stops_the_program_with_the_way_out(tmp_path):
+    values = odcr_values(**{"ray-eks:gpuReservationEnd": "2026-01-01T10:00:00Z",
+                            "ray-eks:gpuReservationStart": "2025-12-31T10:00:00Z"})
+    with pytest.raises(Exception, match="it ended at 2026-01-01T10:00:00Z") as err:
+        run_stack(tmp_path, "us-west-2", values)
+    assert "python -m capacity release --stack us-west-2" in str(err.value)
+
+
+def test_stack_without_reservation_keeps_pulumi_eks_efa_template_and_placement_group(tmp_path):
+    run = run_stack(tmp_path, "plain", dict(zip(PLACEMENT_KEYS, (
+        "us-west-2", "us-west-2a", "usw2-az1", "g6.12xlarge", 2))))
+    group = gpu_group(run)
+    assert group["enableEfaSupport"] is True
+    assert group["placementGroupAvailabilityZone"] == "us-west-2a"
+    assert not run.of_type(LT) and not run.of_type(ODCR) and not run.of_type(BLOCK)
+    assert run.outputs[outputs.GPU_RESERVATION] is None
+
+
+def test_the_instance_table_agrees_with_ec2s_own_description():
+    """Network cards, EFA interfaces, vCPUs, memory and GPU memory of every GPU type, against
+    DescribeInstanceTypes as moto serves it (its data is EC2's own answer)."""
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="testing",
+                           aws_secret_access_key="testing")
+        described = {t["InstanceType"]: t for t in ec2.describe_instance_types(
+            InstanceTypes=list(GPU_INSTANCE_TYPES))["InstanceTypes"]}
+    for name in GPU_INSTANCE_TYPES:
+        ours, theirs = INSTANCE_TYPES[name], described[name]
+        net = theirs["NetworkInfo"]
+        assert ours.network_cards == net["MaximumNetworkCards"], name
+        assert ours.efa_interfaces == net["EfaInfo"]["MaximumEfaInterfaces"], name
+        assert ours.vcpus == theirs["VCpuInfo"]["DefaultVCpus"], name
+        assert ours.memory_gib * 1024 == theirs["MemoryInfo"]["SizeInMiB"], name
+        gpu = theirs["GpuInfo"]["Gpus"][0]
+        assert ours.gpus == gpu["Count"], name
+        # EC2 reports marketed GB as MiB (24 GB L4: 22,888 MiB); the table keeps the GB.
+        assert ours.gpu_memory_gib * 1000**3 // 2**20 == gpu["MemoryInfo"]["SizeInMiB"] or \
+            ours.gpu_memory_gib * 1024 == gpu["MemoryInfo"]["SizeInMiB"], name
+    assert INSTANCE_TYPES["p5.48xlarge"].network_cards == 32
