@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 NO_CLUSTER = "http://127.0.0.1:9"
-"""A Jobs API address nothing answers; every row below fails before connecting to it."""
+"""A Jobs API address nothing answers."""
+FAKE_KEYS = (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"))
+"""Credentials that pass botocore's own checks, so the call goes out to the dead endpoint."""
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,12 @@ class Case:
     exit_code: int
     message: str
     """A fragment of the one-line error on stderr."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment set for this row only, on top of the table's."""
 
     @property
     def id(self) -> str:
-        return " ".join((self.module, *self.args))
+        return " ".join((*(f"{k}={v}" for k, v in self.env), self.module, *self.args))
 
 
 CASES = (
@@ -51,7 +55,14 @@ CASES = (
     Case("capacity", ("probe", "--stack", "badns"), 2,
          "ray-eks:rayNamespace = 'Not_A_Label': must be a Kubernetes namespace name"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
-         "AWS credentials problem calling sts:GetCallerIdentity"),
+         "AWS credentials problem calling sts:GetCallerIdentity: NoCredentialsError"),
+    Case("capacity", ("probe", "--regions", "us-west-2"), 3,
+         "ProfileNotFound: The config profile (nonexistent) could not be found; "
+         "`aws configure list-profiles` lists the profiles",
+         env=(("AWS_PROFILE", "nonexistent"),)),
+    Case("capacity", ("probe", "--regions", "us-west-2"), 4,
+         "cannot reach AWS calling sts:GetCallerIdentity: EndpointConnectionError",
+         env=FAKE_KEYS),
     Case("workloads", ("frobnicate",), 2, "unknown command 'frobnicate'"),
     Case("workloads", ("verify-transport",), 2, "the following arguments are required: LOG"),
     Case("workloads", ("verify-transport", "missing.log"), 2, "cannot read missing.log"),
@@ -66,6 +77,14 @@ CASES = (
          "cannot read --config missing.json"),
     Case("workloads", ("submit", "--address", NO_CLUSTER, "--max-failures", "-1"), 2,
          "--max-failures must be >= 0"),
+    Case("workloads", ("list", "--address", "localhost:9"), 3,
+         "no Ray Jobs API at http://localhost:9: nothing answers"),
+    Case("workloads", ("submit", "--address", "127.0.0.1:9", "--storage-path", "/tmp/runs"), 3,
+         "no Ray Jobs API at http://127.0.0.1:9: nothing answers"),
+    Case("workloads", ("list", "--address", "ray://127.0.0.1:10001"), 2,
+         "is not a Ray Jobs API URL: use http://HOST:PORT"),
+    Case("workloads", ("list", "--stack", "us-west-2", "--address", NO_CLUSTER), 2,
+         "--stack and --address both name a cluster"),
     Case("workloads", ("logs", "--address", NO_CLUSTER), 2,
          "the following arguments are required: job_id"),
     Case("workloads", ("run",), 2, "the following arguments are required: --local"),
@@ -91,8 +110,8 @@ STACK_FILES = {
 
 
 def _run(case: Case, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", case.module, *case.args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", case.module, *case.args], cwd=cwd,
+                          env={**env, **dict(case.env)}, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
