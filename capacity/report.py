@@ -21,6 +21,7 @@ from capacity.probe import (
 from capacity.quota import QuotaCheck, QuotaVerdict
 from capacity.reserve import ReservationRun
 from capacity.stackfile import StackUpdate
+from infra.cost import gpu_nodes_cost_note
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,7 +134,8 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
             out.print(f"  - {line}", markup=False)
         return
     out.print(f"Placement: {p.node_count} x {p.instance_type} in {p.region} {p.zone} "
-              f"({p.zone_id}), {p.evidence.label}.", markup=False)
+              f"({p.zone_id}), {p.evidence.label}; "
+              f"{gpu_nodes_cost_note(p.instance_type, p.node_count)}.", markup=False)
     unchecked = [r.region for r in result.reports
                  if r.region == p.region and r.quota and r.quota.verdict is QuotaVerdict.UNKNOWN]
     if unchecked:

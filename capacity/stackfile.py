@@ -21,7 +21,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from capacity.probe import Placement
-from infra.config import ConfigError, check_settings, config_key, parse_stack_config, read_stack_values
+from infra.config import (ConfigError, check_stack_file_settings, config_key, parse_stack_config,
+                          read_stack_values)
 
 PLACEMENT_KEYS = tuple(config_key(name) for name in (
     "region", "gpu_availability_zone", "gpu_availability_zone_id", "gpu_instance_type",
@@ -145,7 +146,7 @@ def precheck(path: Path) -> None:
     holds a bad value in a key the probe keeps."""
     if not path.exists():
         return
-    check_settings(read_stack_values(path))
+    check_stack_file_settings(path)
     text = path.read_text()
     if _yaml(_LAYOUTS[0]).load(text) is not None:
         _faithful_yaml(text, path)

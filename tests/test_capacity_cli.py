@@ -79,6 +79,7 @@ def test_done_when_probe_writes_a_us_west_2_az_and_keeps_the_rest(probe, moto_ur
     assert cfg.gpu_availability_zone_id == "usw2-az1"
     assert other_lines(stack.read_text()) == other_lines(original)
     assert "eu-west-1" in proc.stdout and "not offered" in proc.stdout
+    assert "the GPU nodes cost about $9.20/hour (us-east-1 On-Demand list prices" in proc.stdout
     assert "quota not checked" in proc.stdout  # moto has no EC2 quotas: said, not hidden
 
 

@@ -51,9 +51,12 @@ CASES = (
          "--all-regions: not allowed with argument --regions"),
     Case("capacity", ("probe", "--region-timeout", "-1"), 2,
          "--region-timeout must be a positive number of seconds"),
-    Case("capacity", ("probe", "--stack", "broken"), 2, "is not valid YAML"),
+    Case("capacity", ("probe", "--stack", "broken"), 2, "Pulumi.broken.yaml:2: is not valid YAML"),
     Case("capacity", ("probe", "--stack", "badns"), 2,
          "ray-eks:rayNamespace = 'Not_A_Label': must be a Kubernetes namespace name"),
+    Case("capacity", ("probe", "--stack", "several"), 2,
+         "Pulumi.several.yaml:5: rayeks:gpuNodeCount = 3: is not read: this program's keys are "
+         "under `ray-eks:`. Fix: did you mean ray-eks:gpuNodeCount?"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
          "AWS credentials problem calling sts:GetCallerIdentity: NoCredentialsError"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
@@ -90,9 +93,17 @@ CASES = (
     Case("workloads", ("run",), 2, "the following arguments are required: --local"),
     Case("workloads", ("run", "--local", "--preset", "nope"), 2, "unknown preset 'nope'"),
     Case("infra", (), 2, "the following arguments are required: command"),
-    Case("infra", ("render", "--stack", "nope"), 2, "Pulumi.nope.yaml = None: does not exist"),
+    Case("infra", ("render", "--stack", "nope"), 2,
+         "Pulumi.nope.yaml: does not exist. Fix: run `python -m capacity probe --stack nope`"),
+    Case("infra", ("render", "--stack", "bda"), 2, "or did you mean --stack bad?"),
     Case("infra", ("render", "--stack", "bad"), 2,
-         "ray-eks:gpuNodeCount = 'two': must be a whole number"),
+         "Pulumi.bad.yaml:5: ray-eks:gpuNodeCount = 'two': must be a whole number"),
+    Case("infra", ("render", "--stack", "broken"), 2, "Pulumi.broken.yaml:2: is not valid YAML"),
+    Case("infra", ("render", "--stack", "azid"), 2,
+         "Pulumi.azid.yaml:4: ray-eks:gpuAvailabilityZoneId = 'use1-az1': is an AZ ID of another "
+         "region (us-west-2's start with usw2-)"),
+    Case("infra", ("render", "--stack", "several"), 2,
+         "Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.3: was read as a number"),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
     Case("workloads.launch.torchrun", ("--preset", "nope"), 2, "unknown preset 'nope'"),
@@ -105,6 +116,11 @@ STACK_FILES = {
                        "  ray-eks:gpuNodeCount: two\n",
     "Pulumi.broken.yaml": "config: [\n",
     "Pulumi.badns.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:rayNamespace: Not_A_Label\n",
+    "Pulumi.azid.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
+                        "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: use1-az1\n",
+    "Pulumi.several.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
+                           "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n"
+                           "  rayeks:gpuNodeCount: 3\n  ray-eks:kubernetesVersion: 1.30\n",
     "some.log": "not an NCCL log\n",
 }
 
