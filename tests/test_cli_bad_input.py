@@ -106,6 +106,9 @@ CASES = (
          "Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.3: was read as a number"),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
+    Case("workloads.bench", (), 2, "no CUDA GPU is visible: the benchmarks measure GPUs"),
+    Case("workloads.bench", ("--allow-cpu",), 2, "--allow-cpu runs only the tiny-qwen2 model"),
+    Case("workloads.bench", ("nccl", "--allow-cpu"), 2, "bench nccl needs at least 2 ranks, got 1"),
     Case("workloads.launch.torchrun", ("--preset", "nope"), 2, "unknown preset 'nope'"),
     Case("workloads.launch.torchrun", ("--set", "steps=0"), 2, "steps is 0: it must be at least 1"),
 )
@@ -138,7 +141,8 @@ def results(tmp_path_factory, repo_root: Path) -> dict[str, subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RAY_"))}
     env.update({"PYTHONPATH": str(repo_root), "AWS_EC2_METADATA_DISABLED": "true",
                 "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-                "AWS_ENDPOINT_URL": NO_CLUSTER, "AWS_MAX_ATTEMPTS": "1"})
+                "AWS_ENDPOINT_URL": NO_CLUSTER, "AWS_MAX_ATTEMPTS": "1",
+                "CUDA_VISIBLE_DEVICES": ""})  # the benchmark rows see no GPU on any machine
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {case.id: pool.submit(_run, case, cwd=cwd, env=env) for case in CASES}
         return {key: future.result() for key, future in futures.items()}

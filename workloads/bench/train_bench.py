@@ -97,6 +97,8 @@ class BenchSettings:
     """(first, last) optimizer steps of every run to record with torch.profiler; rank 0 writes
     profile-<strategy>-mb<N>.txt. Profiled steps run slower: keep them out of the timed steps'
     majority (the median is robust to a few)."""
+    allow_cpu: bool = False
+    """Run without CUDA (gloo on the CPU) to check the harness; only with the tiny model."""
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps <= self.warmup:
@@ -349,6 +351,8 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
     parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
     parser.add_argument("--profile-steps", default=None, metavar="FIRST:LAST",
                         help="record these optimizer steps of every run with torch.profiler (e.g. 10:12)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="run without CUDA (gloo on the CPU) to check the harness, with --preset demo-cpu")
     args = parser.parse_args(argv)
     profile_steps = None
     if args.profile_steps:
@@ -371,6 +375,7 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
         seed=args.seed,
         out=args.out,
         profile_steps=profile_steps,
+        allow_cpu=args.allow_cpu,
     )
 
 
