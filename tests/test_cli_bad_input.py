@@ -19,6 +19,8 @@ import pytest
 
 NO_CLUSTER = "http://127.0.0.1:9"
 """A Jobs API address nothing answers."""
+JSONL_MISSING = ("--set", "data.kind=jsonl", "--set", "data.path=missing.jsonl", "--set",
+                 "data.tokenizer=Qwen/Qwen2.5-1.5B")
 FAKE_KEYS = (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"))
 """Credentials that pass botocore's own checks, so the call goes out to the dead endpoint."""
 
@@ -92,6 +94,13 @@ CASES = (
          "the following arguments are required: job_id"),
     Case("workloads", ("run",), 2, "the following arguments are required: --local"),
     Case("workloads", ("run", "--local", "--preset", "nope"), 2, "unknown preset 'nope'"),
+    Case("workloads", ("run", "--local", *JSONL_MISSING), 2,
+         "data.path 'missing.jsonl' is not a file or folder here"),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--storage-path", "/tmp/s", *JSONL_MISSING), 2,
+         "data.path 'missing.jsonl' is not a file or folder here"),
+    Case("workloads", ("submit", "--stack", "us-west-2", "--set", "data.kind=jsonl", "--set",
+                       "data.path=some.log", "--set", "data.tokenizer=./no-tokenizer"), 2,
+         "data.tokenizer './no-tokenizer' is not a file or folder here"),
     Case("infra", (), 2, "the following arguments are required: command"),
     Case("infra", ("render", "--stack", "nope"), 2,
          "Pulumi.nope.yaml: does not exist. Fix: run `python -m capacity probe --stack nope`"),

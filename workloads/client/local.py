@@ -31,6 +31,7 @@ from rich.console import Console
 
 from workloads.client import submit
 from workloads.client.cluster import connect, first_line, free_port
+from workloads.client.datapaths import resolved_for_local_run
 from workloads.client.report import clean_log, format_summary, loop_summary, summarize, write_report
 
 STARTED_MARK = "Ray runtime started"
@@ -201,7 +202,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     from workloads.train.config import preset, with_overrides
 
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
-    train = with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict()
+    train = resolved_for_local_run(with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict(),
+                                   cwd=Path.cwd())
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
     console.print(f"[bold cyan]local[/] starting a Ray cluster: {spec.nodes} nodes x {spec.cpus_per_node} CPU "
