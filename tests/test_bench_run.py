@@ -20,7 +20,8 @@ from workloads.bench.runtime import init_runtime
 from workloads.bench.train_bench import BenchSettings, run_benchmark, train_tuned
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--allow-cpu", "--preset", "demo-cpu", "--seq-len", "32", "--steps", "4", "--warmup", "1", "--matmul-size", "64"]
+TINY = ["--allow-cpu", "--preset", "demo-cpu", "--seq-len", "32", "--steps", "4", "--warmup", "1",
+        "--matmul-size", "64"]
 FIRST_LOSS_RTOL = 1e-5
 """Both strategies compute the first loss in fp32 from the same weights and tokens; they differ
 only in summation order (full-logit HF loss under FSDP1 vs chunked linear cross-entropy under
@@ -109,7 +110,8 @@ def test_two_ranks_through_the_command_line(tmp_path):
 
     document = json.loads((out / "bench.json").read_text())
     assert document["environment"]["world_size"] == 2 and document["environment"]["backend"] == "gloo"
-    assert set(document) >= {"settings", "environment", "flops_per_token", "peak_flops", "matmul", "runs", "figures", "comparisons"}
+    assert set(document) >= {"settings", "environment", "flops_per_token", "peak_flops", "matmul", "runs", "figures",
+                             "comparisons"}
     assert [(r["strategy"], r["micro_batch"], r["status"]) for r in document["runs"]] == [
         ("reference", 4, "ok"), ("tuned", 4, "ok"), ("reference", 2, "ok"), ("tuned", 2, "ok"),
     ]

@@ -57,9 +57,11 @@ def test_the_report_files(tmp_path):
 
 
 def test_the_clean_log_has_no_colour_codes_and_each_worker_line_once():
-    w0, w1 = "\x1b[36m(RayTrainWorker pid=9, ip=10.0.0.1)\x1b[0m ", "\x1b[36m(RayTrainWorker pid=8, ip=10.0.0.2)\x1b[0m "
+    w0 = "\x1b[36m(RayTrainWorker pid=9, ip=10.0.0.1)\x1b[0m "
+    w1 = "\x1b[36m(RayTrainWorker pid=8, ip=10.0.0.2)\x1b[0m "
     raw = "".join(line + "\n" for line in [
-        "2026-12-01 01:14:50,790\tINFO worker.py:2015 -- dashboard at \x1b[1m\x1b[32mhttp://127.0.0.1:35303 \x1b[39m\x1b[22m",
+        "2026-12-01 01:14:50,790\tINFO worker.py:2015 -- dashboard at "
+        "\x1b[1m\x1b[32mhttp://127.0.0.1:35303 \x1b[39m\x1b[22m",
         w0 + '[train] {"step":5,"loss":5.7}',
         w1 + "Reporting training result 1 from rank 1",  # the other worker's line in between
         w0 + '[train] {"step":5,"loss":5.7}',          # Ray's second copy: dropped

@@ -9,6 +9,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -78,3 +79,17 @@ def test_the_checked_versions_are_those_pyproject_allows(repo_root):
     spec = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["requires-python"]
     low, high = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", spec).groups()
     assert versions == [f"3.{minor}" for minor in range(int(low), int(high))]
+
+
+def test_lint_runs_ruff_from_the_venv(project):
+    assert make(project, "venv", version="3.12").returncode == 0
+    done = make(project, "lint", version="3.12")
+    assert done.returncode == 0, done.stderr
+    assert (project / "pip.log").read_text().splitlines()[-1] == "-m ruff check ."
+
+
+def test_the_code_passes_the_linter(repo_root):
+    """What `make lint` runs, configured in pyproject.toml ([tool.ruff])."""
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=repo_root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

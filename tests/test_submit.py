@@ -1,4 +1,5 @@
-"""submit's and cluster's pure parts: stack outputs, the Jobs API request, the log printer, the offline transport check."""
+"""submit's and cluster's pure parts: stack outputs, the Jobs API request, the log printer, the offline
+transport check."""
 
 from __future__ import annotations
 

@@ -4,13 +4,11 @@ port-forward relays to the real cluster, so the whole path is exercised."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import stat
 import sys
-import textwrap
 import time
 from pathlib import Path
 

@@ -15,7 +15,10 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
+
+if TYPE_CHECKING:
+    import pyarrow.fs
 
 DRIVER_PREFIX = "[driver] "
 """Prefix of the driver's machine-readable lines in the job logs (see `parse_driver_line`)."""
