@@ -64,18 +64,23 @@ def test_the_clean_log_has_no_colour_codes_and_each_worker_line_once():
         "\x1b[1m\x1b[32mhttp://127.0.0.1:35303 \x1b[39m\x1b[22m",
         w0 + '[train] {"step":5,"loss":5.7}',
         w1 + "Reporting training result 1 from rank 1",  # the other worker's line in between
+        w0 + "Reporting training result 1 from rank 0",  # and a logged line of the same worker
         w0 + '[train] {"step":5,"loss":5.7}',          # Ray's second copy: dropped
-        w0 + "Reporting training result 1 from rank 0",
-        w0 + '[train] {"step":5,"loss":5.7}',          # not a repeat of this worker's last line: kept
+        w1 + '[train] {"step":5,"loss":5.7}',          # the same text from another worker: kept
+        *[w0 + f"line {i}" for i in range(report.REPEAT_WINDOW)],
+        w0 + '[train] {"step":5,"loss":5.7}',          # printed again much later: kept
         "driver line",
         "driver line",                                 # the driver's own lines are kept as printed
     ])
+    p0, p1 = "(RayTrainWorker pid=9, ip=10.0.0.1) ", "(RayTrainWorker pid=8, ip=10.0.0.2) "
     assert report.clean_log(raw).splitlines() == [
         "2026-12-01 01:14:50,790\tINFO worker.py:2015 -- dashboard at http://127.0.0.1:35303 ",
-        '(RayTrainWorker pid=9, ip=10.0.0.1) [train] {"step":5,"loss":5.7}',
-        "(RayTrainWorker pid=8, ip=10.0.0.2) Reporting training result 1 from rank 1",
-        "(RayTrainWorker pid=9, ip=10.0.0.1) Reporting training result 1 from rank 0",
-        '(RayTrainWorker pid=9, ip=10.0.0.1) [train] {"step":5,"loss":5.7}',
+        p0 + '[train] {"step":5,"loss":5.7}',
+        p1 + "Reporting training result 1 from rank 1",
+        p0 + "Reporting training result 1 from rank 0",
+        p1 + '[train] {"step":5,"loss":5.7}',
+        *[p0 + f"line {i}" for i in range(report.REPEAT_WINDOW)],
+        p0 + '[train] {"step":5,"loss":5.7}',
         "driver line",
         "driver line",
     ]

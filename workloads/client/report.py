@@ -7,6 +7,7 @@ in the line.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import statistics
@@ -109,21 +110,25 @@ def format_summary(summary: RunSummary) -> str:
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _WORKER_PREFIX = re.compile(r"^\(([^)]*pid=[^)]*)\) ")
+REPEAT_WINDOW = 8
+"""How many of a worker's latest lines a line is compared with. Ray's second copy of a printed line
+comes within a few lines of the first, with the worker's logged lines (another stream) between."""
 
 
 def clean_log(text: str) -> str:
     """The job log as a file for people: terminal colour codes removed, and a worker's line that
-    only repeats that worker's previous line dropped (Ray 2.58 forwards each line a Ray Train
-    worker prints twice). Lines of the driver and of other workers are kept as they are."""
-    last_of: dict[str, str] = {}
+    repeats one of that worker's last REPEAT_WINDOW lines dropped (Ray 2.58 forwards each line a Ray
+    Train worker prints twice). Lines of the driver are kept as they are."""
+    recent: dict[str, collections.deque[str]] = collections.defaultdict(
+        lambda: collections.deque(maxlen=REPEAT_WINDOW))
     kept = []
     for line in text.splitlines(keepends=True):
         line = _ANSI_ESCAPE.sub("", line)
         worker = _WORKER_PREFIX.match(line)
         if worker is not None:
-            if last_of.get(worker.group(1)) == line:
+            if line in recent[worker.group(1)]:
                 continue
-            last_of[worker.group(1)] = line
+            recent[worker.group(1)].append(line)
         kept.append(line)
     return "".join(kept)
 
