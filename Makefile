@@ -3,15 +3,35 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The Python minors pyproject.toml's requires-python allows.
+PYTHON_VERSIONS := 3.11 3.12
 
-.PHONY: venv test demo lint clean
+.PHONY: venv test demo lint clean check-python
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+# Runs before every use of the venv (order-only: it never forces a reinstall). An existing .venv is
+# judged by its own interpreter, so a .venv made by a wrong Python is named, with the way out.
+check-python:
+	@if [ -e $(PY) ]; then py=$(PY); \
+	  fix="remove it (make clean, or rm -rf $(VENV)) and run make again with PYTHON=python3.12"; \
+	else py=$(PYTHON); \
+	  fix="install Python 3.11 or 3.12 and pass it, e.g. make $(or $(MAKECMDGOALS),venv) PYTHON=python3.12"; \
+	fi; \
+	version=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || { \
+	  echo "error: $$py does not run; $$fix" >&2; exit 1; }; \
+	case " $(PYTHON_VERSIONS) " in *" $$version "*) ;; *) \
+	  echo "error: $$py is Python $$version; this project needs 3.11 or 3.12: $$fix" >&2; exit 1;; \
+	esac
+
+$(STAMP): pyproject.toml | check-python
+	@echo "Installing the project and its test tools into $(VENV): about 2.5 GB of wheels (torch with" \
+	  "its CUDA libraries, ray, transformers, pulumi); 5-10 minutes the first time. pip's progress follows."
+	@start=$$(date +%s); \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || exit 1; \
+	$(PY) -m pip install --progress-bar on -e '.[dev]' || exit 1; \
+	touch $(STAMP); \
+	echo "$(VENV) ready in $$(( $$(date +%s) - start )) s"
 
 # pytest exits 5 when it collects no test; that is a failure here too.
 test: $(STAMP)
@@ -19,6 +39,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m workloads run --local
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

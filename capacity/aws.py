@@ -96,8 +96,44 @@ class AwsFailure(Exception):
         if self.kind is FailureKind.DENIED:
             return f"permission denied: the caller lacks IAM action {self.action} ({self.code})"
         if self.kind is FailureKind.CREDENTIALS:
-            return f"AWS credentials problem calling {self.action}: {self.code}: {self.message}"
+            calling = f" calling {self.action}" if self.action else ""
+            return (f"AWS credentials problem{calling}: {self.code}: {self.message}; "
+                    f"{credentials_hint(self.code)}")
+        if self.kind in (FailureKind.NETWORK, FailureKind.TIMEOUT):
+            return (f"cannot reach AWS calling {self.action}: {self.code}: {self.message}; check "
+                    f"the network, HTTPS_PROXY and AWS_ENDPOINT_URL")
         return f"{self.code}: {self.message}" if self.message else self.code
+
+
+_CREDENTIALS_HINTS = {
+    "ProfileNotFound": "`aws configure list-profiles` lists the profiles: set AWS_PROFILE to one "
+                       "of them, or unset it",
+    "NoCredentialsError": "sign in first: `aws configure`, `aws sso login --profile NAME` (then "
+                          "AWS_PROFILE=NAME), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    "TokenRetrievalError": "the SSO session has expired: run `aws sso login --profile NAME`",
+    "NoRegionError": "set AWS_REGION (or `region` in the profile), or pass --regions",
+}
+_EXPIRED = ("ExpiredToken", "ExpiredTokenException", "RequestExpired")
+
+
+def credentials_hint(code: str) -> str:
+    """What to do about a credentials failure with this code."""
+    if code in _CREDENTIALS_HINTS:
+        return _CREDENTIALS_HINTS[code]
+    if code in _EXPIRED:
+        return ("the session token has expired: sign in again (`aws sso login --profile NAME`) "
+                "or refresh AWS_SESSION_TOKEN")
+    return ("check which identity is used with `aws sts get-caller-identity`; "
+            "`aws configure list` shows where the credentials come from")
+
+
+def default_session() -> boto3.Session:
+    """boto3's session from the standard environment (AWS_PROFILE, AWS_REGION, ...); AwsFailure
+    (credentials) when it names a profile that does not exist."""
+    try:
+        return boto3.Session()
+    except BotoCoreError as exc:
+        raise classify(exc, action="") from None
 
 
 def classify(error: Exception, *, action: str) -> AwsFailure:

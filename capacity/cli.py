@@ -2,7 +2,8 @@
 (`blocks` and `release` are in capacity/blocks_cli.py.)
 
 Exit codes: 0 placed and written (or shown, with --dry-run); 1 no placement, with a reason per
-location; 2 bad input (one line, nothing probed, no file touched); 3 credentials or permissions.
+location; 2 bad input (one line, nothing probed, no file touched); 3 credentials or permissions;
+4 AWS could not be reached (a connection problem, not an answer about capacity).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from capacity import blocks_cli
 from capacity import report as report_mod
 from capacity import stackfile
-from capacity.aws import AwsApi, AwsFailure, FailureKind
+from capacity.aws import AwsApi, AwsFailure, FailureKind, default_session
 from capacity.hold import MAX_HOLD_HOURS, HeldLog, stack_keeper
 from capacity.probe import (
     EXIT_BAD_INPUT,
@@ -49,6 +50,9 @@ _STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 _PARTITIONS = ("aws", "aws-us-gov", "aws-cn")
 _COMMAND = contextvars.ContextVar("command", default="probe")
 """The subcommand being run, for the prefix of error lines."""
+EXIT_UNREACHABLE = 4
+"""AWS did not answer (no network, a proxy, a wrong AWS_ENDPOINT_URL): nothing was learnt about
+capacity, so this is not exit 1."""
 
 
 class InputError(ValueError):
@@ -117,8 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def known_regions() -> frozenset[str]:
-    session = boto3.Session()
+def known_regions(session: boto3.Session) -> frozenset[str]:
     return frozenset(r for part in _PARTITIONS
                      for r in session.get_available_regions("ec2", partition_name=part))
 
@@ -237,9 +240,21 @@ def _home_region(session: boto3.Session, regions: Sequence[str]) -> str:
 
 
 def _fail(err: Console, message: str, code: int) -> int:
-    err.print(f"capacity {_COMMAND.get()}: error: {message}", markup=False, highlight=False,
-              soft_wrap=True)
+    for line in message.splitlines():
+        err.print(f"capacity {_COMMAND.get()}: error: {line}", markup=False, highlight=False,
+                  soft_wrap=True)
     return code
+
+
+_UNREACHABLE = (FailureKind.NETWORK, FailureKind.TIMEOUT)
+
+
+def _failure_exit_code(failure: AwsFailure) -> int:
+    if failure.kind in (FailureKind.CREDENTIALS, FailureKind.DENIED):
+        return EXIT_PERMISSION
+    if failure.kind in _UNREACHABLE:
+        return EXIT_UNREACHABLE
+    return EXIT_NO_PLACEMENT
 
 
 def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
@@ -279,6 +294,9 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
     attempts = reservations.attempts if reservations else ()
     placement = choose_placement(candidates, attempts, request=request)
     code = exit_code(placement, reports, attempts)
+    if code == EXIT_NO_PLACEMENT and reports and all(r.failure is not None and r.failure.kind in _UNREACHABLE
+                                         for r in reports):
+        code = EXIT_UNREACHABLE  # no region answered: nothing is known about capacity
     result = report_mod.ProbeResult(
         request=request, reports=reports, candidates=candidates, reservations=reservations,
         placement=placement, reasons=unplaced_reasons(reports, attempts), exit_code=code)
@@ -300,6 +318,9 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
         print(report_mod.as_json(result))
     else:
         report_mod.print_human(result, out=out, err=err)
+    if code == EXIT_UNREACHABLE:
+        _fail(err, "no region answered: this is a connection problem, not an answer about "
+                   "capacity", code)
     return code
 
 
@@ -310,11 +331,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _COMMAND.set(blocks_cli.command_of(argv))
     try:
-        opts = parse_options(argv, project_dir=Path.cwd(), known=known_regions(),
-                             default_region=boto3.Session().region_name or "")
+        session = default_session()
+    except AwsFailure as failure:
+        return _fail(err, failure.summary, EXIT_PERMISSION)
+    try:
+        opts = parse_options(argv, project_dir=Path.cwd(), known=known_regions(session),
+                             default_region=session.region_name or "")
     except (InputError, ConfigError, stackfile.StackFileError) as exc:
         return _fail(err, str(exc), EXIT_BAD_INPUT)
-    session = boto3.Session()
     home = _home_region(session, opts.regions)
     api = AwsApi(session=session, call_timeout_s=min(20.0, opts.region_timeout_s))
     try:
@@ -323,9 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return blocks_cli.run(opts, api=api, out=out, err=err)
         return run_probe(opts, api=api, home_region=home, out=out, err=err)
     except AwsFailure as failure:
-        code = (EXIT_PERMISSION if failure.kind in (FailureKind.CREDENTIALS, FailureKind.DENIED)
-                else EXIT_NO_PLACEMENT)
-        return _fail(err, failure.summary, code)
+        return _fail(err, failure.summary, _failure_exit_code(failure))
     except (ConfigError, stackfile.StackFileError) as exc:
         return _fail(err, str(exc), EXIT_BAD_INPUT)
     except KeyboardInterrupt as interrupt:

@@ -24,6 +24,7 @@ from capacity.stackfile import StackUpdate
 from infra.config import GpuReservation, format_utc
 from infra.instance_types import INSTANCE_TYPES
 from infra.reservation import odcr_idle_usd_per_hour
+from infra.cost import gpu_nodes_cost_note
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,7 +156,8 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
             out.print(f"  - {line}", markup=False)
         return
     out.print(f"Placement: {p.node_count} x {p.instance_type} in {p.region} {p.zone} "
-              f"({p.zone_id}), {p.evidence.label}.", markup=False)
+              f"({p.zone_id}), {p.evidence.label}; "
+              f"{gpu_nodes_cost_note(p.instance_type, p.node_count)}.", markup=False)
     memory, preset = job_preset(p.instance_type)
     if len(result.request.instance_types) > 1:
         out.print(f"{p.instance_type} GPUs have {memory} GiB: `python -m workloads submit` runs "

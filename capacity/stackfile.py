@@ -23,7 +23,7 @@ from ruamel.yaml.comments import CommentedMap
 
 from capacity.probe import Placement
 from infra.config import (PLACEMENT_FIELDS, RESERVATION_FIELDS, ConfigError, GpuReservation,
-                          check_settings, config_key, format_utc, parse_stack_config,
+                          check_stack_file_settings, config_key, format_utc, parse_stack_config,
                           read_stack_values)
 
 PLACEMENT_KEYS = tuple(config_key(name) for name in PLACEMENT_FIELDS)
@@ -174,7 +174,7 @@ def precheck(path: Path) -> None:
     holds a bad value in a key the probe keeps."""
     if not path.exists():
         return
-    check_settings(read_stack_values(path))
+    check_stack_file_settings(path)
     text = path.read_text()
     if _yaml(_LAYOUTS[0]).load(text) is not None:
         _faithful_yaml(text, path)

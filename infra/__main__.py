@@ -1,6 +1,8 @@
 """`python -m infra render --stack NAME`: print what the stack applies inside the cluster (the
 RayCluster and the Helm values), from the stack file alone, without any cloud call.
 
+The first line is the stack's estimated cost per hour, as a YAML comment.
+
 Exit codes: 0 printed; 2 bad input (unknown stack, bad config value).
 """
 
@@ -10,11 +12,12 @@ import argparse
 import sys
 
 from infra.config import ConfigError, load_stack_config
+from infra.cost import cost_summary
 from infra.render import render_yaml
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render = commands.add_parser("render", help="print the RayCluster and Helm values of a stack")
     render.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
@@ -23,9 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_stack_config(args.stack, args.project_dir)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_yaml(cfg))
+    sys.stdout.write(f"# {cost_summary(cfg)}\n{render_yaml(cfg)}")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Written by `python -m capacity probe`, read by the Pulumi program and by `python -m infra render`.
 This module imports no Pulumi so the probe and the tests can use it without a Pulumi engine.
-Every bad value raises `ConfigError` naming the key, the value and the fix, before any resource is
-declared or any cloud call is made.
+Every bad value is refused naming the key, the value and the fix, before any resource is declared
+or any cloud call is made; all of a config's problems are reported at once (`ConfigErrors`), and
+read from a stack file, each with its line.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import re
 from dataclasses import MISSING, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from infra.instance_types import (GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES,
                                   sells_capacity_blocks)
+
+_T = TypeVar("_T")
 
 PROJECT = "ray-eks"
 """The Pulumi project name (Pulumi.yaml `name`): the namespace of this program's config keys."""
@@ -46,12 +49,43 @@ _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 SUPPORTED_KUBERNETES_MINORS = range(32, 36)
 
 
-class ConfigError(ValueError):
-    """A user mistake in the stack configuration: the key, the value, and how to fix it."""
+class _NoValue:
+    def __repr__(self) -> str:
+        return "NO_VALUE"
 
-    def __init__(self, key: str, value: Any, problem: str, fix: str):
-        self.key, self.value, self.problem, self.fix = key, value, problem, fix
-        super().__init__(f"{key} = {value!r}: {problem}. Fix: {fix}")
+
+NO_VALUE: Any = _NoValue()
+"""The `value` of a problem with a whole file rather than with one key's value."""
+
+
+class ConfigError(ValueError):
+    """A user mistake in the stack configuration: the key, the value, and how to fix it; `where`
+    is the file and line it was read from, when known."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str, *, where: str = ""):
+        self.key, self.value, self.problem, self.fix, self.where = key, value, problem, fix, where
+        subject = key if value is NO_VALUE else f"{key} = {value!r}"
+        super().__init__(f"{where + ': ' if where else ''}{subject}: {problem}. Fix: {fix}")
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one config, each a ConfigError; one line each. The attributes of the
+    first are this error's own."""
+
+    def __init__(self, errors: Sequence[ConfigError]):
+        self.errors = tuple(errors)
+        first = self.errors[0]
+        self.key, self.value, self.problem, self.fix, self.where = (
+            first.key, first.value, first.problem, first.fix, first.where)
+        ValueError.__init__(self, "\n".join(str(e) for e in self.errors))
+
+
+def _raise_all(errors: Sequence[ConfigError]) -> None:
+    """Raise the one problem as it is, several as ConfigErrors, nothing when there is none."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,7 +223,12 @@ def _as_bool(key: str, raw: Any) -> bool:
 
 
 def _as_str(key: str, raw: Any) -> str:
-    if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+    if isinstance(raw, float):
+        default = _FIELDS[key].default
+        example = default if isinstance(default, str) else "<value>"
+        raise ConfigError(key, raw, "was read as a number, which drops trailing zeros (an unquoted "
+                          "1.30 becomes 1.3)", f'quote it in the stack file: {key}: "{example}"')
+    if isinstance(raw, (str, int)) and not isinstance(raw, bool):
         return str(raw).strip()
     if isinstance(raw, datetime):  # an unquoted timestamp in hand-written YAML
         return format_utc(raw)
@@ -220,43 +259,66 @@ def _coerce(name: str, key: str, raw: Any) -> Any:
     return _as_str(key, raw)
 
 
-def _check(cfg: StackConfig, *, placement: bool = True) -> None:
-    k = config_key
-    if placement:
-        _check_placement(cfg)
-        _check_reservation(cfg)
-    _check_settings(cfg)
+def _problems(cfg: StackConfig, *, placement: bool = True,
+              known_bad: Sequence[ConfigError] = ()) -> list[ConfigError]:
+    """Every problem of `cfg`, after those already found (`known_bad`), one per key: a key whose
+    value is already refused is not judged again."""
+    found = list(known_bad)
+    checks = (*(_placement_problems(cfg, skip={e.key for e in known_bad}) if placement else ()),
+              *(_reservation_problems(cfg) if placement else ()),
+              *_settings_problems(cfg))
+    for problem in checks:
+        if problem.key not in {e.key for e in found}:
+            found.append(problem)
+    return found
 
 
-def _check_placement(cfg: StackConfig) -> None:
+def az_id_prefix(region: str) -> str:
+    """The region part of its AZ IDs (usw2 in usw2-az1): the country code, a letter per part of
+    the name (two for northeast and the like), the number; every region follows the scheme."""
+    country, *parts, number = region.split("-")
+    return country + "".join(_DIRECTION_LETTERS.get(part, part[:1]) for part in parts) + number
+
+
+_DIRECTION_LETTERS = {"northeast": "ne", "northwest": "nw", "southeast": "se", "southwest": "sw"}
+
+
+def _placement_problems(cfg: StackConfig, *, skip: set[str]) -> Iterator[ConfigError]:
     k = config_key
-    if not _REGION_RE.match(cfg.region):
-        raise ConfigError(k("region"), cfg.region, "is not an AWS region name",
+    region_ok = k("region") not in skip and bool(_REGION_RE.match(cfg.region))
+    if k("region") not in skip and not region_ok:
+        yield ConfigError(k("region"), cfg.region, "is not an AWS region name",
                           _fix_cmd(k("region"), "<region>"))
-    if not cfg.gpu_availability_zone.startswith(cfg.region) or not re.fullmatch(
-            r"[a-z]", cfg.gpu_availability_zone[len(cfg.region):] or "-"):
-        raise ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
+    if region_ok and (not cfg.gpu_availability_zone.startswith(cfg.region) or not re.fullmatch(
+            r"[a-z]", cfg.gpu_availability_zone[len(cfg.region):] or "-")):
+        yield ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
                           f"is not an availability zone of {cfg.region}",
                           f"run `python -m capacity probe --stack <stack> --regions {cfg.region}`"
                           " to pick one")
     if not _AZ_ID_RE.match(cfg.gpu_availability_zone_id):
-        raise ConfigError(k("gpu_availability_zone_id"), cfg.gpu_availability_zone_id,
+        yield ConfigError(k("gpu_availability_zone_id"), cfg.gpu_availability_zone_id,
                           "is not an AZ ID like usw2-az1",
                           "run `python -m capacity probe` to write the AZ name and ID together")
+    elif region_ok and not cfg.gpu_availability_zone_id.startswith(az_id_prefix(cfg.region) + "-"):
+        yield ConfigError(k("gpu_availability_zone_id"), cfg.gpu_availability_zone_id,
+                          f"is an AZ ID of another region ({cfg.region}'s start with "
+                          f"{az_id_prefix(cfg.region)}-)",
+                          f"run `python -m capacity probe --stack <stack> --regions {cfg.region}` "
+                          "to write the AZ name and ID together")
     if cfg.gpu_instance_type not in GPU_INSTANCE_TYPES:
-        raise ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,
+        yield ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,
                           "is not a known EFA-capable GPU instance type",
                           f"use one of {', '.join(GPU_INSTANCE_TYPES)} (or add it to "
                           "infra/instance_types.py)")
     if cfg.gpu_node_count < 1:
-        raise ConfigError(k("gpu_node_count"), cfg.gpu_node_count, "must be at least 1",
+        yield ConfigError(k("gpu_node_count"), cfg.gpu_node_count, "must be at least 1",
                           _fix_cmd(k("gpu_node_count"), 2))
 
 
-def _check_range(cfg: StackConfig, name: str, low: int, high: int, why: str) -> None:
+def _range_problems(cfg: StackConfig, name: str, low: int, high: int, why: str) -> Iterator[ConfigError]:
     value = getattr(cfg, name)
     if not low <= value <= high:
-        raise ConfigError(config_key(name), value, f"must be between {low} and {high} ({why})",
+        yield ConfigError(config_key(name), value, f"must be between {low} and {high} ({why})",
                           _fix_cmd(config_key(name), getattr(StackConfig, name)))
 
 
@@ -302,159 +364,166 @@ def format_utc(value: datetime) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _check_reservation(cfg: StackConfig) -> None:
-    """The reservation keys are all set or all unset, and agree with the GPU placement."""
+def _reservation_problems(cfg: StackConfig) -> Iterator[ConfigError]:
+    """The reservation keys are all set or all unset, and agree with the GPU placement: the first
+    problem only, since each check assumes the ones before it passed."""
+    first = next(_reservation_checks(cfg), None)
+    if first is not None:
+        yield first
+
+
+def _reservation_checks(cfg: StackConfig) -> Iterator[ConfigError]:
     k = config_key
     release = "or run `python -m capacity release --stack <stack>` to stop targeting it"
     set_fields = [name for name in RESERVATION_FIELDS[1:] if getattr(cfg, name)]
     if not cfg.gpu_reservation_id:
         if set_fields:
-            raise ConfigError(k(set_fields[0]), getattr(cfg, set_fields[0]),
+            yield ConfigError(k(set_fields[0]), getattr(cfg, set_fields[0]),
                               f"is set without {k('gpu_reservation_id')}",
                               "remove the ray-eks:gpuReservation* keys, or let `python -m "
                               "capacity probe --hold` or `python -m capacity blocks` write them")
         return
     if not _RESERVATION_ID_RE.match(cfg.gpu_reservation_id):
-        raise ConfigError(k("gpu_reservation_id"), cfg.gpu_reservation_id,
+        yield ConfigError(k("gpu_reservation_id"), cfg.gpu_reservation_id,
                           "is not a capacity reservation ID like cr-0123456789abcdef0",
                           "let `python -m capacity probe --hold` or `python -m capacity blocks` "
                           "write it")
     missing = [name for name in RESERVATION_FIELDS[1:] if not getattr(cfg, name)]
     if missing:
-        raise ConfigError(k(missing[0]), None, f"is required with {k('gpu_reservation_id')}",
+        yield ConfigError(k(missing[0]), None, f"is required with {k('gpu_reservation_id')}",
                           "let `python -m capacity probe --hold` or `python -m capacity blocks` "
                           "write every ray-eks:gpuReservation* key")
     if cfg.gpu_reservation_type not in RESERVATION_KINDS:
-        raise ConfigError(k("gpu_reservation_type"), cfg.gpu_reservation_type,
+        yield ConfigError(k("gpu_reservation_type"), cfg.gpu_reservation_type,
                           f"must be one of {', '.join(RESERVATION_KINDS)}",
                           _fix_cmd(k("gpu_reservation_type"), RESERVATION_KINDS[0]))
     for name in ("gpu_reservation_start", "gpu_reservation_end"):
         try:
             parse_utc(getattr(cfg, name))
         except ValueError:
-            raise ConfigError(k(name), getattr(cfg, name), "is not an ISO 8601 time in UTC",
-                              "write it like 2026-12-03T11:30:00Z") from None
+            yield ConfigError(k(name), getattr(cfg, name), "is not an ISO 8601 time in UTC",
+                              "write it like 2026-12-03T11:30:00Z")
     if parse_utc(cfg.gpu_reservation_end) <= parse_utc(cfg.gpu_reservation_start):
-        raise ConfigError(k("gpu_reservation_end"), cfg.gpu_reservation_end,
+        yield ConfigError(k("gpu_reservation_end"), cfg.gpu_reservation_end,
                           f"is not after {k('gpu_reservation_start')} "
                           f"({cfg.gpu_reservation_start})",
                           "write the times EC2 reports for the reservation")
     if cfg.gpu_reservation_instance_type not in INSTANCE_TYPES:
-        raise ConfigError(k("gpu_reservation_instance_type"), cfg.gpu_reservation_instance_type,
+        yield ConfigError(k("gpu_reservation_instance_type"), cfg.gpu_reservation_instance_type,
                           "is not an instance type of infra/instance_types.py",
                           "write the type EC2 reports for the reservation")
     if not cfg.gpu_reservation_availability_zone.startswith(cfg.region) or not re.fullmatch(
             r"[a-z]", cfg.gpu_reservation_availability_zone[len(cfg.region):] or "-"):
-        raise ConfigError(k("gpu_reservation_availability_zone"),
+        yield ConfigError(k("gpu_reservation_availability_zone"),
                           cfg.gpu_reservation_availability_zone,
                           f"is not an availability zone of {cfg.region}",
                           "write the AZ EC2 reports for the reservation")
     if cfg.gpu_reservation_instance_count < 1:
-        raise ConfigError(k("gpu_reservation_instance_count"),
+        yield ConfigError(k("gpu_reservation_instance_count"),
                           cfg.gpu_reservation_instance_count, "must be at least 1",
                           "write the instance count EC2 reports for the reservation")
     owner = f"reservation {cfg.gpu_reservation_id}"
     if cfg.gpu_instance_type != cfg.gpu_reservation_instance_type:
-        raise ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,
+        yield ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,
                           f"differs from {owner}'s instance type "
                           f"{cfg.gpu_reservation_instance_type}: no instance could launch into it",
                           f"set it back to {cfg.gpu_reservation_instance_type}, {release}")
     if cfg.gpu_availability_zone != cfg.gpu_reservation_availability_zone:
-        raise ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
+        yield ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
                           f"differs from {owner}'s AZ {cfg.gpu_reservation_availability_zone}",
                           f"set it back to {cfg.gpu_reservation_availability_zone}, {release}")
     if cfg.gpu_node_count > cfg.gpu_reservation_instance_count:
-        raise ConfigError(k("gpu_node_count"), cfg.gpu_node_count,
+        yield ConfigError(k("gpu_node_count"), cfg.gpu_node_count,
                           f"exceeds the {cfg.gpu_reservation_instance_count} instances "
                           f"{owner} holds",
                           f"set it to at most {cfg.gpu_reservation_instance_count}, {release}")
     if (cfg.gpu_reservation_type == "capacity-block"
             and not sells_capacity_blocks(cfg.gpu_reservation_instance_type)):
-        raise ConfigError(k("gpu_reservation_type"), cfg.gpu_reservation_type,
+        yield ConfigError(k("gpu_reservation_type"), cfg.gpu_reservation_type,
                           f"EC2 sells no Capacity Blocks for {cfg.gpu_reservation_instance_type}",
                           "write the type EC2 reports for the reservation (on-demand for an ODCR)")
 
 
-def _check_settings(cfg: StackConfig) -> None:
+def _settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
     k = config_key
     if cfg.system_instance_type not in SYSTEM_INSTANCE_TYPES:
-        raise ConfigError(k("system_instance_type"), cfg.system_instance_type,
+        yield ConfigError(k("system_instance_type"), cfg.system_instance_type,
                           "is not a known non-GPU instance type",
                           f"use one of {', '.join(SYSTEM_INSTANCE_TYPES)}")
     m = _K8S_VERSION_RE.match(cfg.kubernetes_version)
     if not m or int(m.group(1)) not in SUPPORTED_KUBERNETES_MINORS:
         ok = ", ".join(f"1.{v}" for v in SUPPORTED_KUBERNETES_MINORS)
-        raise ConfigError(k("kubernetes_version"), cfg.kubernetes_version,
+        yield ConfigError(k("kubernetes_version"), cfg.kubernetes_version,
                           f"must be a minor version in EKS standard support ({ok})",
                           _fix_cmd(k("kubernetes_version"), f"1.{SUPPORTED_KUBERNETES_MINORS[-1]}"))
-    _check_image(cfg.ray_image)
+    yield from _image_problems(cfg.ray_image)
     if not _SEMVER_RE.match(cfg.ray_version) or cfg.ray_version.startswith("v"):
-        raise ConfigError(k("ray_version"), cfg.ray_version, "must be a Ray release like 2.58.0",
+        yield ConfigError(k("ray_version"), cfg.ray_version, "must be a Ray release like 2.58.0",
                           _fix_cmd(k("ray_version"), "2.58.0"))
     for name in ("nvidia_device_plugin_chart_version", "efa_device_plugin_chart_version",
                  "kuberay_operator_chart_version"):
         value = getattr(cfg, name)
         if not _SEMVER_RE.match(value):
-            raise ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
+            yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
                               _fix_cmd(k(name), getattr(StackConfig, name, None) or "1.0.0"))
     if not cfg.api_access_cidrs:
-        raise ConfigError(k("api_access_cidrs"), list(cfg.api_access_cidrs),
+        yield ConfigError(k("api_access_cidrs"), list(cfg.api_access_cidrs),
                           "must list at least one CIDR allowed to reach the EKS API",
                           f"pulumi config set --path '{k('api_access_cidrs')}[0]' 203.0.113.0/24")
     for cidr in cfg.api_access_cidrs:
         try:
             ipaddress.IPv4Network(cidr, strict=True)
         except ValueError as exc:
-            raise ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
-                              "write it like 203.0.113.0/24") from None
+            yield ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
+                              "write it like 203.0.113.0/24")
     for arn in cfg.admin_principal_arns:
         session = _ASSUMED_ROLE_RE.match(arn)
         if session:
             partition, account, role = session.groups()
-            raise ConfigError(k("admin_principal_arns"), arn,
+            yield ConfigError(k("admin_principal_arns"), arn,
                               "is an STS session, which EKS access entries refuse",
                               f"list the role itself: arn:{partition}:iam::{account}:role/{role}"
                               " (with its path, if it has one)")
-        if not _ARN_RE.match(arn):
-            raise ConfigError(k("admin_principal_arns"), arn, "is not an IAM role or user ARN",
+        elif not _ARN_RE.match(arn):
+            yield ConfigError(k("admin_principal_arns"), arn, "is not an IAM role or user ARN",
                               "write it like arn:aws:iam::123456789012:role/Admin")
     if not _BUCKET_PREFIX_RE.match(cfg.checkpoint_bucket_prefix):
-        raise ConfigError(k("checkpoint_bucket_prefix"), cfg.checkpoint_bucket_prefix,
+        yield ConfigError(k("checkpoint_bucket_prefix"), cfg.checkpoint_bucket_prefix,
                           "must be 2-39 lowercase letters, digits or dashes (S3 naming)",
                           _fix_cmd(k("checkpoint_bucket_prefix"), "ray-checkpoints"))
     if not _DNS_LABEL_RE.match(cfg.ray_namespace):
-        raise ConfigError(k("ray_namespace"), cfg.ray_namespace,
+        yield ConfigError(k("ray_namespace"), cfg.ray_namespace,
                           "must be a Kubernetes namespace name (a DNS label)",
                           _fix_cmd(k("ray_namespace"), "ray"))
     if not 100 <= cfg.gpu_root_volume_gib <= 16384:
-        raise ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
+        yield ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
                           "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
                           _fix_cmd(k("gpu_root_volume_gib"), 200))
     if not _EKS_ADDON_VERSION_RE.match(cfg.pod_identity_agent_version):
-        raise ConfigError(k("pod_identity_agent_version"), cfg.pod_identity_agent_version,
+        yield ConfigError(k("pod_identity_agent_version"), cfg.pod_identity_agent_version,
                           "must pin an EKS add-on version like v1.3.10-eksbuild.2",
                           _fix_cmd(k("pod_identity_agent_version"),
                                    StackConfig.pod_identity_agent_version))
-    _check_range(cfg, "system_node_count", 1, 10, "they run a handful of small pods")
-    _check_range(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
-    _check_range(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")
-    _check_range(cfg, "workers_ready_timeout_minutes", 0, 180, "0 does not wait")
+    yield from _range_problems(cfg, "system_node_count", 1, 10, "they run a handful of small pods")
+    yield from _range_problems(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
+    yield from _range_problems(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")
+    yield from _range_problems(cfg, "workers_ready_timeout_minutes", 0, 180, "0 does not wait")
     if not _ACCOUNT_RE.match(cfg.eks_image_registry_account):
-        raise ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
+        yield ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
                           "must be a 12-digit AWS account ID",
                           _fix_cmd(k("eks_image_registry_account"), "602401143452"))
 
 
-def _check_image(image: str) -> None:
+def _image_problems(image: str) -> Iterator[ConfigError]:
     key = config_key("ray_image")
     if _DIGEST_RE.search(image):
         return
     name, _, tag = image.rpartition(":")
     if not name or "/" in tag:
-        raise ConfigError(key, image, "has no tag, so it is not pinned",
+        yield ConfigError(key, image, "has no tag, so it is not pinned",
                           f"pin a version tag or digest, e.g. {DEFAULT_RAY_IMAGE}")
     if tag == "latest" or not _PINNED_TAG_RE.match(tag):
-        raise ConfigError(key, image, f"tag {tag!r} is not a version (vX.Y) or a digest",
+        yield ConfigError(key, image, f"tag {tag!r} is not a version (vX.Y) or a digest",
                           f"pin a version tag or digest, e.g. {DEFAULT_RAY_IMAGE}")
 
 
@@ -464,20 +533,23 @@ def parse_stack_config(values: Mapping[str, Any]) -> StackConfig:
     Keys of other namespaces (aws:profile, pulumi:tags, ...) are left alone; unknown keys in this
     program's namespace are refused with the nearest known key as a hint.
     """
-    kwargs = _coerce_values(values)
+    kwargs, errors = _coerce_values(values)
     for f in fields(StackConfig):
         if f.name not in kwargs and f.default is MISSING:  # no default: required
             key = config_key(f.name)
-            raise ConfigError(key, None, "is required",
-                              "run `python -m capacity probe --stack <stack>` to write it")
+            if key not in {e.key for e in errors}:
+                errors.append(ConfigError(key, None, "is required",
+                                          "run `python -m capacity probe --stack <stack>` to write it"))
+            kwargs[f.name] = ""
     cfg = StackConfig(**kwargs)
-    _check(cfg)
+    _raise_all(_problems(cfg, known_bad=errors))
     return cfg
 
 
 PLACEMENT_FIELDS = ("region", "gpu_availability_zone", "gpu_availability_zone_id",
                     "gpu_instance_type", "gpu_node_count")
 """What `python -m capacity probe` writes into a stack file; it keeps every other key."""
+
 
 RESERVATION_FIELDS = ("gpu_reservation_id", "gpu_reservation_type", "gpu_reservation_instance_type",
                       "gpu_reservation_availability_zone", "gpu_reservation_instance_count",
@@ -488,27 +560,53 @@ RESERVATION_FIELDS = ("gpu_reservation_id", "gpu_reservation_type", "gpu_reserva
 def check_settings(values: Mapping[str, Any]) -> None:
     """Validate every key of a stack file except the placement the probe is about to write, so a
     bad value fails before the probe makes any cloud call."""
-    kwargs = {name: value for name, value in _coerce_values(values).items()
+    values_by_name, errors = _coerce_values(values)
+    kwargs = {name: value for name, value in values_by_name.items()
               if name not in PLACEMENT_FIELDS + RESERVATION_FIELDS}
-    _check(StackConfig(region="", gpu_availability_zone="", gpu_availability_zone_id="", **kwargs),
-           placement=False)
+    cfg = StackConfig(region="", gpu_availability_zone="", gpu_availability_zone_id="", **kwargs)
+    _raise_all(_problems(cfg, placement=False, known_bad=errors))
 
 
-def _coerce_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Field name -> typed value for this program's keys; unknown keys of its namespace refused."""
+def _coerce_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigError]]:
+    """Field name -> typed value for this program's keys, and the problems: values of the wrong
+    type, unknown keys of its namespace, and keys that look meant for it under another namespace."""
     kwargs: dict[str, Any] = {}
+    errors: list[ConfigError] = []
     for key, raw in values.items():
-        if key in _FIELDS:
-            if isinstance(raw, Mapping) and "secure" in raw:
-                raise ConfigError(key, "<secret>", "is not a secret value",
-                                  _fix_cmd(key, "<value>") + " without --secret")
-            kwargs[_FIELDS[key].name] = _coerce(_FIELDS[key].name, key, raw)
-        elif key.startswith(f"{PROJECT}:"):
-            hint = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
-            raise ConfigError(key, raw, "is not a setting of this program",
-                              f"did you mean {hint[0]}?" if hint else
-                              f"remove it; known keys: {', '.join(KNOWN_KEYS)}")
-    return kwargs
+        try:
+            if key in _FIELDS:
+                if isinstance(raw, Mapping) and "secure" in raw:
+                    raise ConfigError(key, "<secret>", "is not a secret value",
+                                      _fix_cmd(key, "<value>") + " without --secret")
+                kwargs[_FIELDS[key].name] = _coerce(_FIELDS[key].name, key, raw)
+            elif key.startswith(f"{PROJECT}:"):
+                hint = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+                raise ConfigError(key, raw, "is not a setting of this program",
+                                  f"did you mean {hint[0]}?" if hint else
+                                  f"remove it; known keys: {', '.join(KNOWN_KEYS)}")
+            elif (meant := _meant_for_this_program(key)) is not None:
+                raise ConfigError(key, raw, f"is not read: this program's keys are under "
+                                  f"`{PROJECT}:`", f"did you mean {meant}?")
+        except ConfigError as exc:
+            errors.append(exc)
+    return kwargs, errors
+
+
+_NAMES = {key.split(":", 1)[1].lower(): key for key in KNOWN_KEYS if key.startswith(f"{PROJECT}:")}
+
+
+def _meant_for_this_program(key: str) -> str | None:
+    """The key of this program that `key` (of another namespace, or of none) was probably meant
+    as: a namespace spelt close to the project's (`rayeks:`), or a setting's own name under
+    another namespace (`aws:gpuNodeCount`). None for genuine keys of other namespaces."""
+    namespace, _, name = key.rpartition(":")
+    close_namespace = difflib.SequenceMatcher(a=namespace.lower(), b=PROJECT).ratio() >= 0.75
+    if name.lower() in _NAMES:
+        return _NAMES[name.lower()]
+    if close_namespace:
+        hint = difflib.get_close_matches(f"{PROJECT}:{name}", KNOWN_KEYS, n=1)
+        return hint[0] if hint else f"{PROJECT}:{name}"
+    return None
 
 
 def stack_file(stack: str, project_dir: Path | str = ".") -> Path:
@@ -522,18 +620,69 @@ def read_stack_values(path: Path) -> dict[str, Any]:
     try:
         doc = YAML(typ="safe").load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(str(path), None, "does not exist",
-                          "run `python -m capacity probe --stack <stack>` to create it") from None
+        raise ConfigError(str(path), NO_VALUE, "does not exist",
+                          f"run `python -m capacity probe --stack {_stack_name(path)}` to create it"
+                          f"{_other_stacks_hint(path)}") from None
     except YAMLError as exc:
-        raise ConfigError(str(path), None, f"is not valid YAML ({exc.__class__.__name__})",
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or exc.__class__.__name__
+        raise ConfigError(where, NO_VALUE, f"is not valid YAML ({problem})",
                           "fix the syntax, or move the file away and run the probe again") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
-        raise ConfigError(str(path), None, "is not a Pulumi stack file (no `config:` mapping)",
+        raise ConfigError(str(path), NO_VALUE, "is not a Pulumi stack file (no `config:` mapping)",
                           "fix the file, or move it away and run the probe again")
     return dict(doc.get("config") or {})
 
 
+def _stack_name(path: Path) -> str:
+    return path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+
+
+def _other_stacks_hint(path: Path) -> str:
+    stacks = sorted(_stack_name(p) for p in path.parent.glob("Pulumi.*.yaml"))
+    close = difflib.get_close_matches(_stack_name(path), stacks, n=1)
+    if close:
+        return f"; or did you mean --stack {close[0]}?"
+    return f"; stacks here: {', '.join(stacks)}" if stacks else ""
+
+
+def key_lines(path: Path) -> dict[str, int]:
+    """The line (1-based) of each key under `config:` in a stack file that parses."""
+    from ruamel.yaml import YAML
+
+    config = (YAML().load(path.read_text()) or {}).get("config") or {}
+    return {key: config.lc.key(key)[0] + 1 for key in config}
+
+
+def located(error: ConfigError, path: Path) -> ConfigError:
+    """`error` (each of ConfigErrors) read from the stack file `path`: with the file and the line
+    of its key, in line order, and the stack's name in its fix."""
+    errors = error.errors if isinstance(error, ConfigErrors) else (error,)
+    lines = key_lines(path)
+    placed = sorted(((lines.get(e.key, 0), i, e) for i, e in enumerate(errors)), key=lambda t: t[:2])
+    out = [ConfigError(e.key, e.value, e.problem,
+                       e.fix.replace("Pulumi.<stack>.yaml", path.name).replace("<stack>", _stack_name(path)),
+                       where=f"{path}:{line}" if line else str(path))
+           for line, _, e in placed]
+    return out[0] if len(out) == 1 else ConfigErrors(out)
+
+
+def _checked(path: Path, check: Callable[[dict[str, Any]], _T]) -> _T:
+    values = read_stack_values(path)
+    try:
+        return check(values)
+    except ConfigError as exc:
+        raise located(exc, path) from None
+
+
+def check_stack_file_settings(path: Path) -> None:
+    """`check_settings` of a stack file: every problem at once, each with its line."""
+    _checked(path, check_settings)
+
+
 def load_stack_config(stack: str, project_dir: Path | str = ".") -> StackConfig:
-    return parse_stack_config(read_stack_values(stack_file(stack, project_dir)))
+    """The validated config of `Pulumi.<stack>.yaml`: every problem at once, each with its line."""
+    return _checked(stack_file(stack, project_dir), parse_stack_config)

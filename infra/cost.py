@@ -4,16 +4,48 @@ from __future__ import annotations
 
 from infra.config import StackConfig
 from infra.instance_types import (EKS_CONTROL_PLANE_USD_PER_HOUR, GP3_USD_PER_GIB_MONTH,
-                                  HOURS_PER_MONTH, NAT_GATEWAY_USD_PER_HOUR)
+                                  HOURS_PER_MONTH, INSTANCE_TYPES, NAT_GATEWAY_USD_PER_HOUR,
+                                  PRICE_TABLE_DATE, PRICE_TABLE_REGION)
 from infra.nodes import SYSTEM_ROOT_VOLUME_GIB
+
+PRICES_NOTE = (f"{PRICE_TABLE_REGION} On-Demand list prices of {PRICE_TABLE_DATE}; other regions "
+               "differ by up to ~30%")
+
+
+def cost_items(cfg: StackConfig) -> dict[str, float]:
+    """USD per hour of each part at the table's On-Demand list prices: GPU nodes, system nodes,
+    their root volumes, the EKS control plane and the NAT gateway (data transfer and S3 not
+    included)."""
+    volumes_gib = (cfg.gpu_node_count * cfg.gpu_root_volume_gib
+                   + cfg.system_node_count * SYSTEM_ROOT_VOLUME_GIB)
+    return {
+        f"{cfg.gpu_node_count}x {cfg.gpu_instance_type}":
+            cfg.gpu_node_count * cfg.gpu_instance.usd_per_hour,
+        f"{cfg.system_node_count}x {cfg.system_instance_type}":
+            cfg.system_node_count * cfg.system_instance.usd_per_hour,
+        "EKS control plane": EKS_CONTROL_PLANE_USD_PER_HOUR,
+        "NAT gateway": NAT_GATEWAY_USD_PER_HOUR,
+        f"{volumes_gib} GiB gp3": volumes_gib * GP3_USD_PER_GIB_MONTH / HOURS_PER_MONTH,
+    }
 
 
 def estimated_cost_per_hour(cfg: StackConfig) -> float:
-    """USD per hour at the table's On-Demand list prices: GPU nodes, system nodes, their root
-    volumes, the EKS control plane and the NAT gateway (data transfer and S3 not included)."""
-    nodes = (cfg.gpu_node_count * cfg.gpu_instance.usd_per_hour
-             + cfg.system_node_count * cfg.system_instance.usd_per_hour)
-    volumes_gib = (cfg.gpu_node_count * cfg.gpu_root_volume_gib
-                   + cfg.system_node_count * SYSTEM_ROOT_VOLUME_GIB)
-    volumes = volumes_gib * GP3_USD_PER_GIB_MONTH / HOURS_PER_MONTH
-    return round(nodes + volumes + EKS_CONTROL_PLANE_USD_PER_HOUR + NAT_GATEWAY_USD_PER_HOUR, 2)
+    """The sum of `cost_items`, rounded to cents."""
+    return round(sum(cost_items(cfg).values()), 2)
+
+
+def _usd(amount: float) -> str:
+    return f"${amount:,.2f}" if amount >= 0.1 else f"${amount:.3f}"
+
+
+def cost_summary(cfg: StackConfig) -> str:
+    """One line: the stack's hourly estimate and what it is made of."""
+    items = ", ".join(f"{name} {_usd(usd)}" for name, usd in cost_items(cfg).items())
+    return (f"estimated cost while it runs: about {_usd(estimated_cost_per_hour(cfg))}/hour "
+            f"({items}; {PRICES_NOTE}; data transfer and S3 not included)")
+
+
+def gpu_nodes_cost_note(instance_type: str, count: int) -> str:
+    """What the GPU nodes of a placement cost per hour, for the probe's placement line."""
+    usd = count * INSTANCE_TYPES[instance_type].usd_per_hour
+    return f"the GPU nodes cost about {_usd(usd)}/hour ({PRICES_NOTE})"

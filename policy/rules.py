@@ -1,7 +1,8 @@
 """The stack's invariants as pure functions over resource properties.
 
 Each resource rule takes one resource's properties (plain dicts and lists, camelCase keys as the
-Pulumi engine sends them; the image rule also its type) and returns a list of violation messages; an empty list means compliant.
+Pulumi engine sends them; the image rule also its type) and returns a list of violation messages; an
+empty list means compliant.
 Each stack rule takes every resource of the stack and returns (urn, message) pairs. Nothing here
 imports Pulumi, so the rules are tested as data.
 
@@ -596,8 +597,8 @@ def bucket_violations(resources: Sequence[StackResource]) -> list[StackViolation
     """Every bucket has its own public access block and server-side encryption configuration.
 
     What those set is checked on each of them by public_access_block_violations and
-    encryption_config_violations. Only the separate resources count: the Bucket's inline encryption block is deprecated in
-    pulumi-aws 7, and its output reports the AES256 default S3 applies to every new bucket, which
+    encryption_config_violations. Only the separate resources count: the Bucket's inline encryption block is
+    deprecated in pulumi-aws 7, and its output reports the AES256 default S3 applies to every new bucket, which
     would hide a missing configuration.
     """
     blocks = [r for r in resources if r.type == PUBLIC_ACCESS_BLOCK]

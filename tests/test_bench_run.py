@@ -20,7 +20,8 @@ from workloads.bench.runtime import init_runtime
 from workloads.bench.train_bench import BenchSettings, run_benchmark, train_tuned
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--preset", "demo-cpu", "--seq-len", "32", "--steps", "4", "--warmup", "1", "--matmul-size", "64"]
+TINY = ["--allow-cpu", "--preset", "demo-cpu", "--seq-len", "32", "--steps", "4", "--warmup", "1",
+        "--matmul-size", "64"]
 FIRST_LOSS_RTOL = 1e-5
 """Both strategies compute the first loss in fp32 from the same weights and tokens; they differ
 only in summation order (full-logit HF loss under FSDP1 vs chunked linear cross-entropy under
@@ -109,7 +110,8 @@ def test_two_ranks_through_the_command_line(tmp_path):
 
     document = json.loads((out / "bench.json").read_text())
     assert document["environment"]["world_size"] == 2 and document["environment"]["backend"] == "gloo"
-    assert set(document) >= {"settings", "environment", "flops_per_token", "peak_flops", "matmul", "runs", "figures", "comparisons"}
+    assert set(document) >= {"settings", "environment", "flops_per_token", "peak_flops", "matmul", "runs", "figures",
+                             "comparisons"}
     assert [(r["strategy"], r["micro_batch"], r["status"]) for r in document["runs"]] == [
         ("reference", 4, "ok"), ("tuned", 4, "ok"), ("reference", 2, "ok"), ("tuned", 2, "ok"),
     ]
@@ -139,8 +141,8 @@ def test_two_ranks_through_the_command_line(tmp_path):
 def test_nccl_command_on_two_ranks(tmp_path):
     out = tmp_path / "nccl"
     done = _torchrun(
-        ["workloads.bench", "nccl", "--min-bytes", "4K", "--max-bytes", "16K", "--iters", "2", "--warmup-iters", "1",
-         "--out", str(out)]
+        ["workloads.bench", "nccl", "--allow-cpu", "--min-bytes", "4K", "--max-bytes", "16K", "--iters", "2",
+         "--warmup-iters", "1", "--out", str(out)]
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads((out / "nccl.json").read_text())
@@ -170,3 +172,34 @@ def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(message) and len(err.splitlines()) == 1
     assert not dist.is_initialized()
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "error: no CUDA GPU is visible: the benchmarks measure GPUs"),
+        (["nccl"], "error: no CUDA GPU is visible"),
+        (["--allow-cpu"], "error: --allow-cpu runs only the tiny-qwen2 model (--preset demo-cpu); this preset "
+                          "builds qwen2.5-1.5b"),
+        (["nccl", "--allow-cpu"], "error: bench nccl needs at least 2 ranks, got 1"),
+    ],
+)
+def test_the_wrong_hardware_is_refused_before_anything_runs(argv, message, no_gpu, capsys):
+    assert bench_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and len(err.splitlines()) == 1
+    assert not dist.is_initialized()
+
+
+def test_one_gpu_rank_is_too_few_for_the_bandwidth_benchmark():
+    from workloads.bench.__main__ import refusal
+
+    assert "at least 2 ranks, got 1" in refusal(nccl=True, allow_cpu=False, cuda=True, world_size=1)
+    assert refusal(nccl=True, allow_cpu=False, cuda=True, world_size=2) is None
+    assert refusal(nccl=False, allow_cpu=False, cuda=True, world_size=1, model="qwen2.5-1.5b") is None

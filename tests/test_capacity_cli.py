@@ -3,6 +3,7 @@ reached through AWS_ENDPOINT_URL with fake credentials."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -78,6 +79,7 @@ def test_done_when_probe_writes_a_us_west_2_az_and_keeps_the_rest(probe, moto_ur
     assert cfg.gpu_availability_zone_id == "usw2-az1"
     assert other_lines(stack.read_text()) == other_lines(original)
     assert "eu-west-1" in proc.stdout and "not offered" in proc.stdout
+    assert "the GPU nodes cost about $9.20/hour (us-east-1 On-Demand list prices" in proc.stdout
     assert "quota not checked" in proc.stdout  # moto has no EC2 quotas: said, not hidden
 
 
@@ -151,3 +153,46 @@ def test_all_regions_probes_every_enabled_region_stack_region_first(probe, moto_
     assert doc["placement"]["region"] == "us-east-2" and doc["written"] is False
     assert all(r["failure"] is None for r in doc["regions"])
     assert stack.read_text() == "config:\n  aws:region: us-east-2\n"
+
+
+def test_a_profile_that_does_not_exist_exits_3_and_says_how_to_list_profiles(monkeypatch, capsys):
+    from capacity.cli import main
+
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_PROFILE", "nonexistent")
+    assert main(["probe", "--regions", "us-west-2"]) == 3
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "ProfileNotFound" in line and "aws configure list-profiles" in line
+
+
+@pytest.mark.parametrize(("code", "advice"), [
+    ("NoCredentialsError", "aws sso login --profile NAME"),
+    ("TokenRetrievalError", "aws sso login"),
+    ("ExpiredToken", "has expired"),
+    ("InvalidClientTokenId", "aws sts get-caller-identity"),
+])
+def test_every_credentials_failure_says_what_to_do(code, advice):
+    from capacity.aws import AwsFailure, FailureKind
+
+    failure = AwsFailure(kind=FailureKind.CREDENTIALS, code=code, message="m",
+                         action="sts:GetCallerIdentity")
+    assert failure.summary.startswith(f"AWS credentials problem calling sts:GetCallerIdentity: {code}")
+    assert advice in failure.summary
+
+
+def test_no_region_answering_exits_4_not_1(monkeypatch, fake_aws_session, tmp_path, capsys):
+    """Every region failing to connect says nothing about capacity: its own exit code."""
+    from rich.console import Console
+
+    from capacity.aws import AwsApi
+    from capacity.cli import EXIT_UNREACHABLE, parse_options, run_probe
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    opts = parse_options(["probe", "--regions", "us-west-2,eu-west-1", "--dry-run"],
+                         project_dir=tmp_path, known=frozenset({"us-west-2", "eu-west-1"}))
+    api = AwsApi(session=fake_aws_session, sleep=lambda s: None, call_timeout_s=2)
+    out, err = Console(file=io.StringIO()), Console(stderr=True)
+    assert run_probe(opts, api=api, home_region="us-west-2", out=out, err=err) == EXIT_UNREACHABLE
+    assert "cannot reach AWS" in out.file.getvalue()
+    assert "a connection problem, not an answer about capacity" in capsys.readouterr().err

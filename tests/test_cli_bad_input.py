@@ -18,7 +18,11 @@ from pathlib import Path
 import pytest
 
 NO_CLUSTER = "http://127.0.0.1:9"
-"""A Jobs API address nothing answers; every row below fails before connecting to it."""
+"""A Jobs API address nothing answers."""
+JSONL_MISSING = ("--set", "data.kind=jsonl", "--set", "data.path=missing.jsonl", "--set",
+                 "data.tokenizer=Qwen/Qwen2.5-1.5B")
+FAKE_KEYS = (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"))
+"""Credentials that pass botocore's own checks, so the call goes out to the dead endpoint."""
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,12 @@ class Case:
     exit_code: int
     message: str
     """A fragment of the one-line error on stderr."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment set for this row only, on top of the table's."""
 
     @property
     def id(self) -> str:
-        return " ".join((self.module, *self.args))
+        return " ".join((*(f"{k}={v}" for k, v in self.env), self.module, *self.args))
 
 
 CASES = (
@@ -47,11 +53,21 @@ CASES = (
          "--all-regions: not allowed with argument --regions"),
     Case("capacity", ("probe", "--region-timeout", "-1"), 2,
          "--region-timeout must be a positive number of seconds"),
-    Case("capacity", ("probe", "--stack", "broken"), 2, "is not valid YAML"),
+    Case("capacity", ("probe", "--stack", "broken"), 2, "Pulumi.broken.yaml:2: is not valid YAML"),
     Case("capacity", ("probe", "--stack", "badns"), 2,
          "ray-eks:rayNamespace = 'Not_A_Label': must be a Kubernetes namespace name"),
+    Case("capacity", ("probe", "--stack", "several"), 2,
+         "Pulumi.several.yaml:5: rayeks:gpuNodeCount = 3: is not read: this program's keys are "
+         "under `ray-eks:`. Fix: did you mean ray-eks:gpuNodeCount?"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
-         "AWS credentials problem calling sts:GetCallerIdentity"),
+         "AWS credentials problem calling sts:GetCallerIdentity: NoCredentialsError"),
+    Case("capacity", ("probe", "--regions", "us-west-2"), 3,
+         "ProfileNotFound: The config profile (nonexistent) could not be found; "
+         "`aws configure list-profiles` lists the profiles",
+         env=(("AWS_PROFILE", "nonexistent"),)),
+    Case("capacity", ("probe", "--regions", "us-west-2"), 4,
+         "cannot reach AWS calling sts:GetCallerIdentity: EndpointConnectionError",
+         env=FAKE_KEYS),
     Case("workloads", ("frobnicate",), 2, "unknown command 'frobnicate'"),
     Case("workloads", ("verify-transport",), 2, "the following arguments are required: LOG"),
     Case("workloads", ("verify-transport", "missing.log"), 2, "cannot read missing.log"),
@@ -66,16 +82,42 @@ CASES = (
          "cannot read --config missing.json"),
     Case("workloads", ("submit", "--address", NO_CLUSTER, "--max-failures", "-1"), 2,
          "--max-failures must be >= 0"),
+    Case("workloads", ("list", "--address", "localhost:9"), 3,
+         "no Ray Jobs API at http://localhost:9: nothing answers"),
+    Case("workloads", ("submit", "--address", "127.0.0.1:9", "--storage-path", "/tmp/runs"), 3,
+         "no Ray Jobs API at http://127.0.0.1:9: nothing answers"),
+    Case("workloads", ("list", "--address", "ray://127.0.0.1:10001"), 2,
+         "is not a Ray Jobs API URL: use http://HOST:PORT"),
+    Case("workloads", ("list", "--stack", "us-west-2", "--address", NO_CLUSTER), 2,
+         "--stack and --address both name a cluster"),
     Case("workloads", ("logs", "--address", NO_CLUSTER), 2,
          "the following arguments are required: job_id"),
     Case("workloads", ("run",), 2, "the following arguments are required: --local"),
     Case("workloads", ("run", "--local", "--preset", "nope"), 2, "unknown preset 'nope'"),
+    Case("workloads", ("run", "--local", *JSONL_MISSING), 2,
+         "data.path 'missing.jsonl' is not a file or folder here"),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--storage-path", "/tmp/s", *JSONL_MISSING), 2,
+         "data.path 'missing.jsonl' is not a file or folder here"),
+    Case("workloads", ("submit", "--stack", "us-west-2", "--set", "data.kind=jsonl", "--set",
+                       "data.path=some.log", "--set", "data.tokenizer=./no-tokenizer"), 2,
+         "data.tokenizer './no-tokenizer' is not a file or folder here"),
     Case("infra", (), 2, "the following arguments are required: command"),
-    Case("infra", ("render", "--stack", "nope"), 2, "Pulumi.nope.yaml = None: does not exist"),
+    Case("infra", ("render", "--stack", "nope"), 2,
+         "Pulumi.nope.yaml: does not exist. Fix: run `python -m capacity probe --stack nope`"),
+    Case("infra", ("render", "--stack", "bda"), 2, "or did you mean --stack bad?"),
     Case("infra", ("render", "--stack", "bad"), 2,
-         "ray-eks:gpuNodeCount = 'two': must be a whole number"),
+         "Pulumi.bad.yaml:5: ray-eks:gpuNodeCount = 'two': must be a whole number"),
+    Case("infra", ("render", "--stack", "broken"), 2, "Pulumi.broken.yaml:2: is not valid YAML"),
+    Case("infra", ("render", "--stack", "azid"), 2,
+         "Pulumi.azid.yaml:4: ray-eks:gpuAvailabilityZoneId = 'use1-az1': is an AZ ID of another "
+         "region (us-west-2's start with usw2-)"),
+    Case("infra", ("render", "--stack", "several"), 2,
+         "Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.3: was read as a number"),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
+    Case("workloads.bench", (), 2, "no CUDA GPU is visible: the benchmarks measure GPUs"),
+    Case("workloads.bench", ("--allow-cpu",), 2, "--allow-cpu runs only the tiny-qwen2 model"),
+    Case("workloads.bench", ("nccl", "--allow-cpu"), 2, "bench nccl needs at least 2 ranks, got 1"),
     Case("workloads.launch.torchrun", ("--preset", "nope"), 2, "unknown preset 'nope'"),
     Case("workloads.launch.torchrun", ("--set", "steps=0"), 2, "steps is 0: it must be at least 1"),
 )
@@ -86,13 +128,18 @@ STACK_FILES = {
                        "  ray-eks:gpuNodeCount: two\n",
     "Pulumi.broken.yaml": "config: [\n",
     "Pulumi.badns.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:rayNamespace: Not_A_Label\n",
+    "Pulumi.azid.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
+                        "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: use1-az1\n",
+    "Pulumi.several.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
+                           "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n"
+                           "  rayeks:gpuNodeCount: 3\n  ray-eks:kubernetesVersion: 1.30\n",
     "some.log": "not an NCCL log\n",
 }
 
 
 def _run(case: Case, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", case.module, *case.args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", case.module, *case.args], cwd=cwd,
+                          env={**env, **dict(case.env)}, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +150,8 @@ def results(tmp_path_factory, repo_root: Path) -> dict[str, subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RAY_"))}
     env.update({"PYTHONPATH": str(repo_root), "AWS_EC2_METADATA_DISABLED": "true",
                 "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-                "AWS_ENDPOINT_URL": NO_CLUSTER, "AWS_MAX_ATTEMPTS": "1"})
+                "AWS_ENDPOINT_URL": NO_CLUSTER, "AWS_MAX_ATTEMPTS": "1",
+                "CUDA_VISIBLE_DEVICES": ""})  # the benchmark rows see no GPU on any machine
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {case.id: pool.submit(_run, case, cwd=cwd, env=env) for case in CASES}
         return {key: future.result() for key, future in futures.items()}

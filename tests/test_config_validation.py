@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import (KNOWN_KEYS, ConfigError, StackConfig, config_key, load_stack_config,
-                          parse_stack_config, read_stack_values)
+from infra.config import (KNOWN_KEYS, ConfigError, ConfigErrors, StackConfig, az_id_prefix,
+                          config_key, load_stack_config, parse_stack_config, read_stack_values)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GOOD = {"aws:region": "eu-west-1", "ray-eks:gpuAvailabilityZone": "eu-west-1b",
@@ -135,3 +135,89 @@ def test_a_file_that_is_not_a_stack_file_is_refused(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="not a Pulumi stack file"):
         read_stack_values(path)
+
+
+def test_every_problem_of_a_stack_file_is_reported_at_once_each_with_its_line(tmp_path):
+    (tmp_path / "Pulumi.dev.yaml").write_text(
+        "config:\n"
+        "  aws:region: us-west-2\n"
+        "  ray-eks:gpuAvailabilityZone: us-west-2a\n"
+        "  ray-eks:gpuAvailabilityZoneId: use1-az1\n"      # line 4: another region's AZ ID
+        "  rayeks:gpuNodeCount: 3\n"                        # line 5: misspelt namespace
+        "  ray-eks:kubernetesVersion: 1.30\n"               # line 6: a float in YAML
+        "  ray-eks:rayNamespace: Not_A_Label\n")            # line 7
+    with pytest.raises(ConfigErrors) as info:
+        load_stack_config("dev", tmp_path)
+    lines = str(info.value).splitlines()
+    path = tmp_path / "Pulumi.dev.yaml"
+    assert [line.split(" = ")[0] for line in lines] == [
+        f"{path}:4: ray-eks:gpuAvailabilityZoneId", f"{path}:5: rayeks:gpuNodeCount",
+        f"{path}:6: ray-eks:kubernetesVersion", f"{path}:7: ray-eks:rayNamespace"]
+    assert all("Fix: " in line and "<stack>" not in line for line in lines)
+    assert "is an AZ ID of another region (us-west-2's start with usw2-)" in lines[0]
+    assert "--stack dev --regions us-west-2" in lines[0]
+    assert "did you mean ray-eks:gpuNodeCount?" in lines[1]
+    assert 'an unquoted 1.30 becomes 1.3). Fix: quote it in the stack file: ' \
+           'ray-eks:kubernetesVersion: "1.34"' in lines[2]
+    assert "(or edit it in Pulumi.dev.yaml)" in lines[3]
+
+
+def test_one_bad_value_among_good_ones_is_still_a_single_error():
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config({**GOOD, "aws:region": "europe"})
+    assert not isinstance(info.value, ConfigErrors)  # the AZ checks that need a region stay quiet
+    assert info.value.key == "aws:region"
+
+
+@pytest.mark.parametrize(("key", "meant"), [
+    ("rayeks:gpuNodeCount", "ray-eks:gpuNodeCount"),
+    ("ray_eks:rayNamespace", "ray-eks:rayNamespace"),
+    ("Ray-EKS:gpuNodeCount", "ray-eks:gpuNodeCount"),
+    ("aws:gpuInstanceType", "ray-eks:gpuInstanceType"),
+    ("gpuNodeCount", "ray-eks:gpuNodeCount"),
+    ("rayeks:gpuNodeCont", "ray-eks:gpuNodeCount"),
+])
+def test_a_key_meant_for_this_program_under_another_namespace_is_refused(key, meant):
+    with pytest.raises(ConfigError, match=f"did you mean {meant}\\?") as info:
+        parse_stack_config({**GOOD, key: "3"})
+    assert info.value.key == key and "is not read" in str(info.value)
+
+
+def test_keys_of_providers_are_still_left_alone():
+    values = {**GOOD, "eks:someSetting": 1, "kubernetes:context": "x", "aws:profile": "dev",
+              "aws:defaultTags": {"tags": {}}, "pulumi:disable-default-providers": ["*"]}
+    assert parse_stack_config(values).region == "eu-west-1"
+
+
+def test_an_az_id_of_another_region_is_refused():
+    with pytest.raises(ConfigError, match="is an AZ ID of another region .eu-west-1's start with euw1-"):
+        parse_stack_config({**GOOD, "ray-eks:gpuAvailabilityZoneId": "use1-az1"})
+
+
+def test_the_az_id_prefix_of_every_region_moto_knows():
+    """moto's table of real AZ IDs, 38 regions including GovCloud and China."""
+    from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+
+    zones = RegionsAndZonesBackend.zones
+    assert len(zones) > 30
+    for region, region_zones in zones.items():
+        for zone in region_zones:
+            assert zone.zone_id.startswith(az_id_prefix(region) + "-az"), (region, zone.zone_id)
+
+
+def test_invalid_yaml_names_its_line(tmp_path):
+    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  aws:region: us-west-2\n  bad: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_stack_config("dev", tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'Pulumi.dev.yaml'}:4: is not valid YAML (")
+    assert "None" not in message and "ParserError" not in message
+
+
+def test_a_missing_stack_file_names_the_stack_and_the_closest_one(tmp_path):
+    (tmp_path / "Pulumi.us-west-2.yaml").write_text("config: {}\n")
+    with pytest.raises(ConfigError, match=r"--stack us-wst-2` to create it; or did you mean "
+                                          r"--stack us-west-2\?"):
+        load_stack_config("us-wst-2", tmp_path)
+    with pytest.raises(ConfigError, match=r"--stack eu-central-1` to create it; stacks here: us-west-2$"):
+        load_stack_config("eu-central-1", tmp_path)

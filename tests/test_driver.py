@@ -136,7 +136,8 @@ def test_arguments_are_validated_with_the_bad_value_named():
 
 
 def test_the_failure_line_names_the_first_failing_rank_and_its_error():
-    errors = {1: RuntimeError("Traceback...\n  File x\nValueError: boom on 1"), 0: RuntimeError("\nOSError: no model\n")}
+    errors = {1: RuntimeError("Traceback...\n  File x\nValueError: boom on 1"),
+              0: RuntimeError("\nOSError: no model\n")}
     assert failure_reason(WorkerGroupError("2 workers failed", errors)) == "rank 0: OSError: no model"
     assert failure_reason(ControllerError(RuntimeError("placement\ngroup timed out"))) == "group timed out"
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.config import (KNOWN_KEYS, ConfigError, StackConfig, SUPPORTED_KUBERNETES_MINORS,
-                          config_key, format_utc, parse_stack_config)
+                          az_id_prefix, config_key, format_utc, parse_stack_config)
 from infra.instance_types import GPU_INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, sells_capacity_blocks
 
 EXAMPLES_VALID = 200
@@ -65,7 +65,7 @@ def valid_configs(draw) -> dict:
     values = {
         "aws:region": region,
         "ray-eks:gpuAvailabilityZone": region + draw(st.sampled_from("abcdef")),
-        "ray-eks:gpuAvailabilityZoneId": draw(regex(r"[a-z]{3,4}\d-az\d{1,2}")),
+        "ray-eks:gpuAvailabilityZoneId": f"{az_id_prefix(region)}-az{draw(st.integers(1, 12))}",
     }
     optional = {
         "ray-eks:gpuInstanceType": st.sampled_from(GPU_INSTANCE_TYPES),

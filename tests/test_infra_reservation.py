@@ -4,7 +4,6 @@ stack file holding an On-Demand Capacity Reservation or a Capacity Block."""
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any

@@ -91,7 +91,10 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert summary["last_loss"] < 0.8 * summary["first_loss"]
     assert f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}" in out
     assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
-    assert "[train]" in (run_dir / "job.log").read_text()
+    job_log = (run_dir / "job.log").read_text()
+    assert "\x1b[" not in job_log  # no terminal colour codes
+    assert [line.split("[train] ", 1)[1][:10] for line in job_log.splitlines() if "[train] " in line] == [
+        '{"step":5,', '{"step":10', '{"step":15', '{"step":20']  # each step once
     _assert_all_stopped(groups)
 
 
@@ -99,9 +102,12 @@ def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
     proc = _demo(tmp_path)
     _read_until(proc, "Jobs API at")
     groups = _node_groups(proc)
-    _read_until(proc, "submitted raysubmit_")
+    _read_until(proc, "CPU workers on 2 node(s)")  # the job runs: its log has lines to keep
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
+    (run_dir,) = tmp_path.iterdir()
+    assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
+    assert "Running entrypoint for job raysubmit_" in (run_dir / "job.log").read_text()
     _assert_all_stopped(groups)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -53,3 +54,82 @@ def test_the_report_files(tmp_path):
     assert data["job_id"] == "j" and data["summary"]["last_loss"] == pytest.approx(1 / 3)
     assert [r["step"] for r in data["steps"]] == [5, 10, 15]
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_clean_log_has_no_colour_codes_and_each_worker_line_once():
+    w0 = "\x1b[36m(RayTrainWorker pid=9, ip=10.0.0.1)\x1b[0m "
+    w1 = "\x1b[36m(RayTrainWorker pid=8, ip=10.0.0.2)\x1b[0m "
+    raw = "".join(line + "\n" for line in [
+        "2026-12-01 01:14:50,790\tINFO worker.py:2015 -- dashboard at "
+        "\x1b[1m\x1b[32mhttp://127.0.0.1:35303 \x1b[39m\x1b[22m",
+        w0 + '[train] {"step":5,"loss":5.7}',
+        w1 + "Reporting training result 1 from rank 1",  # the other worker's line in between
+        w0 + "Reporting training result 1 from rank 0",  # and a logged line of the same worker
+        w0 + '[train] {"step":5,"loss":5.7}',          # Ray's second copy: dropped
+        w1 + '[train] {"step":5,"loss":5.7}',          # the same text from another worker: kept
+        *[w0 + f"line {i}" for i in range(report.REPEAT_WINDOW)],
+        w0 + '[train] {"step":5,"loss":5.7}',          # printed again much later: kept
+        "driver line",
+        "driver line",                                 # the driver's own lines are kept as printed
+    ])
+    p0, p1 = "(RayTrainWorker pid=9, ip=10.0.0.1) ", "(RayTrainWorker pid=8, ip=10.0.0.2) "
+    assert report.clean_log(raw).splitlines() == [
+        "2026-12-01 01:14:50,790\tINFO worker.py:2015 -- dashboard at http://127.0.0.1:35303 ",
+        p0 + '[train] {"step":5,"loss":5.7}',
+        p1 + "Reporting training result 1 from rank 1",
+        p0 + "Reporting training result 1 from rank 0",
+        p1 + '[train] {"step":5,"loss":5.7}',
+        *[p0 + f"line {i}" for i in range(report.REPEAT_WINDOW)],
+        p0 + '[train] {"step":5,"loss":5.7}',
+        "driver line",
+        "driver line",
+    ]
+    # The records read from the clean log are those of the raw one.
+    assert report.train_records(report.clean_log(raw).splitlines()) == report.train_records(raw.splitlines())
+
+
+def test_the_plot_starts_at_the_runs_first_step_with_eval_loss_and_lr():
+    records = [{"step": 5, "loss": 3.0, "lr": 0.01}, {"step": 10, "loss": 2.0, "lr": 0.009, "eval_loss": 2.4},
+               {"step": 15, "loss": 1.5, "lr": 0.005, "eval_loss": 2.1}]
+    series = report.curves(records, final={"first_loss": 6.2, "resumed_from_step": 0})
+    assert series.loss == [(1, 6.2), (5, 3.0), (10, 2.0), (15, 1.5)]
+    assert series.eval_loss == [(10, 2.4), (15, 2.1)]
+    assert series.lr == [(5, 0.01), (10, 0.009), (15, 0.005)]
+    resumed = report.curves(records[1:], final={"first_loss": 2.5, "resumed_from_step": 7})
+    assert resumed.loss[0] == (8, 2.5)
+    logged_every_step = [{"step": 1, "loss": 6.2}, {"step": 2, "loss": 5.0}]
+    assert report.curves(logged_every_step, final={"first_loss": 6.2}).loss == [(1, 6.2), (2, 5.0)]
+    assert report.curves(records).loss[0] == (5, 3.0) and report.curves(records[:1]).eval_loss == []
+
+
+def test_the_report_plots_the_curves(tmp_path, monkeypatch):
+    plotted = {}
+    monkeypatch.setattr(report, "plot_curves", lambda series, *, title, path: plotted.update(series=series))
+    records = [{"step": 5, "loss": 3.0, "lr": 0.01}]
+    report.write_report(tmp_path, records=records, summary=report.summarize(records), meta={},
+                        final={"first_loss": 6.0})
+    assert plotted["series"].loss == [(1, 6.0), (5, 3.0)]
+
+
+def test_an_interrupted_local_run_keeps_the_jobs_log(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from workloads.client import local, submit
+
+    class Client:
+        def get_job_logs(self, job_id):
+            assert job_id == "raysubmit_1"
+            return "\x1b[36m(RayTrainWorker pid=9)\x1b[0m a\n\x1b[36m(RayTrainWorker pid=9)\x1b[0m a\n"
+
+    monkeypatch.setattr(submit, "job_client", lambda conn: Client())
+    console = Console(file=io.StringIO(), width=400)
+    path = tmp_path / "job.log"
+    with pytest.raises(KeyboardInterrupt):
+        with local.log_kept_on_interrupt(object(), ["raysubmit_1"], path=path, console=console):
+            raise KeyboardInterrupt
+    assert path.read_text() == "(RayTrainWorker pid=9) a\n"
+    assert f"the job's log so far is in {path}" in console.file.getvalue()
+    with pytest.raises(KeyboardInterrupt):  # interrupted before a job existed: nothing to keep
+        with local.log_kept_on_interrupt(object(), [], path=tmp_path / "none.log", console=console):
+            raise KeyboardInterrupt
+    assert not (tmp_path / "none.log").exists()

@@ -1,4 +1,5 @@
-"""submit's and cluster's pure parts: stack outputs, the Jobs API request, the log printer, the offline transport check."""
+"""submit's and cluster's pure parts: stack outputs, the Jobs API request, the log printer, the offline
+transport check."""
 
 from __future__ import annotations
 
@@ -276,3 +277,34 @@ def test_an_address_without_a_jobs_api_is_exit_3(capsys):
     port = cluster.free_port()  # nothing listens there
     assert submit.main("list", ["--address", f"http://127.0.0.1:{port}"]) == 3
     assert f"no Ray Jobs API at http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "url"), [
+    ("localhost:8265", "http://localhost:8265"),
+    ("127.0.0.1:1", "http://127.0.0.1:1"),
+    (" https://ray.example.com/ ", "https://ray.example.com"),
+    ("http://[::1]:8265", "http://[::1]:8265"),
+])
+def test_an_address_without_a_scheme_is_a_jobs_api_url(given, url):
+    assert cluster.normalize_address(given) == url
+
+
+@pytest.mark.parametrize("given", ["ray://127.0.0.1:10001", "http://host:port", "http://", "gcs:6379:x"])
+def test_an_address_that_is_no_jobs_api_url_is_refused(given):
+    with pytest.raises(ValueError, match="is not a Ray Jobs API URL: use http://HOST:PORT"):
+        cluster.normalize_address(given)
+
+
+def test_an_address_that_does_not_answer_fails_within_the_connect_timeout():
+    import time
+
+    began = time.monotonic()
+    # TEST-NET-1 (RFC 5737): never routed, so the connection times out or is refused at once.
+    with pytest.raises(cluster.UnreachableError, match=r"no Ray Jobs API at http://192\.0\.2\.1:8265"):
+        cluster.check_reachable("http://192.0.2.1:8265", timeout_s=1.0)
+    assert time.monotonic() - began < 3
+
+
+def test_stack_and_address_together_are_refused(capsys):
+    assert submit.main("list", ["--stack", "us-west-2", "--address", "http://127.0.0.1:9"]) == 2
+    assert "--stack and --address both name a cluster" in capsys.readouterr().err

@@ -4,7 +4,6 @@ port-forward relays to the real cluster, so the whole path is exercised."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -12,13 +11,13 @@ import shlex
 import signal
 import stat
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
+from test_data_jsonl import write_corpus
 
 from workloads.client import submit
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
@@ -70,6 +69,17 @@ def test_submit_follows_the_run_to_success_and_a_resubmitted_run_resumes(target,
     logs = capsys.readouterr().out
     summary = json.loads(logs.split("[train-summary] ", 1)[1].splitlines()[0])
     assert summary["resumed_from_step"] == 2 and summary["steps_done"] == 2
+
+
+def test_relative_data_paths_are_uploaded_and_read_by_the_workers(target, tmp_path, monkeypatch, capsys):
+    """Ray Train runs workers in a folder of its own: the relative JSONL file and tokenizer folder of
+    this machine reach them only through the job's upload."""
+    write_corpus(tmp_path)  # corpus.jsonl and tokenizer/ in the current folder
+    monkeypatch.chdir(tmp_path)
+    argv = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--max-failures", "0", "--set", "steps=2",
+            "--set", "data.kind=jsonl", "--set", "data.path=corpus.jsonl", "--set", "data.tokenizer=tokenizer"]
+    assert submit.main("submit", argv) == 0, capsys.readouterr().out
+    assert "train step 2/2" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_failing_run_exits_1_with_the_reason_on_the_last_line(target, tmp_path, capsys):

@@ -25,7 +25,8 @@ def test_exit_0_single_node_nvlink_under_expect_efa(repo_root, shared_dir):
     out = verify(str(shared_dir / "fixtures/nccl/h200x2-single-node-p2p.log"), "--expect", "efa", "--nodes", "1",
                  cwd=repo_root)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("PASS: 2 rank-to-rank link(s) on 1 node(s) (vm); 2 link(s) within a node over P2P/CUMEM")
+    assert out.stdout.startswith(
+        "PASS: 2 rank-to-rank link(s) on 1 node(s) (vm); 2 link(s) within a node over P2P/CUMEM")
 
 
 def test_exit_1_forced_socket_names_ranks_hosts_and_transport(repo_root, shared_dir):

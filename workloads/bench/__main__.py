@@ -1,13 +1,35 @@
 """`python -m workloads.bench [options]` (training comparison) or `python -m workloads.bench nccl
-[options]` (collective bandwidth). Run under torchrun; without it, one rank runs alone."""
+[options]` (collective bandwidth). Run under torchrun on GPUs; without CUDA both refuse unless
+--allow-cpu (which checks the harness on gloo with the tiny model), and `nccl` refuses fewer than
+two ranks."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+CPU_MODEL = "tiny-qwen2"
+"""The only model a CPU run of the training benchmark may build (`--preset demo-cpu`)."""
+
+
+def refusal(*, nccl: bool, allow_cpu: bool, cuda: bool, world_size: int, model: str = "") -> str | None:
+    """Why this machine cannot run the benchmark as asked, or None."""
+    if not cuda and not allow_cpu:
+        return ("no CUDA GPU is visible: the benchmarks measure GPUs (the default preset needs tens of "
+                "GiB per rank). Run them under torchrun on a GPU host, or add --allow-cpu (with "
+                "--preset demo-cpu) to check the harness on the CPU")
+    if nccl and world_size < 2:
+        return (f"bench nccl needs at least 2 ranks, got {world_size}: one rank moves no data, so its "
+                "bandwidth means nothing. Run it under torchrun --nproc-per-node 2 (or more)")
+    if not nccl and not cuda and model != CPU_MODEL:
+        return (f"--allow-cpu runs only the {CPU_MODEL} model (--preset demo-cpu); this preset builds "
+                f"{model}, far more than a CPU run should take")
+    return None
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "nccl":
+    nccl = bool(argv) and argv[0] == "nccl"
+    if nccl:
         from workloads.bench import nccl as command
 
         argv = argv[1:]
@@ -17,6 +39,16 @@ def main(argv: list[str]) -> int:
         options = command.parse_args(argv)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    import torch
+
+    from workloads.train.config import preset
+
+    problem = refusal(nccl=nccl, allow_cpu=options.allow_cpu, cuda=torch.cuda.is_available(),
+                      world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                      model="" if nccl else preset(options.preset).model.name_or_path)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     return command.run(options)
 

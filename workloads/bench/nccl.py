@@ -153,6 +153,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--warmup-iters", type=int, default=5, help="untimed launches first (default 5)")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)}")
     parser.add_argument("--out", type=Path, default=None, help="folder for nccl.json (rank 0 writes)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="run without CUDA (gloo on the CPU), to check the harness; still 2+ ranks")
     args = parser.parse_args(argv)
     args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     unknown = [op for op in args.ops if op not in OPS]

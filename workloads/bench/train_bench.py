@@ -97,6 +97,8 @@ class BenchSettings:
     """(first, last) optimizer steps of every run to record with torch.profiler; rank 0 writes
     profile-<strategy>-mb<N>.txt. Profiled steps run slower: keep them out of the timed steps'
     majority (the median is robust to a few)."""
+    allow_cpu: bool = False
+    """Run without CUDA (gloo on the CPU) to check the harness; only with the tiny model."""
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps <= self.warmup:
@@ -110,7 +112,9 @@ class BenchSettings:
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from {', '.join(STRATEGIES)}")
         if self.seq_len < 1 or self.matmul_size < 0:
-            raise ValueError(f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}")
+            raise ValueError(
+                f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}"
+            )
         if self.profile_steps is not None and not 1 <= self.profile_steps[0] <= self.profile_steps[1] <= self.steps:
             first, last = self.profile_steps
             raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last <= --steps {self.steps}")
@@ -136,11 +140,13 @@ def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
 def flops_per_token(cfg: TrainConfig) -> float:
     """The loop's FLOPs-per-token formula, on a parameter-free (meta) copy of the model."""
     model: ModelConfig = cfg.model
-    config = named_architecture(model.name_or_path) if model.is_named_architecture else AutoConfig.from_pretrained(model.name_or_path)
+    config = (named_architecture(model.name_or_path) if model.is_named_architecture
+              else AutoConfig.from_pretrained(model.name_or_path))
     with torch.device("meta"):
         shape = shape_of(AutoModelForCausalLM.from_config(config))
     return metrics.flops_per_token(
-        n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim, seq_len=cfg.seq_len
+        n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim,
+        seq_len=cfg.seq_len,
     )
 
 
@@ -323,7 +329,8 @@ def run_benchmark(
             if run.status == OK:
                 say(
                     f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
-                    f"({figures.mfu_vs_peak:.1%} MFU), step median {figures.step_s_median:.4f} s, loss {figures.final_loss:.4f} at step {figures.final_step}"
+                    f"({figures.mfu_vs_peak:.1%} MFU), step median {figures.step_s_median:.4f} s, "
+                    f"loss {figures.final_loss:.4f} at step {figures.final_step}"
                 )
             else:
                 say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
@@ -340,7 +347,8 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
     )
     parser.add_argument("--preset", default=defaults.preset, help=f"loop config preset (default {defaults.preset})")
     parser.add_argument("--steps", type=int, default=defaults.steps, help=f"steps per run (default {defaults.steps})")
-    parser.add_argument("--warmup", type=int, default=defaults.warmup, help=f"untimed first steps (default {defaults.warmup})")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup,
+                        help=f"untimed first steps (default {defaults.warmup})")
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help=f"default {defaults.seq_len}")
     parser.add_argument("--micro-batches", default=",".join(map(str, defaults.micro_batches)), help="e.g. 16,8")
     parser.add_argument("--strategies", default=",".join(defaults.strategies), help="e.g. reference,tuned")
@@ -349,6 +357,9 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
     parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
     parser.add_argument("--profile-steps", default=None, metavar="FIRST:LAST",
                         help="record these optimizer steps of every run with torch.profiler (e.g. 10:12)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="run without CUDA (gloo on the CPU) to check the harness, "
+                             "with --preset demo-cpu")
     args = parser.parse_args(argv)
     profile_steps = None
     if args.profile_steps:
@@ -371,6 +382,7 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
         seed=args.seed,
         out=args.out,
         profile_steps=profile_steps,
+        allow_cpu=args.allow_cpu,
     )
 
 

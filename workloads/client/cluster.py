@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,9 +253,46 @@ def stack_connection(stack: str) -> Iterator[Connection]:
                              reconnect=lambda: f"http://127.0.0.1:{forward.ensure()}")
 
 
+DEFAULT_DASHBOARD_PORT = 8265
+CONNECT_TIMEOUT_S = 5.0
+"""How long --address may take to accept a connection before the command gives up (exit 3)."""
+
+
+def normalize_address(address: str) -> str:
+    """The Jobs API URL of an --address: `host:port` gets `http://`. ValueError for anything that
+    is not an http(s) URL (a `ray://` client or a bare GCS address would hang in Ray's own lookup)."""
+    text = address.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    url = urllib.parse.urlsplit(text)
+    try:
+        valid = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+    except ValueError:  # a port that is not a number
+        valid = False
+    if not valid:
+        raise ValueError(f"--address {address!r} is not a Ray Jobs API URL: use http://HOST:PORT, the "
+                         f"Ray head's dashboard port ({DEFAULT_DASHBOARD_PORT} by default)")
+    return text.rstrip("/")
+
+
+def check_reachable(url: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """UnreachableError unless something accepts a TCP connection at the URL within timeout_s."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise UnreachableError(f"no Ray Jobs API at {url}: nothing answers ({reason}); is the Ray head up, "
+                               f"and is this its dashboard port ({DEFAULT_DASHBOARD_PORT} by default)?") from None
+
+
 @contextmanager
 def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str]) -> Iterator[Connection]:
+    if stack and address:
+        raise ValueError("--stack and --address both name a cluster: give one of them")
     if address:
+        address = normalize_address(address)
         token = token or os.environ.get("RAY_AUTH_TOKEN") or None
         yield Connection(address=address, token=token, storage_path=None, target_args=("--address", address))
     elif stack:
@@ -273,6 +311,7 @@ def job_client(conn: Connection, *, address: Optional[str] = None):
         logging.getLogger(name).setLevel(logging.WARNING)
 
     headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else None
+    check_reachable(conn.address)
     try:
         return JobSubmissionClient(address or conn.address, headers=headers)
     except (ConnectionError, RuntimeError) as exc:

@@ -33,8 +33,9 @@ from typing import Iterator, Optional
 from rich.console import Console
 
 from workloads.client import submit
-from workloads.client.cluster import connect, free_port
-from workloads.client.report import format_summary, loop_summary, summarize, write_report
+from workloads.client.cluster import connect, first_line, free_port
+from workloads.client.datapaths import resolved_for_local_run
+from workloads.client.report import clean_log, format_summary, loop_summary, summarize, write_report
 
 STARTED_MARK = "Ray runtime started"
 
@@ -192,6 +193,22 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated()
 
 
+@contextmanager
+def log_kept_on_interrupt(conn, job_ids: list[str], *, path: Path, console: Console) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM while following, write the submitted job's log so far (cleaned) to
+    `path` before the interruption goes on to stop the cluster."""
+    try:
+        yield
+    except (KeyboardInterrupt, _Terminated):
+        if job_ids:
+            try:
+                path.write_text(clean_log(submit.job_client(conn).get_job_logs(job_ids[0])))
+                console.print(f"the job's log so far is in {path}")
+            except Exception as exc:  # the interruption matters more than the log
+                console.print(f"could not keep the job's log: {first_line(str(exc))}")
+        raise
+
+
 def _arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads run", description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", required=True,
@@ -211,7 +228,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     from workloads.train.config import preset, with_overrides
 
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
-    train = with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict()
+    train = resolved_for_local_run(with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict(),
+                                   cwd=Path.cwd())
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
     console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
@@ -222,8 +240,10 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
             request = submit.SubmitRequest(train=train, run_name=f"{args.preset}-{stamp}",
                                            storage_path=str(run_dir / "checkpoints"), max_failures=0,
                                            expect="any", quiet=not args.verbose)
-            outcome = submit.submit_and_follow(conn, request, console=console)
-    (run_dir / "job.log").write_text(outcome.logs)
+            submitted: list[str] = []
+            with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
+                outcome = submit.submit_and_follow(conn, request, console=console, on_submitted=submitted.append)
+    (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)
     if not outcome.records:
         console.print(f"no training steps were reported; the job's log is {run_dir / 'job.log'}")
@@ -236,7 +256,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
         "loop_summary": final,
-    })
+    }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
     return outcome.exit_code

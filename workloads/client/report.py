@@ -7,7 +7,9 @@ in the line.
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,26 +112,92 @@ def format_summary(summary: RunSummary) -> str:
     )
 
 
-def write_report(run_dir: Path, *, records: list[dict], summary: RunSummary, meta: dict) -> tuple[Path, Path]:
-    """Write `report.json` (meta, summary, every step record) and `loss.png` into run_dir."""
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_WORKER_PREFIX = re.compile(r"^\(([^)]*pid=[^)]*)\) ")
+REPEAT_WINDOW = 8
+"""How many of a worker's latest lines a line is compared with. Ray's second copy of a printed line
+comes within a few lines of the first, with the worker's logged lines (another stream) between."""
+
+
+def clean_log(text: str) -> str:
+    """The job log as a file for people: terminal colour codes removed, and a worker's line that
+    repeats one of that worker's last REPEAT_WINDOW lines dropped (Ray 2.58 forwards each line a Ray
+    Train worker prints twice). Lines of the driver are kept as they are."""
+    recent: dict[str, collections.deque[str]] = collections.defaultdict(
+        lambda: collections.deque(maxlen=REPEAT_WINDOW))
+    kept = []
+    for line in text.splitlines(keepends=True):
+        line = _ANSI_ESCAPE.sub("", line)
+        worker = _WORKER_PREFIX.match(line)
+        if worker is not None:
+            if line in recent[worker.group(1)]:
+                continue
+            recent[worker.group(1)].append(line)
+        kept.append(line)
+    return "".join(kept)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Curves:
+    """The series of the loss plot, as (step, value) points."""
+
+    loss: list[tuple[int, float]]
+    """Training loss from the run's first step: the loop's summary holds that step's loss, which
+    the logged records (every `log_every` steps) do not."""
+    eval_loss: list[tuple[int, float]]
+    """Evaluation loss of the records that carry one (`eval_loss`); empty when none does."""
+    lr: list[tuple[int, float]]
+    """Learning rate of the logged steps."""
+
+
+def curves(records: list[dict], *, final: Optional[dict] = None) -> Curves:
+    loss = [(int(r["step"]), float(r["loss"])) for r in records]
+    final = final or {}
+    first_step = int(final.get("resumed_from_step") or 0) + 1
+    if final.get("first_loss") is not None and (not loss or loss[0][0] > first_step):
+        loss.insert(0, (first_step, float(final["first_loss"])))
+    return Curves(
+        loss=loss,
+        eval_loss=[(int(r["step"]), float(r["eval_loss"])) for r in records if r.get("eval_loss") is not None],
+        lr=[(int(r["step"]), float(r["lr"])) for r in records if r.get("lr") is not None],
+    )
+
+
+def plot_curves(series: Curves, *, title: str, path: Path) -> None:
+    """Loss (and eval loss) on the left axis, the learning rate on the right one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    lines = ax.plot(*zip(*series.loss), marker="o", markersize=3, label="training loss")
+    if series.eval_loss:
+        lines += ax.plot(*zip(*series.eval_loss), marker="s", markersize=4, label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(True, alpha=0.3)
+    if series.lr:
+        lr_axis = ax.twinx()
+        lines += lr_axis.plot(*zip(*series.lr), color="grey", linestyle="--", label="learning rate")
+        lr_axis.set_ylabel("learning rate")
+        lr_axis.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(run_dir: Path, *, records: list[dict], summary: RunSummary, meta: dict,
+                 final: Optional[dict] = None) -> tuple[Path, Path]:
+    """Write `report.json` (meta, summary, every step record) and `loss.png` (from the run's first
+    step, with the loop's summary `final`) into run_dir."""
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / "report.json"
     json_path.write_text(
         json.dumps({**meta, "summary": asdict(summary), "steps": records}, indent=2, sort_keys=True) + "\n"
     )
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], marker="o", markersize=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.set_title(meta.get("title", "training loss"))
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
     png_path = run_dir / "loss.png"
-    fig.savefig(png_path)
-    plt.close(fig)
+    plot_curves(curves(records, final=final), title=meta.get("title", "training loss"), path=png_path)
     return json_path, png_path

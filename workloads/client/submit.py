@@ -38,6 +38,7 @@ from workloads.client.cluster import (
     first_line,
     job_client,
 )
+from workloads.client.datapaths import files_for_job, stage_files
 from workloads.context import GATE_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 from workloads.client.report import format_record, loop_summary, parse_prefixed, parse_train_line, train_records
@@ -97,11 +98,13 @@ def build_submission(*, train: dict, run_name: str, storage_path: str, max_failu
 
 
 @contextmanager
-def staged_package() -> Iterator[Path]:
-    """A temporary folder holding only the `workloads` package: what the job's working_dir uploads."""
+def staged_package(files: tuple[tuple[str, Path], ...] = ()) -> Iterator[Path]:
+    """A temporary folder holding only the `workloads` package and the local `files` the config
+    names, each at its place: what the job's working_dir uploads."""
     with tempfile.TemporaryDirectory(prefix="workloads-job-") as tmp:
         shutil.copytree(PACKAGE_DIR, Path(tmp) / "workloads",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        stage_files(Path(tmp), files)
         yield Path(tmp)
 
 
@@ -337,11 +340,13 @@ class SubmitRequest:
     """GPUs the job waits for before training (the stack's worker GPUs); 0: not known."""
     install: bool = True
     """Install GPU_PACKAGES into a GPU job's runtime_env (off for clusters that cannot reach PyPI)."""
+    files: tuple[tuple[str, Path], ...] = ()
+    """Local files and folders uploaded with the job: (place in its working_dir, local path)."""
 
 
 def submit_job(client, request: SubmitRequest) -> str:
     """Upload the staged package with the driver command; returns the job's submission id."""
-    with staged_package() as working_dir:
+    with staged_package(request.files) as working_dir:
         submission = build_submission(train=request.train, run_name=request.run_name,
                                       storage_path=request.storage_path, max_failures=request.max_failures,
                                       working_dir=str(working_dir), expect=request.expect, gpus=request.gpus,
@@ -435,14 +440,17 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
 
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.
-    _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
+    upload_absolute = bool(args.stack)  # the stack's nodes cannot see this machine's files
+    files_for_job(_train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None)),
+                  cwd=Path.cwd(), upload_absolute=upload_absolute)
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
         preset_name = args.preset or preset_for_gpu(conn.gpu_memory_gib)
-        train = _train_config(args, expect=expect, preset_name=preset_name)
+        train, files = files_for_job(_train_config(args, expect=expect, preset_name=preset_name),
+                                     cwd=Path.cwd(), upload_absolute=upload_absolute)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         storage_path = args.storage_path or conn.storage_path
@@ -454,7 +462,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         gpus = args.gpus if args.gpus is not None else conn.ray_worker_gpus or 0
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
-                                install=not args.offline)
+                                install=not args.offline, files=files)
         if args.no_follow:
             print(submit_job(job_client(conn), request))
             return EXIT_OK

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from workloads.train.config import DataConfig
+from workloads.train.paths import resolve_path
 
 
 class SampleSource(Protocol):
@@ -99,6 +100,7 @@ def load_jsonl_source(
 ) -> PackedSource:
     from transformers import AutoTokenizer
 
+    tokenizer_name = resolve_path(tokenizer_name, field="data.tokenizer", hub_id_allowed=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {tokenizer_name!r} has no EOS token: documents cannot be separated")
@@ -107,7 +109,8 @@ def load_jsonl_source(
             f"tokenizer {tokenizer_name!r} has {len(tokenizer)} tokens but the model's vocabulary has "
             f"{vocab_size}: use the model's own tokenizer"
         )
-    texts = read_jsonl_texts(Path(cfg.path), text_field=cfg.text_field)
+    texts = read_jsonl_texts(Path(resolve_path(cfg.path, field="data.path", hub_id_allowed=False)),
+                             text_field=cfg.text_field)
     documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
     samples = pack_tokens(documents, seq_len=seq_len, eos_id=tokenizer.eos_token_id)
     return PackedSource(samples=samples, seed=seed, shuffle=cfg.shuffle)

@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from workloads.train.config import ModelConfig
+from workloads.train.paths import resolve_path
 from workloads.train.loss import LinearCrossEntropy
 
 
@@ -62,7 +63,9 @@ def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> Pre
         with torch.device(device):
             return Qwen2ForCausalLM(config)
     model = AutoModelForCausalLM.from_pretrained(
-        cfg.name_or_path, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+        resolve_path(cfg.name_or_path, field="model.name_or_path", hub_id_allowed=True),
+        dtype=torch.float32,
+        attn_implementation=cfg.attn_implementation,
     )
     model.config.use_cache = False
     return model.to(device)

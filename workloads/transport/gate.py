@@ -212,7 +212,7 @@ def combine_verdicts(
 
 def _read_when_connected(path: Path, *, wait_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
     """The log's text once it holds connection lines, or whatever it holds after `wait_s`."""
-    from workloads.transport import nccl_log, verify
+    from workloads.transport import nccl_log
 
     deadline = time.monotonic() + wait_s
     while True:

@@ -1,0 +1,45 @@
+"""The documentation's references: every relative Markdown link reaches a file of the repository,
+and every mention of a document outside code is such a link."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
+PLAIN_DOC = re.compile(r"(?<![\[`/\w])(?<!\]\()docs/[A-Z]+\.md(?![\]`\w])")
+
+
+def documents(repo_root: Path) -> list[Path]:
+    return [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))]
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+@pytest.fixture(params=["README.md", "docs"], ids=str)
+def docs(request, repo_root: Path) -> list[Path]:
+    return [p for p in documents(repo_root) if (p.name == "README.md") == (request.param == "README.md")]
+
+
+def test_relative_links_reach_files(docs):
+    for doc in docs:
+        for target in LINK.findall(prose(doc.read_text())):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (doc.parent / target).exists(), f"{doc.name}: link to {target} reaches nothing"
+
+
+def test_documents_are_named_by_links(docs):
+    for doc in docs:
+        assert PLAIN_DOC.findall(prose(doc.read_text())) == [], doc.name
+
+
+def test_no_document_shows_a_path_of_the_machine_it_was_written_on(repo_root):
+    for doc in documents(repo_root):
+        assert not re.search(r"/(work|home|root)/\w", doc.read_text()), doc.name
