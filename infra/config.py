@@ -264,12 +264,20 @@ def _problems(cfg: StackConfig, *, placement: bool = True,
     """Every problem of `cfg`, after those already found (`known_bad`), one per key: a key whose
     value is already refused is not judged again."""
     found = list(known_bad)
-    checks = (*(_placement_problems(cfg, skip={e.key for e in known_bad}) if placement else ()),
-              *(_reservation_problems(cfg) if placement else ()),
-              *_settings_problems(cfg))
-    for problem in checks:
-        if problem.key not in {e.key for e in found}:
-            found.append(problem)
+
+    def add(problems: Iterator[ConfigError]) -> None:
+        for problem in problems:
+            if problem.key not in {e.key for e in found}:
+                found.append(problem)
+
+    if placement:
+        add(_placement_problems(cfg, skip={e.key for e in known_bad}))
+        # The reservation is judged against the placement: only once both read cleanly, so that
+        # one bad value is one problem, not a cascade.
+        watched = {config_key(name) for name in PLACEMENT_FIELDS + RESERVATION_FIELDS}
+        if not watched & {e.key for e in found}:
+            add(_reservation_problems(cfg))
+    add(_settings_problems(cfg))
     return found
 
 

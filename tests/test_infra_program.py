@@ -4,6 +4,7 @@ eks.ManagedNodeGroup) show only their inputs under mocks, so those are what is a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import runpy
@@ -133,6 +134,9 @@ def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypa
     monkeypatch.setattr(pulumi, "export", lambda k, v: exported.__setitem__(k, v))
     monkeypatch.chdir(repo_root)
     region = str(config.get("aws:region", "us-west-2"))
+    # A fresh event loop: a test that ran an asyncio loop of its own before this one must not leave
+    # the program's futures attached to a loop that is gone.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     program_mocks = mocks(run, region, zones)
     pulumi.runtime.set_mocks(program_mocks, project="ray-eks", stack=stack, preview=False,
                              monitor=_RecordingMonitor(program_mocks, run), logger=_WarningsLogger(run))
