@@ -124,6 +124,9 @@ class _Mocks(pulumi.runtime.Mocks):
         return {}
 
 
+_PROGRAM_LOOP = asyncio.new_event_loop()
+
+
 def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch,
                 zones: list[tuple[str, str]] | None = None, mocks: type[_Mocks] = _Mocks) -> ProgramRun:
     """Run __main__.py for `stack` with `config` (the stack file's `config:` mapping), in an
@@ -134,9 +137,10 @@ def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypa
     monkeypatch.setattr(pulumi, "export", lambda k, v: exported.__setitem__(k, v))
     monkeypatch.chdir(repo_root)
     region = str(config.get("aws:region", "us-west-2"))
-    # A fresh event loop: a test that ran an asyncio loop of its own before this one must not leave
-    # the program's futures attached to a loop that is gone.
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    # Every program run in this process on one event loop of its own: other tests run asyncio
+    # loops of theirs (asyncio.run replaces the thread's loop), and Pulumi's runtime keeps futures
+    # from earlier runs that must stay on the loop they were made on.
+    asyncio.set_event_loop(_PROGRAM_LOOP)
     program_mocks = mocks(run, region, zones)
     pulumi.runtime.set_mocks(program_mocks, project="ray-eks", stack=stack, preview=False,
                              monitor=_RecordingMonitor(program_mocks, run), logger=_WarningsLogger(run))
