@@ -36,6 +36,9 @@ class ProgramRun:
     outputs: dict[str, Any] = field(default_factory=dict)
     secret_outputs: set[str] = field(default_factory=set)
     invokes: list[str] = field(default_factory=list)
+    depends_on: dict[str, set[str]] = field(default_factory=dict)
+    """Resource name -> names of the resources the engine is told it depends on (explicit
+    `depends_on` and inputs taken from other resources); the mocks' own arguments lack them."""
 
     def of_type(self, typ: str) -> list[Declared]:
         return [r for r in self.resources if r.typ == typ]
@@ -76,6 +79,13 @@ def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypa
     """Run __main__.py for `stack` with `config` (the stack file's `config:` mapping)."""
     run = ProgramRun()
     exported: dict[str, Any] = {}
+    register = pulumi_mocks.MockMonitor.RegisterResource
+
+    def register_recording_dependencies(monitor, request):
+        run.depends_on[request.name] = {urn.rsplit("::", 1)[-1] for urn in request.dependencies}
+        return register(monitor, request)
+
+    monkeypatch.setattr(pulumi_mocks.MockMonitor, "RegisterResource", register_recording_dependencies)
     monkeypatch.setattr(pulumi, "export", lambda k, v: exported.__setitem__(k, v))
     monkeypatch.chdir(repo_root)
     region = str(config.get("aws:region", "us-west-2"))
@@ -231,6 +241,11 @@ def test_raycluster_is_the_rendered_manifest_and_waits_for_the_operator(program)
     assert worker["resources"]["limits"][EFA_RESOURCE] == str(cfg.gpu_instance.efa_interfaces)
     assert worker["resources"]["limits"][GPU_RESOURCE] == str(cfg.gpu_instance.gpus)
     assert worker["image"] == cfg.ray_image
+    # The operator's release installs the RayCluster CRD: created before it, deleted after it.
+    operator = next(r.name for r in run.of_type("kubernetes:helm.sh/v3:Release")
+                    if r.inputs["chart"] == "kuberay-operator")
+    namespace = run.one("kubernetes:core/v1:Namespace").name
+    assert {operator, namespace} <= run.depends_on[run.one("kubernetes:ray.io/v1:RayCluster").name]
 
 
 def test_checkpoint_bucket_is_private_encrypted_versioned_and_kept(program):
