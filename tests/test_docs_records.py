@@ -42,3 +42,28 @@ def test_every_nccl_log_a_gpu_transcript_names_is_committed():
     }
     assert named, "no transcript names an NCCL log"
     assert sorted(named - committed) == []
+
+
+WORKER_LOSS_RUN = re.compile(
+    r"^fault injection: 1 worker SIGKILLed after step (\d+), resumed from step (\d+), (\d+) step\(s\) redone, "
+    r"recovered and finished in ([\d.]+) s, wall ([\d.]+) s, .*\n(\d+) passed in ([\d.]+)s",
+    re.MULTILINE,
+)
+
+
+def test_the_worker_loss_table_is_the_recorded_runs():
+    record = (DOCS / "cpu" / "2026-12-01-worker-loss" / "runs.txt").read_text()
+    assert "failed" not in record and "ERROR" not in record
+    recorded = [
+        (str(i), killed, resumed, redone, f"{kill_s} s", f"{wall_s} s", f"{pytest_s} s")
+        for i, (killed, resumed, redone, kill_s, wall_s, _, pytest_s) in enumerate(
+            WORKER_LOSS_RUN.findall(record), start=1)
+    ]
+    section = (DOCS / "RELIABILITY.md").read_text().split("## 1. Worker loss", 1)[1].split("\n## ", 1)[0]
+    table = [
+        tuple(cell.strip() for cell in line.strip("|").split("|"))
+        for line in section.splitlines()
+        if re.match(r"^\| \d+ \|", line)
+    ]
+    assert len(recorded) == 5 and table == recorded
+    assert f"Faults injected: {len(recorded)} " in section and f"Runs survived: {len(recorded)} of {len(recorded)}" in section
