@@ -73,11 +73,24 @@ def test_mfu_is_reported_on_a_cuda_device():
 
 def test_tokens_per_s():
     assert tokens_per_s(steps=10, micro_batch=16, seq_len=2048, seconds=8.0) == 40_960.0
+    assert tokens_per_s(steps=1, micro_batch=1, seq_len=1000, seconds=0.5) == 2_000.0  # a window under 1 s
     assert tokens_per_s(steps=0, micro_batch=16, seq_len=2048, seconds=0.0) == 0.0
 
 
 def test_peak_memory_on_cpu_is_the_resident_set():
     assert 0.001 < peak_memory_gib(torch.device("cpu")) < 1024
+
+
+def test_peak_memory_units(monkeypatch):
+    # CUDA reports bytes; Linux's ru_maxrss is in KiB, macOS's in bytes.
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: {"cuda:1": 3 * 2**30}[str(device)])
+    assert peak_memory_gib(torch.device("cuda", 1)) == 3.0
+    usage = type("Usage", (), {"ru_maxrss": 2 * 2**30})()
+    monkeypatch.setattr("workloads.train.metrics.resource.getrusage", lambda who: usage)
+    monkeypatch.setattr("workloads.train.metrics.sys.platform", "linux")
+    assert peak_memory_gib(torch.device("cpu")) == 2 * 2**10
+    monkeypatch.setattr("workloads.train.metrics.sys.platform", "darwin")
+    assert peak_memory_gib(torch.device("cpu")) == 2.0
 
 
 def test_the_throughput_mean_leaves_out_the_warm_up_window():

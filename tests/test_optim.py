@@ -10,7 +10,7 @@ import torch
 
 from workloads.train.config import preset, with_overrides
 from workloads.train.loop import build_model
-from workloads.train.optim import build_optimizer, lr_at
+from workloads.train.optim import build_optimizer, clip_grad_norm, lr_at, schedule, set_lr
 
 PEAK, WARMUP, TOTAL, MIN_RATIO = 1e-3, 10, 110, 0.1
 FLOOR = PEAK * MIN_RATIO
@@ -36,6 +36,11 @@ def test_cosine_decays_from_the_peak_to_the_floor_on_the_last_step():
 
 def test_a_run_shorter_than_its_warmup_never_leaves_it():
     assert lr_at(4, peak=PEAK, warmup_steps=10, total_steps=4, min_lr_ratio=MIN_RATIO) == pytest.approx(4e-4)
+
+
+def test_the_schedule_of_a_config_reads_its_fields():
+    cfg = with_overrides(preset("demo-cpu"), ["lr=0.01", "warmup_steps=4", "steps=20", "min_lr_ratio=0.25"])
+    assert [schedule(cfg, s) for s in (2, 4, 20)] == pytest.approx([0.005, 0.01, 0.0025])
 
 
 def test_a_schedule_without_decay_steps_ends_at_the_floor():
@@ -70,8 +75,45 @@ def test_one_step_with_zero_gradients_shrinks_only_the_matrices(model_and_optimi
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    optimizer.step()
     lr = optimizer.param_groups[0]["lr"]
+    assert lr == pytest.approx(cfg.lr / cfg.warmup_steps)  # the schedule's first step
+    optimizer.step()
     for name, p in model.named_parameters():
         factor = 1.0 if "norm" in name or name.endswith(".bias") else 1.0 - lr * cfg.weight_decay
         torch.testing.assert_close(p.detach(), before[name] * factor, msg=name)
+
+
+def test_adamw_gets_the_configs_betas_and_the_usual_eps(model_and_optimizer):
+    cfg, _, optimizer = model_and_optimizer
+    assert (optimizer.defaults["betas"], optimizer.defaults["eps"]) == (cfg.betas, 1e-8)
+
+
+def test_fused_adamw_on_cuda_and_foreach_on_cpu(model_and_optimizer):
+    # On CUDA one fused kernel updates every parameter; the CPU path uses the foreach implementation.
+    # (Fused AdamW also runs on CPU tensors, so the CUDA choice can be built without a GPU.)
+    cfg, model, optimizer = model_and_optimizer
+    assert (optimizer.defaults["fused"], optimizer.defaults["foreach"]) == (False, True)
+    on_cuda = build_optimizer(model, cfg, device=torch.device("cuda"))
+    assert (on_cuda.defaults["fused"], on_cuda.defaults["foreach"]) == (True, None)
+
+
+def test_set_lr_sets_every_group(model_and_optimizer):
+    _, _, optimizer = model_and_optimizer
+    set_lr(optimizer, 0.125)
+    assert [g["lr"] for g in optimizer.param_groups] == [0.125] * len(optimizer.param_groups)
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 100.0])
+def test_clip_grad_norm_is_torchs_on_a_plain_model(max_norm):
+    torch.manual_seed(0)
+    ours, reference = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    reference.load_state_dict(ours.state_dict())
+    for model in (ours, reference):
+        model(torch.randn(8, 4, generator=torch.Generator().manual_seed(1))).square().sum().backward()
+    norm = clip_grad_norm(ours, max_norm=max_norm)
+    # max_norm 0 means no clipping: torch's own with an infinite bound reports the norm and clips nothing.
+    expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm or float("inf"))
+    torch.testing.assert_close(norm, expected)
+    assert norm > 0.5  # the 0.5 case really clips
+    for a, b in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
