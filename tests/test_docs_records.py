@@ -67,3 +67,26 @@ def test_the_worker_loss_table_is_the_recorded_runs():
     ]
     assert len(recorded) == 5 and table == recorded
     assert f"Faults injected: {len(recorded)} " in section and f"Runs survived: {len(recorded)} of {len(recorded)}" in section
+
+
+def _verdicts(name: str) -> dict[str, str]:
+    """Mutant name -> mutmut's verdict symbol, from one recorded run."""
+    lines = (DOCS / "cpu" / "2026-12-01-mutmut" / name).read_text().splitlines()
+    return {mutant: verdict for verdict, mutant in (line.split() for line in lines if line[:1] in "🎉🙁⏰🫥")}
+
+
+def test_the_mutation_table_is_the_recorded_runs():
+    first = _verdicts("3-optim-metrics-raycluster.txt")
+    now = {**_verdicts("6-optim-rerun.txt"), **_verdicts("5-raycluster-after-tests.txt")}
+    rows = {}
+    for line in (DOCS / "MUTATION.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| workloads/") or line.startswith("| infra/"):
+            rows[cells[0]] = [int(re.match(r"\d+", c).group()) for c in cells[1:]]
+    assert set(rows) == {"workloads/train/metrics.py", "workloads/train/optim.py", "infra/raycluster.py"}
+    for path, (total, killed, survived, survived_now, untested) in rows.items():
+        prefix = path.removesuffix(".py").replace("/", ".") + ".x"
+        mine = {m: v for m, v in first.items() if m.startswith(prefix)}
+        count = lambda verdict: sum(v == verdict for v in mine.values())  # noqa: E731
+        assert (total, killed, survived, untested) == (len(mine), count("🎉"), count("🙁"), count("🫥")), path
+        assert survived_now == sum(v == "🙁" for m, v in now.items() if m.startswith(prefix)), path
