@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The Python minors pyproject.toml's requires-python allows.
 PYTHON_VERSIONS := 3.11 3.12
 
-.PHONY: venv test demo lint clean check-python
+.PHONY: venv test demo lint clean check-python mutation
 
 venv: $(STAMP)
 
@@ -37,6 +37,14 @@ $(STAMP): pyproject.toml | check-python
 test: $(STAMP)
 	$(PY) -m pytest
 
+# Mutation testing of the core modules ([tool.mutmut] in pyproject.toml; docs/MUTATION.md): on
+# demand, never part of `make test`. Narrow it with a glob, e.g. make mutation MUTANTS='workloads.train.optim*'.
+# Tests run from a copy in mutants/, so the shared folder is passed by its absolute path.
+MUTANTS ?=
+mutation: $(STAMP)
+	SHARED_DIR="$${SHARED_DIR:-$(abspath ..)/shared}" $(VENV)/bin/mutmut run $(MUTANTS)
+	$(VENV)/bin/mutmut results
+
 demo: $(STAMP)
 	$(PY) -m workloads run --local
 
@@ -44,4 +52,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache mutants

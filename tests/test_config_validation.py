@@ -122,10 +122,51 @@ def test_other_namespaces_are_left_alone():
         == "eu-west-1"
 
 
-def test_every_field_has_a_key_and_a_docstring():
+# The keys as users write them in Pulumi.<stack>.yaml and docs/INFRA.md lists them, spelled out here
+# rather than derived, so that a renamed field or a changed key mapping shows up as a difference.
+STACK_FILE_KEYS = {
+    "region": "aws:region",
+    "gpu_availability_zone": "ray-eks:gpuAvailabilityZone",
+    "gpu_availability_zone_id": "ray-eks:gpuAvailabilityZoneId",
+    "gpu_instance_type": "ray-eks:gpuInstanceType",
+    "gpu_node_count": "ray-eks:gpuNodeCount",
+    "system_instance_type": "ray-eks:systemInstanceType",
+    "kubernetes_version": "ray-eks:kubernetesVersion",
+    "ray_image": "ray-eks:rayImage",
+    "ray_version": "ray-eks:rayVersion",
+    "nvidia_device_plugin_chart_version": "ray-eks:nvidiaDevicePluginChartVersion",
+    "efa_device_plugin_chart_version": "ray-eks:efaDevicePluginChartVersion",
+    "kuberay_operator_chart_version": "ray-eks:kuberayOperatorChartVersion",
+    "api_access_cidrs": "ray-eks:apiAccessCidrs",
+    "admin_principal_arns": "ray-eks:adminPrincipalArns",
+    "checkpoint_bucket_prefix": "ray-eks:checkpointBucketPrefix",
+    "retain_checkpoints_on_destroy": "ray-eks:retainCheckpointsOnDestroy",
+    "ray_namespace": "ray-eks:rayNamespace",
+    "gpu_root_volume_gib": "ray-eks:gpuRootVolumeGib",
+    "eks_image_registry_account": "ray-eks:eksImageRegistryAccount",
+    "system_node_count": "ray-eks:systemNodeCount",
+    "pod_identity_agent_version": "ray-eks:podIdentityAgentVersion",
+    "checkpoint_noncurrent_version_days": "ray-eks:checkpointNoncurrentVersionDays",
+    "checkpoint_incomplete_upload_days": "ray-eks:checkpointIncompleteUploadDays",
+    "workers_ready_timeout_minutes": "ray-eks:workersReadyTimeoutMinutes",
+    "gpu_reservation_id": "ray-eks:gpuReservationId",
+    "gpu_reservation_type": "ray-eks:gpuReservationType",
+    "gpu_reservation_instance_type": "ray-eks:gpuReservationInstanceType",
+    "gpu_reservation_availability_zone": "ray-eks:gpuReservationAvailabilityZone",
+    "gpu_reservation_instance_count": "ray-eks:gpuReservationInstanceCount",
+    "gpu_reservation_start": "ray-eks:gpuReservationStart",
+    "gpu_reservation_end": "ray-eks:gpuReservationEnd",
+}
+
+
+def test_every_field_has_its_stack_file_key_and_a_docstring():
+    fields = dataclasses.fields(StackConfig)
+    assert {field.name: config_key(field.name) for field in fields} == STACK_FILE_KEYS
+    assert sorted(KNOWN_KEYS) == sorted(STACK_FILE_KEYS.values())
+    # The keys of the committed stack file are all known ones.
+    assert set(read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")) <= set(STACK_FILE_KEYS.values())
     source = (REPO_ROOT / "infra" / "config.py").read_text()
-    for field in dataclasses.fields(StackConfig):
-        assert config_key(field.name) in KNOWN_KEYS
+    for field in fields:
         block = source.split(f"    {field.name}: ", 1)[1].split("\n", 2)
         assert block[1].strip().startswith('"""'), f"{field.name} has no docstring"
 

@@ -27,8 +27,6 @@ from workloads.launch.storage import resolve_storage
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.client.report import loop_summary, parse_prefixed, parse_train_line
 
-pytestmark = pytest.mark.slow
-
 BUCKET, PREFIX = "checkpoints", "runs"
 STEPS, CHECKPOINT_EVERY = 24, 6
 KILL_AFTER_STEP = CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2
@@ -130,6 +128,38 @@ def _attempts(logs: str) -> list[list[dict]]:
     return [[steps[step] for step in sorted(steps)] for steps in by_process.values()]
 
 
+def redone_losses(first: list[dict], second: list[dict], *, resumed: int) -> tuple[list[float], list[float]]:
+    """The losses of the steps both attempts trained (from the resumed checkpoint to the last step
+    logged before the kill), first as the killed attempt logged them, then as the restarted one did.
+    Raises when there are none, or when one of them is missing: then a comparison would prove nothing."""
+    before = {r["step"]: r["loss"] for r in first}
+    again = {r["step"]: r["loss"] for r in second}
+    redone = list(range(resumed + 1, max(before) + 1))
+    if not redone:
+        raise AssertionError(f"no step was redone (killed after step {max(before)}, resumed from step "
+                             f"{resumed}): the kill must land between two checkpoints")
+    missing = [step for step in redone if step not in before or step not in again]
+    if missing:
+        raise AssertionError(f"redone steps {missing} were not logged by both attempts")
+    return [before[step] for step in redone], [again[step] for step in redone]
+
+
+def test_redone_losses_are_the_steps_after_the_resumed_checkpoint():
+    first = [{"step": s, "loss": 10.0 - s} for s in range(1, 10)]
+    second = [{"step": s, "loss": 10.0 - s} for s in range(7, 25)]
+    assert redone_losses(first, second, resumed=6) == ([3.0, 2.0, 1.0], [3.0, 2.0, 1.0])
+
+
+def test_a_kill_that_left_nothing_to_redo_proves_nothing_and_fails():
+    first = [{"step": s, "loss": 10.0 - s} for s in range(1, 7)]
+    second = [{"step": s, "loss": 10.0 - s} for s in range(7, 25)]
+    with pytest.raises(AssertionError, match="no step was redone"):
+        redone_losses(first, second, resumed=6)
+    with pytest.raises(AssertionError, match=r"redone steps \[8\] were not logged by both attempts"):
+        redone_losses(first + [{"step": 8, "loss": 2.0}], second[2:], resumed=7)
+
+
+@pytest.mark.slow
 def test_an_s3_storage_path_reaches_the_endpoint_of_the_standard_aws_environment(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic.invalid:1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")
@@ -143,6 +173,7 @@ def test_an_s3_storage_path_reaches_the_endpoint_of_the_standard_aws_environment
         resolve_storage("nosuch://bucket/prefix")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # reading a checkpoint here
 def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_checkpoint(
     fake_s3, tmp_path
@@ -188,13 +219,12 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
     latest_checkpoint = last_before_kill - last_before_kill % CHECKPOINT_EVERY
     # The latest checkpoint, or the one before it when the kill landed while that one was saving.
     assert resumed in (latest_checkpoint, latest_checkpoint - CHECKPOINT_EVERY) and resumed >= CHECKPOINT_EVERY
-    assert 0 <= redone <= CHECKPOINT_EVERY
+    assert 1 <= redone <= CHECKPOINT_EVERY
     assert second_attempt[0] == resumed + 1 and max(second_attempt) == STEPS
     assert summary["steps_done"] == STEPS - resumed
     # Model, optimizer and data position all came back: each redone step has the loss it had before.
-    before = {r["step"]: r["loss"] for r in first}
-    assert [before[r["step"]] for r in second if r["step"] in before] == pytest.approx(
-        [r["loss"] for r in second if r["step"] in before], rel=1e-6)
+    losses_before, losses_again = redone_losses(first, second, resumed=resumed)
+    assert losses_again == pytest.approx(losses_before, rel=1e-6)
     assert sum(1 for line in logs.splitlines() if parse_prefixed(line, "[transport-gate] ")) >= 2
 
     finished = next(r for r in map(parse_driver_line, logs.splitlines()) if r and r.get("event") == "finished")

@@ -310,6 +310,12 @@ def test_raycluster_is_the_rendered_manifest_and_waits_for_the_operator(program)
     assert worker["resources"]["limits"][EFA_RESOURCE] == str(cfg.gpu_instance.efa_interfaces)
     assert worker["resources"]["limits"][GPU_RESOURCE] == str(cfg.gpu_instance.gpus)
     assert worker["image"] == cfg.ray_image
+    # The operator's release installs the RayCluster CRD: created before it, deleted after it.
+    operator = next(r.name for r in run.of_type("kubernetes:helm.sh/v3:Release")
+                    if r.inputs["chart"] == "kuberay-operator")
+    namespace = run.one("kubernetes:core/v1:Namespace").name
+    ray_cluster = run.one("kubernetes:ray.io/v1:RayCluster").name
+    assert {operator, namespace} <= run.waits_for("kubernetes:ray.io/v1:RayCluster", ray_cluster)
 
 
 def test_checkpoint_bucket_is_private_encrypted_versioned_and_kept(program):

@@ -17,7 +17,7 @@ import yaml
 
 from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
-from infra.raycluster import build_raycluster
+from infra.raycluster import auth_secret_name, build_raycluster, head_service_name
 from infra.sizing import node_allocatable, worker_pod_size
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
@@ -41,10 +41,14 @@ def _strict(schema: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def raycluster_schema(shared_dir: Path) -> jsonschema.protocols.Validator:
+def crd(shared_dir: Path) -> dict:
     # PyYAML's C loader (PyYAML comes with Ray) reads the 17,000-line CRD in well under a second.
     text = (shared_dir / "kuberay" / "ray.io_rayclusters.yaml").read_text()
-    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@pytest.fixture(scope="module")
+def raycluster_schema(crd: dict) -> jsonschema.protocols.Validator:
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema = _strict(version["schema"]["openAPIV3Schema"])
     validator = jsonschema.validators.validator_for(schema)
@@ -55,6 +59,19 @@ def raycluster_schema(shared_dir: Path) -> jsonschema.protocols.Validator:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.gpu_instance_type}x{c.gpu_node_count}")
 def test_manifest_validates_against_the_crd(cfg, raycluster_schema):
     raycluster_schema.validate(build_raycluster(cfg))
+
+
+def test_manifest_is_addressed_as_the_crd_serves_it(crd):
+    # The schema does not constrain apiVersion, kind or metadata: they are checked here.
+    m = build_raycluster(dataclasses.replace(BASE, ray_namespace="training"))
+    served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
+    assert m["apiVersion"] == f"{crd['spec']['group']}/v1" and "v1" in served
+    assert m["kind"] == crd["spec"]["names"]["kind"]
+    assert m["metadata"] == {"name": "ray-train", "namespace": "training"}
+    # KubeRay derives the head Service and the generated token Secret from the cluster's name;
+    # the client looks for them under these names.
+    assert head_service_name() == f"{m['metadata']['name']}-head-svc"
+    assert auth_secret_name() == m["metadata"]["name"]
 
 
 @pytest.mark.parametrize("misspell", ["serviceTyp", "imagePullPolicyy"])
@@ -114,6 +131,26 @@ def test_head_has_no_gpu_runs_on_the_system_node_behind_clusterip_with_token_aut
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
     assert container["image"] == BASE.ray_image
+
+
+def test_the_cluster_is_fixed_size_and_its_jobs_api_listens_on_the_pod_address():
+    m = build_raycluster(BASE)
+    # No autoscaler: the worker group is the node group, sized by the stack (replicas = min = max).
+    assert m["spec"]["enableInTreeAutoscaling"] is False
+    # The head Service and `kubectl port-forward` reach the pod's own address, not its loopback.
+    assert _head(m)["rayStartParams"] == {"num-gpus": "0", "num-cpus": "0", "dashboard-host": "0.0.0.0"}
+
+
+def test_every_mount_is_a_volume_of_its_pod_and_shm_is_memory_backed():
+    m = build_raycluster(BASE)
+    for template in (_head(m)["template"], _worker(m)["template"]):
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        (container,) = template["spec"]["containers"]
+        mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+        assert set(mounts.values()) == set(volumes)
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+        # The image is pinned (tag or digest): pull it once per node, not on every pod start.
+        assert container["imagePullPolicy"] == "IfNotPresent"
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.gpu_instance_type}x{c.gpu_node_count}")

@@ -25,7 +25,7 @@ from workloads.context import SUMMARY_PREFIX, TRAIN_PREFIX
 from workloads.train.loop import train
 from workloads.train.loss import LinearCrossEntropy
 from workloads.train.model import CausalLMWithLoss, build_causal_lm
-from workloads.train.optim import build_optimizer, schedule, set_lr
+from workloads.train.optim import schedule, set_lr
 
 WORLD_SIZE = 2
 # FSDP2 steps against the single-process reference: the two differ only in the order of fp32 sums
@@ -178,7 +178,14 @@ def reference_losses(cfg: TrainConfig) -> list[float]:
     cpu = torch.device("cpu")
     lm = build_causal_lm(cfg.model, device=cpu, seed=cfg.seed)
     model = CausalLMWithLoss(lm, loss=LinearCrossEntropy(implementation="plain"))
-    optimizer = build_optimizer(model, cfg, device=cpu)
+    # Written out here, not taken from build_optimizer, so that a wrong parameter grouping there
+    # cannot cancel out: decay on every weight but the norms and biases, named as HF names them.
+    exempt = [p for n, p in model.named_parameters() if "norm" in n or n.endswith(".bias")]
+    decayed = [p for n, p in model.named_parameters() if not ("norm" in n or n.endswith(".bias"))]
+    optimizer = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": cfg.weight_decay}, {"params": exempt, "weight_decay": 0.0}],
+        lr=schedule(cfg, 1), betas=cfg.betas, eps=1e-8, foreach=True,
+    )
     source = build_source(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=512, model_name_or_path="")
     streams = [
         batches(source, position=0, micro_batch=cfg.micro_batch, rank=r, world_size=WORLD_SIZE)

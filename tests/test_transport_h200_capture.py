@@ -13,7 +13,8 @@ import pytest
 
 from workloads.transport.verify import main
 
-RUNS = Path(__file__).resolve().parent.parent / "docs" / "gpu" / "2026-11-30-h200x2"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNS = REPO_ROOT / "docs" / "gpu" / "2026-11-30-h200x2"
 
 
 @pytest.mark.parametrize(("folder", "exit_code"), [("gate-nvlink-nccl", 0), ("gate-socket-nccl", 1)])
@@ -38,3 +39,19 @@ def test_rehearsal_two_host_logs(expect: str, exit_code: int, capsys: pytest.Cap
     assert main("verify-transport", [*logs, "--expect", expect, "--nodes", "2"]) == exit_code
     out = capsys.readouterr().out
     assert "2 link(s) between nodes over NET/Socket" in out and "on 2 node(s)" in out
+
+
+def _documented_output(command: str) -> str:
+    """The lines docs/TRANSPORT.md shows under `$ <command>`, up to the next command or block end."""
+    doc = (REPO_ROOT / "docs" / "TRANSPORT.md").read_text()
+    after = doc.split(f"$ {command}\n", 1)[1]
+    return after.split("\n$ ", 1)[0].split("\n```", 1)[0] + "\n"
+
+
+@pytest.mark.parametrize("folder", ["gate-nvlink-nccl", "gate-socket-nccl"])
+def test_the_documented_verdicts_are_those_of_the_committed_logs(folder, capsys, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    rel = f"docs/gpu/2026-11-30-h200x2/{folder}"
+    logs = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / rel).glob("*.log"))
+    main("verify-transport", [*logs, "--nodes", "1"])
+    assert capsys.readouterr().out == _documented_output(f"python -m workloads verify-transport {rel}/*.log --nodes 1")

@@ -16,6 +16,8 @@ run() { echo "\$ $*" | tee -a "$out/commands.txt"; "$@"; }
 
 case $what in
 gate)
+  # Each verdict must read only its own run's logs: no NCCL log left from an earlier run in OUT.
+  rm -rf "$out/gate-nvlink" "$out/gate-socket"
   # Passes: ranks on one node must connect through P2P/NVLink, and bandwidth clears the floor.
   run torchrun --nproc-per-node "$gpus" -m workloads.launch.torchrun --preset qwen2.5-1.5b --steps 4 --set checkpoint_every=0 \
       --out "$out/gate-nvlink" 2>&1 | tee "$out/gate-nvlink.txt"

@@ -1,0 +1,96 @@
+"""Figures quoted in docs/ come from records committed beside them (docs/gpu/, docs/cpu/): a
+measured figure with no record behind it, or a transcript that read files that were not kept,
+fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCS = REPO_ROOT / "docs"
+GPU_RECORDS = DOCS / "gpu"
+NUMBER = re.compile(r"\d+\.\d+")
+
+
+def _record_numbers(folder: Path) -> set[str]:
+    return {n for p in folder.rglob("*") if p.is_file() for n in NUMBER.findall(p.read_text(errors="replace"))}
+
+
+def _recorded(figure: str, numbers: set[str]) -> bool:
+    """A figure is recorded when some recorded number, rounded to the figure's decimals, is it."""
+    places = len(figure.split(".")[1])
+    return any(len(n.split(".")[1]) >= places and f"{float(n):.{places}f}" == figure for n in numbers)
+
+
+@pytest.mark.parametrize("doc", ["TRANSPORT.md", "PERFORMANCE.md"])
+def test_every_bandwidth_figure_is_in_a_gpu_record(doc):
+    figures = set(re.findall(r"(\d+\.\d+) GB/s", (DOCS / doc).read_text()))
+    assert figures, f"no bandwidth figure found in {doc}"
+    numbers = _record_numbers(GPU_RECORDS)
+    assert sorted(f for f in figures if not _recorded(f, numbers)) == []
+
+
+def test_every_nccl_log_a_gpu_transcript_reads_is_committed():
+    """The logs a recorded command was run on (its `$ ...` line) are committed; a log a job merely
+    mentions (a rank's gate verdict names its log file) is not evidence of anything."""
+    committed = {p.name for p in GPU_RECORDS.rglob("nccl.*.log")}
+    named = {
+        name
+        for p in GPU_RECORDS.rglob("*.txt")
+        for line in p.read_text(errors="replace").splitlines() if line.startswith("$ ")
+        for name in re.findall(r"nccl\.[\w-]+\.\d+\.log", line)
+    }
+    assert named, "no transcript names an NCCL log"
+    assert sorted(named - committed) == []
+
+
+WORKER_LOSS_RUN = re.compile(
+    r"^fault injection: 1 worker SIGKILLed after step (\d+), resumed from step (\d+), (\d+) step\(s\) redone, "
+    r"recovered and finished in ([\d.]+) s, wall ([\d.]+) s, .*\n(\d+) passed in ([\d.]+)s",
+    re.MULTILINE,
+)
+
+
+def test_the_worker_loss_table_is_the_recorded_runs():
+    record = (DOCS / "cpu" / "2026-12-01-worker-loss" / "runs.txt").read_text()
+    assert "failed" not in record and "ERROR" not in record
+    recorded = [
+        (str(i), killed, resumed, redone, f"{kill_s} s", f"{wall_s} s", f"{pytest_s} s")
+        for i, (killed, resumed, redone, kill_s, wall_s, _, pytest_s) in enumerate(
+            WORKER_LOSS_RUN.findall(record), start=1)
+    ]
+    section = (DOCS / "RELIABILITY.md").read_text().split("## 1. Worker loss", 1)[1].split("\n## ", 1)[0]
+    table = [
+        tuple(cell.strip() for cell in line.strip("|").split("|"))
+        for line in section.splitlines()
+        if re.match(r"^\| \d+ \|", line)
+    ]
+    assert len(recorded) == 5 and table == recorded
+    assert f"Faults injected: {len(recorded)} " in section
+    assert f"Runs survived: {len(recorded)} of {len(recorded)}" in section
+
+
+def _verdicts(name: str) -> dict[str, str]:
+    """Mutant name -> mutmut's verdict symbol, from one recorded run."""
+    lines = (DOCS / "cpu" / "2026-12-01-mutmut" / name).read_text().splitlines()
+    return {mutant: verdict for verdict, mutant in (line.split() for line in lines if line[:1] in "🎉🙁⏰🫥")}
+
+
+def test_the_mutation_table_is_the_recorded_runs():
+    first = _verdicts("3-optim-metrics-raycluster.txt")
+    now = {**_verdicts("6-optim-rerun.txt"), **_verdicts("5-raycluster-after-tests.txt")}
+    rows = {}
+    for line in (DOCS / "MUTATION.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| workloads/") or line.startswith("| infra/"):
+            rows[cells[0]] = [int(re.match(r"\d+", c).group()) for c in cells[1:]]
+    assert set(rows) == {"workloads/train/metrics.py", "workloads/train/optim.py", "infra/raycluster.py"}
+    for path, (total, killed, survived, survived_now, untested) in rows.items():
+        prefix = path.removesuffix(".py").replace("/", ".") + ".x"
+        mine = {m: v for m, v in first.items() if m.startswith(prefix)}
+        counts = {verdict: sum(v == verdict for v in mine.values()) for verdict in "🎉🙁🫥"}
+        assert (total, killed, survived, untested) == (len(mine), counts["🎉"], counts["🙁"], counts["🫥"]), path
+        assert survived_now == sum(v == "🙁" for m, v in now.items() if m.startswith(prefix)), path
