@@ -78,7 +78,7 @@ STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_t
 
 @dataclass(frozen=True, kw_only=True)
 class BenchSettings:
-    preset: str = "qwen2.5-1.5b"
+    preset: str = "qwen2.5-1.5b-synthetic"
     """The loop's config preset both strategies start from (`workloads.train.config.PRESETS`)."""
     steps: int = 30
     """Optimizer steps per run."""

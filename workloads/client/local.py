@@ -3,7 +3,8 @@
 Starts a Ray head on 127.0.0.1 (dashboard and Jobs API on a free port, token authentication on as
 on EKS) and a second Ray node, each offering a fixed number of logical CPUs so that the workers
 land on both nodes; submits the "demo-cpu" preset through the same code as `submit --address`;
-prints a summary; writes runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints); and
+prints a summary; writes runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints, and the
+exported model/ with the demo's inputs: workloads/client/demo.py); and
 stops every process it started, also on failure, Ctrl-C or SIGTERM. Other Ray clusters on the
 machine are left alone: each node is one `ray start --block` in its own process group.
 """
@@ -29,7 +30,7 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import submit
+from workloads.client import demo, submit
 from workloads.client.cluster import connect, free_port
 from workloads.client.report import format_summary, loop_summary, summarize, write_report
 
@@ -185,9 +186,10 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     from workloads.train.config import preset, with_overrides
 
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
-    train = with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
+    inputs = demo.demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
+    train = with_overrides(preset(args.preset), [*inputs, *args.set, "transport.expect=any"]).to_dict()
     console.print(f"[bold cyan]local[/] starting a Ray cluster: {spec.nodes} nodes x {spec.cpus_per_node} CPU "
                   f"on 127.0.0.1 (logs in {run_dir})")
     with local_ray_cluster(spec, log_dir=run_dir / "ray") as cluster:
@@ -211,6 +213,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     })
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
+    if outcome.exit_code == submit.EXIT_OK:
+        demo.show_model(run_dir, console, ask=bool(inputs))
     return outcome.exit_code
 
 

@@ -67,6 +67,8 @@ class RunSummary:
     tokens_per_s: Optional[float]
     """Training throughput per worker in tokens/s: the loop's mean over its logging windows after
     the first (start-up), else the median of the reported steps; None when nothing reported it."""
+    eval_loss: Optional[float] = None
+    """The last held-out loss reported, or None when the run did not evaluate."""
 
 
 def summarize(records: list[dict], *, final: Optional[dict] = None) -> RunSummary:
@@ -84,6 +86,7 @@ def summarize(records: list[dict], *, final: Optional[dict] = None) -> RunSummar
         first_loss=float(records[0]["loss"] if first is None else first),
         last_loss=float(records[-1]["loss"]),
         tokens_per_s=None if rate is None else float(rate),
+        eval_loss=next((float(r["eval_loss"]) for r in reversed(records) if r.get("eval_loss") is not None), None),
     )
 
 
@@ -91,6 +94,8 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
     """One progress line: `step 20/60  loss 2.3140  1,234 tokens/s`."""
     step = f"{record['step']}/{total_steps}" if total_steps else str(record["step"])
     text = f"step {step:>9}  loss {float(record['loss']):.4f}"
+    if record.get("eval_loss") is not None:
+        text += f"  eval {float(record['eval_loss']):.4f}"
     if record.get(RATE_KEY) is not None:
         text += f"  {float(record[RATE_KEY]):,.0f} tokens/s/worker"
     if record.get("mfu") is not None:
@@ -100,8 +105,9 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
 
 def format_summary(summary: RunSummary) -> str:
     rate = "n/a" if summary.tokens_per_s is None else f"{summary.tokens_per_s:,.0f}"
+    held_out = "" if summary.eval_loss is None else f" (eval {summary.eval_loss:.4f})"
     return (
-        f"{summary.steps} steps: loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}, "
+        f"{summary.steps} steps: loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}{held_out}, "
         f"{rate} tokens/s per worker"
     )
 
@@ -119,9 +125,14 @@ def write_report(run_dir: Path, *, records: list[dict], summary: RunSummary, met
         json.dumps({**meta, "summary": asdict(summary), "steps": records}, indent=2, sort_keys=True) + "\n"
     )
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], marker="o", markersize=3)
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], marker="o", markersize=3, label="train")
+    evaluated = [r for r in records if r.get("eval_loss") is not None]
+    if evaluated:
+        ax.plot([r["step"] for r in evaluated], [r["eval_loss"] for r in evaluated], marker="s", markersize=4,
+                label="eval (held out)")
+        ax.legend()
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("loss")
     ax.set_title(meta.get("title", "training loss"))
     ax.grid(True, alpha=0.3)
     fig.tight_layout()

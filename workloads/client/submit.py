@@ -37,6 +37,7 @@ from workloads.client.cluster import (
 )
 from workloads.context import GATE_PREFIX
 from workloads.launch.driver import parse_driver_line
+from workloads.client.job_files import check_uploadable, stage_data_file
 from workloads.client.report import format_record, parse_prefixed, parse_train_line, train_records
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
@@ -268,7 +269,7 @@ class SubmitRequest:
 def submit_job(client, request: SubmitRequest) -> str:
     """Upload the staged package with the driver command; returns the job's submission id."""
     with staged_package() as working_dir:
-        submission = build_submission(train=request.train, run_name=request.run_name,
+        submission = build_submission(train=stage_data_file(request.train, working_dir), run_name=request.run_name,
                                       storage_path=request.storage_path, max_failures=request.max_failures,
                                       working_dir=str(working_dir), expect=request.expect)
         return client.submit_job(entrypoint=submission.entrypoint, runtime_env=submission.runtime_env,
@@ -355,7 +356,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
 
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.
-    _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
+    check_uploadable(_train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None)))
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
