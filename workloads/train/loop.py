@@ -118,7 +118,7 @@ def load_weights(
         "node_rank": ctx.node_rank,
         "fetch_s": round(fetch_s, 2),
         "fill_s": round(stats.seconds, 2),
-        "read_gib": round(stats.bytes_read / 2**30, 3),
+        "read_mib": round(stats.bytes_read / 2**20, 1),
         "peak_host_gib": round(metrics.peak_host_memory_gib(), 2),
         "peak_device_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
     }
