@@ -70,6 +70,9 @@ CASES = (
          "the following arguments are required: job_id"),
     Case("workloads", ("run",), 2, "the following arguments are required: --local"),
     Case("workloads", ("run", "--local", "--preset", "nope"), 2, "unknown preset 'nope'"),
+    Case("workloads", ("export",), 2, "name the run: RUN"),
+    Case("workloads", ("export", "no-such-run"), 2, "no-such-run: nothing is stored there"),
+    Case("workloads", ("export", "some.log", "--dtype", "int8"), 2, "invalid choice: 'int8'"),
     Case("infra", (), 2, "the following arguments are required: command"),
     Case("infra", ("render", "--stack", "nope"), 2, "Pulumi.nope.yaml = None: does not exist"),
     Case("infra", ("render", "--stack", "bad"), 2,
@@ -122,4 +125,4 @@ def test_every_cli_is_in_the_table():
     assert {c.module for c in CASES} == {"capacity", "workloads", "infra", "workloads.bench",
                                          "workloads.launch.torchrun"}
     commands = {c.args[0] for c in CASES if c.module == "workloads" and c.args}
-    assert {"submit", "logs", "run", "verify-transport"} <= commands
+    assert {"submit", "logs", "run", "verify-transport", "export"} <= commands

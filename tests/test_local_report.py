@@ -53,3 +53,27 @@ def test_the_report_files(tmp_path):
     assert data["job_id"] == "j" and data["summary"]["last_loss"] == pytest.approx(1 / 3)
     assert [r["step"] for r in data["steps"]] == [5, 10, 15]
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_held_out_loss_reaches_the_progress_line_the_summary_and_the_plot(tmp_path):
+    records = [{"step": 5, "loss": 3.0}, {"step": 10, "loss": 2.0, "eval_loss": 2.5},
+               {"step": 15, "loss": 1.5}, {"step": 20, "loss": 1.0, "eval_loss": 1.25}]
+    assert report.format_record(records[1], total_steps=20).startswith("step     10/20  loss 2.0000  eval 2.5000")
+    assert "eval" not in report.format_record(records[0])
+    summary = report.summarize(records)
+    assert summary.eval_loss == 1.25
+    assert "20 steps: loss 3.0000 -> 1.0000 (eval 1.2500)" in report.format_summary(summary)
+    assert report.summarize(records[:1]).eval_loss is None
+    import matplotlib.pyplot as plt
+
+    saved = []
+    original = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: (saved.append(fig), original(fig, *a, **k))[1]
+    try:
+        report.write_report(tmp_path, records=records, summary=summary, meta={"title": "t"})
+    finally:
+        plt.Figure.savefig = original
+    (ax,) = saved[0].axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["eval (held out)"].get_xdata()) == [10, 20]
+    assert list(lines["eval (held out)"].get_ydata()) == [2.5, 1.25]
