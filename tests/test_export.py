@@ -30,6 +30,7 @@ from workloads.train.loop import (
     shard_model,
     train_step,
 )
+from workloads.train.model import model_config
 from workloads.train.optim import build_optimizer
 
 BUCKET = "runs"
@@ -54,7 +55,7 @@ def trained(tmp_path_factory):
         model, _ = build_model(cfg, device=CPU, pretrained=base)
         model = shard_model(model, cfg, ctx=ctx, device=CPU)
         load_weights(model, base, ctx=ctx, device=CPU, fetch_s=0.0)
-        metadata = model_metadata(cfg, lm=model.lm, pretrained=base, data=data)
+        metadata = model_metadata(cfg, config=model_config(cfg.model, pretrained=base), pretrained=base, data=data)
         optimizer = build_optimizer(model, cfg, device=CPU)
         stream = batches(data.train, position=0, micro_batch=4, rank=0, world_size=1)
         for step in range(1, 5):
@@ -96,6 +97,21 @@ def test_the_runs_own_export_round_trips_exactly_and_generates(trained):
     out = model.generate(**prompt, max_new_tokens=4, do_sample=False, eos_token_id=None)
     assert out.shape[1] == prompt["input_ids"].shape[1] + 4
     assert isinstance(greedy_generate(folder, "What is the capital of France?", max_new_tokens=4), str)
+
+
+def test_auto_export_dtype_is_the_one_the_model_was_published_in(tmp_path):
+    from workloads.train.data import Data
+    from workloads.train.model import causal_lm_on_meta
+
+    base = write_toy_model(tmp_path / "bf16", dtype=torch.bfloat16)
+    cfg = with_overrides(preset("demo-cpu"), [f"model.name_or_path={base}"])
+    config = model_config(cfg.model, pretrained=base)
+    lm = causal_lm_on_meta(config)
+    assert next(lm.parameters()).dtype == torch.float32  # trained in fp32 master weights
+    data = Data(train=None, eval=None, eval_rows=0, tokenizer=None, end_of_turn=None, stats={})
+    assert model_metadata(cfg, config=config, pretrained=base, data=data).dtype == torch.bfloat16
+    named = with_overrides(preset("demo-cpu"), [])
+    assert model_metadata(named, config=model_config(named.model), pretrained=None, data=data).dtype == torch.float32
 
 
 def test_any_checkpoint_consolidates_from_its_shards(trained, tmp_path):

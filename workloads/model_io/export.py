@@ -19,6 +19,7 @@ import json
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -260,7 +261,9 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> t
     for group in _groups(names, sizes, MAX_SHARD_BYTES):
         state = {prefix + n: torch.empty(stored[prefix + n].size, dtype=stored[prefix + n].properties.dtype)
                  for n in group}
-        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
         for n in group:
             writer.add(n, state[prefix + n].to(dtype))
         del state
@@ -377,14 +380,16 @@ def greedy_generate(folder: Path, prompt: str, *, max_new_tokens: int = 24) -> s
     chat template when it has one, as a user turn); returns the new text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
     model.eval()
     if tokenizer.chat_template:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     else:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    ids = ids.to(device)
     with torch.no_grad():
         output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                 do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)

@@ -107,9 +107,12 @@ def resume(
 
 
 def load_weights(
-    model: CausalLMWithLoss, pretrained: Path, *, ctx: TrainContext, device: torch.device, fetch_s: float
+    model: CausalLMWithLoss, pretrained: Path, *, ctx: TrainContext, device: torch.device, fetch_s: float,
+    build_s: float = 0.0,
 ) -> list[dict]:
-    """Fill this rank's shards from the pretrained folder; every rank's load figures, rank order."""
+    """Fill this rank's shards from the pretrained folder; every rank's load figures, rank order:
+    seconds to fetch the folder, to build and shard the empty model, to fill the shards; bytes read;
+    peak host memory so far and peak GPU memory of the fill (the shards and one slice in flight)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     stats = load_pretrained(model.lm, pretrained, device=device)
@@ -117,6 +120,7 @@ def load_weights(
         "rank": ctx.rank,
         "node_rank": ctx.node_rank,
         "fetch_s": round(fetch_s, 2),
+        "build_s": round(build_s, 2),
         "fill_s": round(stats.seconds, 2),
         "read_mib": round(stats.bytes_read / 2**20, 1),
         "peak_host_gib": round(metrics.peak_host_memory_gib(), 2),
@@ -129,17 +133,18 @@ def load_weights(
     return everyone
 
 
-def model_metadata(cfg: TrainConfig, *, lm: torch.nn.Module, pretrained: Optional[Path], data: Data) -> ModelMetadata:
-    """What each checkpoint's `model/` folder holds besides the weights."""
+def model_metadata(cfg: TrainConfig, *, config, pretrained: Optional[Path], data: Data) -> ModelMetadata:
+    """What each checkpoint's `model/` folder holds besides the weights; `config` is the model's as
+    read from its source (building the model in fp32 rewrites the built model's dtype)."""
     tokenizer = data.tokenizer
     if tokenizer is None and pretrained is not None and any(pretrained.glob("tokenizer*")):
         tokenizer = load_tokenizer(str(pretrained))
     extra_eos = [] if data.end_of_turn is None else [data.end_of_turn]
     return ModelMetadata(
-        config=lm.config,
-        generation_config=generation_config_for(lm.config, source=pretrained, extra_eos=extra_eos),
+        config=config,
+        generation_config=generation_config_for(config, source=pretrained, extra_eos=extra_eos),
         tokenizer=tokenizer,
-        dtype=resolve_dtype(cfg.export_dtype, lm.config),
+        dtype=resolve_dtype(cfg.export_dtype, config),
     )
 
 
@@ -287,7 +292,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     started = time.perf_counter()
     pretrained = fetch_pretrained(cfg)
     fetch_s = time.perf_counter() - started
-    vocab_size = model_config(cfg.model, pretrained=pretrained).vocab_size
+    config = model_config(cfg.model, pretrained=pretrained)
+    vocab_size = config.vocab_size
     eval_rows = cfg.eval_batches * cfg.micro_batch * ctx.world_size if cfg.eval_every else 0
     data = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
                       model_name_or_path=str(pretrained or cfg.model.name_or_path), eval_rows=eval_rows,
@@ -299,13 +305,15 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         data.eval, rows=data.eval_rows, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size,
         max_batches=cfg.eval_batches)
 
+    built = time.perf_counter()
     model, shape = build_model(cfg, device=device, pretrained=pretrained)
     model = shard_model(model, cfg, ctx=ctx, device=device)
     load = None
     if pretrained is not None:
-        load = load_weights(model, pretrained, ctx=ctx, device=device, fetch_s=fetch_s)
+        load = load_weights(model, pretrained, ctx=ctx, device=device, fetch_s=fetch_s,
+                            build_s=time.perf_counter() - built)
         print_rank0(ctx, LOAD_PREFIX, {"source": cfg.model.name_or_path, "ranks": load})
-    metadata = model_metadata(cfg, lm=model.lm, pretrained=pretrained, data=data)
+    metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
     stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)

@@ -12,6 +12,7 @@ model (workloads/model_io/load.py).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -54,9 +55,11 @@ def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> Pre
 
 
 def causal_lm_on_meta(config) -> PreTrainedModel:
-    """The model of `config` with its parameters on the meta device (no memory) and real buffers."""
+    """The model of `config` with its parameters on the meta device (no memory) and real buffers.
+    It gets a copy of `config`: building in fp32 rewrites the config's dtype, which the caller still
+    needs (the dtype the model was published in is the one it is exported in)."""
     with parameters_on_meta():
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32)
 
 
 def load_pretrained(lm: nn.Module, folder: Path, *, device: torch.device) -> LoadStats:
