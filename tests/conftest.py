@@ -39,34 +39,3 @@ def fake_aws_session(botocore_session):
 
     return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                          region_name="us-west-2", botocore_session=botocore_session)
-
-
-@pytest.fixture(scope="module")
-def moto_s3():
-    """A moto S3 server on 127.0.0.1 and the standard AWS environment pointing at it (so pyarrow,
-    boto3 and processes started from the test reach it as they would reach S3); yields a boto3
-    client on it. One server per test module."""
-    import logging
-    import socket
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
-                            "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}.items():
-            env.setenv(name, value)
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-            env.delenv(name, raising=False)
-        try:
-            yield boto3.client("s3", endpoint_url=endpoint)
-        finally:
-            server.stop()

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from moto_s3 import moto_s3  # noqa: F401  (a fixture)
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

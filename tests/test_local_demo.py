@@ -1,12 +1,10 @@
 """`make demo`'s code path end to end (`python -m workloads run --local` as a subprocess): a two-node
-local Ray cluster, the real loop fine-tuning a toy pretrained model on toy chats, a falling loss and
-an eval loss, the run report, the exported model answering a question, and no process left behind,
-also when the demo is stopped with SIGTERM."""
+local Ray cluster, the real loop, a falling loss, the run report, and no process left behind, also
+when the demo is stopped with SIGTERM."""
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -70,9 +68,8 @@ def _assert_all_stopped(groups: set[int]) -> None:
     assert not _in_groups(groups)  # the nodes, and every process they started in their groups
 
 
-def test_the_demo_trains_on_two_nodes_writes_its_report_exports_and_stops_everything(tmp_path):
-    proc = _demo(tmp_path, "--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10",
-                 "--set", "checkpoint_every=10")
+def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path):
+    proc = _demo(tmp_path, "--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10")
     head = _read_until(proc, "Jobs API at")
     groups = _node_groups(proc)
     out = "".join(head) + proc.communicate(timeout=300)[0]
@@ -83,18 +80,20 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_exports_and_stops_everyt
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "SUCCEEDED" and report["cluster"]["nodes"] == 2
     assert [r["step"] for r in report["steps"]] == [5, 10, 15, 20]
-    assert [r["step"] for r in report["steps"] if "eval_loss" in r] == [10, 20]
     summary = report["summary"]
-    assert summary["last_loss"] < 0.8 * summary["first_loss"] and summary["eval_loss"] is not None
-    assert f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} (eval {summary['eval_loss']:.4f})" in out
-    # The toy pretrained model fine-tuned on the toy chats (sent with the job), exported and asked.
-    assert report["config"]["model"]["name_or_path"] == str(run_dir / "base-model")
-    assert report["loop_summary"]["data"]["chats"] > 0
-    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (run_dir / "model").iterdir()}
-    assert re.search(r"generate What is the capital of France\? -> \S", out), out
+    assert summary["last_loss"] < 0.8 * summary["first_loss"]
+    assert f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}" in out
     assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert "[train]" in (run_dir / "job.log").read_text()
     _assert_all_stopped(groups)
+    # The demo fine-tunes a toy pretrained model on toy chats (sent with the job), evaluates on held-out
+    # chats, exports the model to runs/<stamp>/model/, loads it back and asks it a question.
+    assert report["config"]["model"]["name_or_path"] == str(run_dir / "base-model")
+    assert report["loop_summary"]["data"]["chats"] > 0
+    assert [r["step"] for r in report["steps"] if "eval_loss" in r] == [10, 20]
+    assert f"(eval {summary['eval_loss']:.4f})" in out
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (run_dir / "model").iterdir()}
+    assert "generate What is the capital of France? -> " in out
 
 
 def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from moto_s3 import moto_s3  # noqa: F401  (a fixture)
 from safetensors.torch import load_file
 
 from workloads.model_io.architectures import named_architecture

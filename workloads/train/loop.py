@@ -1,12 +1,12 @@
 """The training loop, shared by the Ray Train and torchrun adapters; it never imports Ray.
 
 `train(cfg, ctx)` expects the default process group to exist already. It only calls small named
-steps: fetch the pretrained model (once per node), read and pack the data, build the model on the
-meta device, shard it, fill the shards from the pretrained weights, build the optimizer, resume from
-the latest checkpoint, run the transport gate, check that packed samples cannot attend to each
-other, then step, evaluate, report and save; the final checkpoint also gets the trained model as a
-Hugging Face folder. Values are read back from the device only on log steps, so other steps queue
-work without waiting for it.
+steps: run the transport gate, fetch the pretrained model (once per node), read and pack the data,
+build the model on the meta device, shard it, fill the shards from the pretrained weights, build the
+optimizer, resume from the latest checkpoint, check that packed samples cannot attend to each other,
+then step, evaluate, report and save; the final checkpoint also gets the trained model as a Hugging
+Face folder. Values are read back from the device only on log steps, so other steps queue work
+without waiting for it.
 """
 
 from __future__ import annotations
@@ -287,8 +287,22 @@ def print_rank0(ctx: TrainContext, prefix: str, payload: dict) -> None:
         print(prefix + json.dumps(payload, separators=(",", ":")), flush=True)
 
 
+def nodes_in_run(ctx: TrainContext, *, device: torch.device) -> int:
+    """How many nodes the ranks run on (node ranks are 0..N-1): the hosts that trained."""
+    highest = torch.tensor([ctx.node_rank], dtype=torch.int64, device=device)
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+    return int(highest.item()) + 1
+
+
 def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     device = resolve_device(ctx)
+    # First, before the model is built or a checkpoint restored: a wrong transport is found in
+    # seconds, not after minutes of loading (TransportGateError on every rank).
+    gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
+    print_rank0(
+        ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
+    )
+    nodes = nodes_in_run(ctx, device=device)
     started = time.perf_counter()
     pretrained = fetch_pretrained(cfg)
     fetch_s = time.perf_counter() - started
@@ -317,10 +331,6 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
     stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)
-    gate = run_transport_gate(cfg.transport, ctx=ctx, device=device)
-    print_rank0(
-        ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
-    )
     first_batch = next(stream)
     if first_batch.position_ids is not None and packed_attention_leaks(model, first_batch, vocab_size=shape.vocab_size):
         raise RuntimeError(
@@ -396,6 +406,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "steps_done": max(0, cfg.steps - progress.step),
         "resumed_from_step": progress.step,
         "world_size": ctx.world_size,
+        "nodes": nodes,
         "loss_implementation": model.loss.implementation,
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
