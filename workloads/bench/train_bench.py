@@ -118,7 +118,7 @@ class BenchSettings:
 
 
 def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
-    """The preset with the benchmark's shape; no checkpoints and no transport gate, which run
+    """The preset with the benchmark's shape; no checkpoints, evaluations or transport gate, which run
     outside the steps (the gate is measured by `python -m workloads.bench nccl`)."""
     base = preset(settings.preset)
     return dataclasses.replace(
@@ -129,6 +129,7 @@ def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
         warmup_steps=min(base.warmup_steps, settings.steps - 1),
         seed=settings.seed,
         checkpoint_every=0,
+        eval_every=0,
         transport=dataclasses.replace(base.transport, enabled=False),
     )
 
