@@ -60,6 +60,8 @@ def test_demo_preset_is_small_learnable_evaluates_and_checkpoints():
         ({"data": {"eval_fraction": 0.9}}, r"data.eval_fraction is 0.9: use a share in \[0, 0.5\]"),
         ({"data": {"max_examples": -1}}, r"data.max_examples is -1"),
         ({"eval_every": -1}, r"eval_every is -1: it must be 0 or more"),
+        ({"eval_every": 5, "model": {"name_or_path": "org/m"}, "data": {"kind": "jsonl", "path": "a.jsonl",
+          "eval_fraction": 0}}, r"eval_every is 5 but data.eval_fraction is 0, so nothing is held out"),
         ({"eval_batches": 0}, r"eval_batches is 0: it must be at least 1"),
         ({"export_dtype": "fp8"}, r"export_dtype is 'fp8': use one of 'auto', 'float32', 'bfloat16', 'float16'"),
         ({"transport": {"expect": "tcp"}}, r"transport.expect is 'tcp': use one of 'efa', 'any'"),

@@ -213,3 +213,15 @@ def test_training_stops_before_its_first_step_on_an_unknown_model(hub_without_th
     finally:
         dist.destroy_process_group()
     assert reports == []
+
+
+def test_a_hub_datasets_split_is_found_by_the_hubs_file_names():
+    from workloads.model_io.sources import split_files
+
+    names = ["README.md", "data/train_sft-00000-of-00003-a3.parquet", "data/train_sft-00001-of-00003-0a.parquet",
+             "data/test_sft-00000-of-00001-f7.parquet", "data/train_gen-00000-of-00003-a6.parquet",
+             "default/train/0000.parquet", "train.jsonl", "train_sft_notes.txt"]
+    assert split_files(names, split="train_sft") == ["data/train_sft-00000-of-00003-a3.parquet",
+                                                      "data/train_sft-00001-of-00003-0a.parquet"]
+    assert split_files(names, split="train") == ["default/train/0000.parquet", "train.jsonl"]
+    assert split_files(names, split="validation") == []

@@ -42,6 +42,6 @@ def show_model(run_dir: Path, console: Console, *, ask: bool) -> Optional[Path]:
         return None
     console.print(f"[bold]model[/]   {result.out} ({result.dtype}, {result.how} from {Path(result.checkpoint).name})")
     if ask:
-        answer = greedy_generate(Path(result.out), DEMO_PROMPT)
+        answer = greedy_generate(result.local_folder, DEMO_PROMPT)
         console.print(f"[bold]generate[/] {DEMO_PROMPT} -> [bold green]{answer}[/]")
-    return Path(result.out)
+    return result.local_folder

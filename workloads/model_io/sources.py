@@ -141,6 +141,7 @@ def fetch_model(spec: str, *, revision: str = "", cache_dir: str = "", what: str
         started = time.monotonic()
         hub_download(spec, repo_type="model", revision=revision, target=target,
                      allow_patterns=list(MODEL_FILE_PATTERNS), endpoint=endpoint)
+        check_model_folder(target, spec=spec, what=what)  # before it becomes a cache entry
         log(f"downloaded {spec} in {time.monotonic() - started:.1f} s")
 
     entry = fill_once(cache_root(cache_dir), entry_name("hub", spec, revision or "default"), fill)

@@ -210,6 +210,11 @@ class TrainConfig:
             raise ValueError(f"betas is {self.betas}: use two values in [0, 1), e.g. [0.9, 0.95]")
         if not self.peak_flops > 0:
             raise ValueError(f"peak_flops is {self.peak_flops}: use the device's dense bf16 FLOP/s")
+        if self.eval_every and self.data.kind != "synthetic" and self.data.eval_fraction == 0:
+            raise ValueError(
+                f"eval_every is {self.eval_every} but data.eval_fraction is 0, so nothing is held out: "
+                "set data.eval_fraction (e.g. 0.05) or eval_every=0"
+            )
         if self.data.kind != "synthetic" and not self.data.tokenizer and self.model.is_named_architecture:
             raise ValueError(
                 f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "

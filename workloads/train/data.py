@@ -34,7 +34,7 @@ from workloads.train.packing import PackedRows, pack
 from workloads.train.records import read_records
 
 EVAL_STREAM = 7_919
-"""Offset of the seed of the synthetic held-out stream, so it never repeats a training sample."""
+"""Offset of the seed of the synthetic held-out stream: samples drawn apart from the training ones."""
 
 
 @dataclass(frozen=True)
