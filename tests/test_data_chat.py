@@ -33,10 +33,10 @@ def tokenizer():
 def test_only_the_assistant_turns_are_targets(tokenizer):
     example = encode_chat(tokenizer, Record(where="t:1", messages=CHAT))
     assert example.tokens == tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"]
-    targets = [t for t, is_target in zip(example.tokens, example.targets) if is_target]
+    targets = [t for t, is_target in zip(example.tokens, example.targets, strict=True) if is_target]
     # Each assistant turn's content, its end-of-turn token and the newline the template puts after it.
     assert tokenizer.decode(targets) == f"Paris.{IM_END}\nCold.{IM_END}\n"
-    context = tokenizer.decode([t for t, is_target in zip(example.tokens, example.targets) if not is_target])
+    context = tokenizer.decode([t for t, is_target in zip(example.tokens, example.targets, strict=True) if not is_target])
     for message in CHAT[:2] + CHAT[3:4]:
         assert message["content"] in context
     assert "Paris" not in context and "Cold" not in context

@@ -19,7 +19,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
 from workloads.model_io.export import EXPORT_DTYPES, export_run, greedy_generate
@@ -71,7 +70,8 @@ def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
     if args.generate:
         assert result.local_folder is not None
-        print(f"generate {args.generate!r} -> {greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens)!r}")
+        answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens)
+        print(f"generate {args.generate!r} -> {answer!r}")
     return EXIT_OK
 
 

@@ -328,7 +328,10 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
     else:
         chosen = folders[-1]
     container = chosen.rpartition("/")[0]
-    default_out = source.join(container, MODEL_DIR) if chosen else locate(run.rstrip("/").rpartition("/")[0] or ".").join(MODEL_DIR)
+    if chosen:
+        default_out = source.join(container, MODEL_DIR)
+    else:  # RUN is a checkpoint folder: next to it
+        default_out = locate(run.rstrip("/").rpartition("/")[0] or ".").join(MODEL_DIR)
     dest = locate(out) if out else default_out
     if dest.files():
         if not overwrite:

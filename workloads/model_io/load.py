@@ -96,7 +96,7 @@ def _local_part(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
     """The tensor this rank holds and where it sits in the full tensor."""
     if isinstance(tensor, DTensor):
         (chunk,) = tensor.__create_chunk_list__()
-        where = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))
+        where = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
         local = tensor.to_local()
         assert tuple(local.shape) == tuple(chunk.sizes), (local.shape, chunk.sizes)
         return local, where

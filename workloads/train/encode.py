@@ -80,7 +80,8 @@ def encode_records(tokenizer, records: list[Record]) -> list[Example]:
         raise ValueError("the tokenizer has no EOS token: text documents cannot be separated")
     texts = [i for i, r in enumerate(records) if not r.is_chat]
     out: list[Optional[Example]] = [None] * len(records)
-    for i, example in zip(texts, encode_texts(tokenizer, [records[i].text for i in texts], eos_id=tokenizer.eos_token_id)):
+    encoded = encode_texts(tokenizer, [records[i].text for i in texts], eos_id=tokenizer.eos_token_id)
+    for i, example in zip(texts, encoded, strict=True):
         out[i] = example
     for i, record in enumerate(records):
         if record.is_chat:
@@ -99,7 +100,7 @@ def end_of_turn_id(tokenizer) -> Optional[int]:
     special = set(tokenizer.all_special_ids) | {
         i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)
     }
-    for token, (s, _) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+    for token, (s, _) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True):
         if start <= s < end and token in special:
             return token
     return None

@@ -64,7 +64,9 @@ def fit_to_length(example: Example, *, seq_len: int, split: bool) -> list[Exampl
             for s in range(0, n - 1, seq_len)]
 
 
-def pack(examples: list[Example], *, seq_len: int, pad_id: int, split_long: list[bool]) -> tuple[PackedRows, PackingStats]:
+def pack(
+    examples: list[Example], *, seq_len: int, pad_id: int, split_long: list[bool]
+) -> tuple[PackedRows, PackingStats]:
     """Pack `examples` (split_long[i]: cut example i into windows rather than truncate it)."""
     rows_in, rows_lab, rows_pos = [], [], []
     cur_in: list[int] = []
@@ -84,7 +86,8 @@ def pack(examples: list[Example], *, seq_len: int, pad_id: int, split_long: list
         pieces = fit_to_length(example, seq_len=seq_len, split=split)
         truncated += int(not split and len(example.tokens) > seq_len + 1)
         for piece in pieces:
-            labels = [t if target else IGNORE_INDEX for t, target in zip(piece.tokens[1:], piece.targets[1:])]
+            labels = [t if target else IGNORE_INDEX
+                      for t, target in zip(piece.tokens[1:], piece.targets[1:], strict=True)]
             n_labels = sum(label != IGNORE_INDEX for label in labels)
             if n_labels == 0:
                 dropped += 1
