@@ -225,3 +225,30 @@ def test_a_hub_datasets_split_is_found_by_the_hubs_file_names():
                                                       "data/train_sft-00001-of-00003-0a.parquet"]
     assert split_files(names, split="train") == ["default/train/0000.parquet", "train.jsonl"]
     assert split_files(names, split="validation") == []
+
+
+def test_compiled_layers_load_and_export_under_their_file_names(saved_model, tmp_path):
+    """The GPU presets compile each decoder layer, which puts `_orig_mod.` into parameter names;
+    neither the load nor the export may see it (compilation is lazy: nothing compiles here)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workloads.model_io.export import write_weights_from_shards
+    from workloads.train.config import ModelConfig, TrainConfig
+    from workloads.train.loop import build_model
+    from workloads.train.model import load_pretrained
+    from workloads.train.parallel import parallelize
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model, _ = build_model(TrainConfig(model=ModelConfig(name_or_path=str(saved_model))),
+                               device=torch.device("cpu"), pretrained=saved_model)
+        parallelize(model, mesh=init_device_mesh("cpu", (1,)), compile=True, mixed_precision=False,
+                    reshard_after_forward=True)
+        assert any("_orig_mod." in name for name, _ in model.lm.named_parameters())
+        load_pretrained(model.lm, saved_model, device=torch.device("cpu"))
+        write_weights_from_shards(model.lm, tmp_path / "out", dtype=torch.bfloat16, writer_rank=True)
+    finally:
+        dist.destroy_process_group()
+    saved, written = load_file(saved_model / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert written.keys() == saved.keys()
+    assert all(torch.equal(written[k], saved[k]) for k in saved)  # bf16 in, fp32 master, bf16 out: exact

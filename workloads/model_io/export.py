@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from workloads.model_io.load import INDEX_FILE, tensor_aliases
+from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
 from workloads.model_io.storage import Location, locate
 
 MODEL_DIR = "model"
@@ -172,7 +172,7 @@ def write_weights_from_shards(lm: nn.Module, folder: Path, *, dtype: torch.dtype
             tensor = state[name]
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             if writer is not None:
-                writer.add(name, full.detach().to(device="cpu", dtype=dtype))
+                writer.add(file_name(name), full.detach().to(device="cpu", dtype=dtype))
             del full
     if writer is None:
         return 0

@@ -70,6 +70,15 @@ def weight_files(folder: Path) -> dict[str, Path]:
     return mapping
 
 
+COMPILED_WRAPPER = "_orig_mod."
+"""What torch.compile's wrapper adds to the names of a compiled module's parameters."""
+
+
+def file_name(name: str) -> str:
+    """A parameter's name as a Hugging Face file has it: without torch.compile's wrapper."""
+    return name.replace(COMPILED_WRAPPER, "")
+
+
 def persistent_buffer_names(module: nn.Module) -> list[str]:
     names = []
     for prefix, owner in module.named_modules():
@@ -80,8 +89,9 @@ def persistent_buffer_names(module: nn.Module) -> list[str]:
 
 
 def tensor_aliases(module: nn.Module) -> dict[str, list[str]]:
-    """The name of each distinct parameter and persistent buffer (as `named_parameters` gives it)
-    -> every name it is known by, tied ones included (`lm_head.weight` for a tied embedding)."""
+    """The name of each distinct parameter and persistent buffer (as `named_parameters` gives it,
+    so with torch.compile's `_orig_mod.` where layers are compiled) -> every name it is known by,
+    tied ones included (`lm_head.weight` for a tied embedding)."""
     first: dict[int, str] = {}
     aliases: dict[str, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
@@ -125,18 +135,19 @@ def fill_from_safetensors(module: nn.Module, folder: Path) -> LoadStats:
     stored: dict[str, str] = {}
     missing = []
     for name, names in aliases.items():
-        found = next((n for n in names if n in files), None)
+        found = next((file_name(n) for n in names if file_name(n) in files), None)
         if found is None:
             missing.append(name)
         else:
             stored[name] = found
     if missing:
+        missing = [file_name(n) for n in missing]
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ValueError(
             f"{folder} lacks {len(missing)} tensor(s) the model needs ({shown}): its config.json and weights "
             "do not match"
         )
-    used = {n for names in aliases.values() for n in names}
+    used = {file_name(n) for names in aliases.values() for n in names}
     bytes_read = 0
     with ExitStack() as stack, torch.no_grad():
         handles = {path: stack.enter_context(safe_open(path, framework="pt")) for path in set(files.values())}
