@@ -207,3 +207,27 @@ def test_export_command_by_stack_and_run_name(s3_run, tmp_path, monkeypatch, cap
     assert "/model.safetensors" in _keys(s3_run, "ray-train/tiny-run/model")
     assert export_cli.main("export", ["--stack", "dev"]) == 2
     assert "give either RUN, or --stack NAME with --run NAME" in capsys.readouterr().err
+
+
+NO_PYARROW = """
+import sys
+class NoPyarrow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "pyarrow":
+            raise ImportError("pyarrow is not installed here")
+sys.meta_path.insert(0, NoPyarrow())
+from workloads.client import export
+sys.exit(export.main("export", sys.argv[1:]))
+"""
+
+
+def test_a_local_run_exports_on_a_machine_without_pyarrow(trained, tmp_path, repo_root):
+    """The GPU hosts have torch and transformers but not Ray, which is what brings pyarrow."""
+    import subprocess
+
+    root, weights = trained
+    out = tmp_path / "model"
+    proc = subprocess.run([sys.executable, "-c", NO_PYARROW, str(root / "out"), "--from-shards", "--out", str(out)],
+                          cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_weights(out, weights)

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
-from workloads.model_io.storage import Location, locate
+from workloads.model_io.storage import locate
 
 MODEL_DIR = "model"
 """The Hugging Face folder inside each checkpoint (metadata; the final one also holds the weights)
@@ -294,13 +294,6 @@ class Exported:
     """A local copy of the folder written (the folder itself when `out` is local), or None once gone."""
 
 
-def _clear(location: Location) -> None:
-    if location.remote:
-        location.fs.delete_dir_contents(location.path, missing_dir_ok=True)
-    else:
-        shutil.rmtree(location.path, ignore_errors=True)
-
-
 def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str] = None, dtype: str = "auto",
                from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None) -> Exported:
     """Export a checkpoint of the run at `run` (a local folder or an s3:// prefix; a run folder, a
@@ -336,7 +329,7 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
     if dest.files():
         if not overwrite:
             raise ValueError(f"{dest.uri} already holds files: pass --overwrite to replace them, or choose --out")
-        _clear(dest)
+        dest.clear()
     ckpt = source.join(chosen)
     ckpt_files = {n[len(chosen) + 1 :] if chosen else n: s for n, s in files.items()
                   if not chosen or n.startswith(chosen + "/")}
