@@ -252,3 +252,14 @@ def test_compiled_layers_load_and_export_under_their_file_names(saved_model, tmp
     saved, written = load_file(saved_model / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert written.keys() == saved.keys()
     assert all(torch.equal(written[k], saved[k]) for k in saved)  # bf16 in, fp32 master, bf16 out: exact
+
+
+def test_an_s3_data_file_is_fetched_into_the_node_cache(s3, tmp_path):
+    from workloads.model_io.sources import fetch_data_file
+
+    s3.put_object(Bucket=BUCKET, Key="inputs/chats.jsonl", Body=b'{"text": "hello"}\n')
+    first = fetch_data_file(f"s3://{BUCKET}/inputs/chats.jsonl", cache_dir=str(tmp_path))
+    assert first.read_bytes() == b'{"text": "hello"}\n' and tmp_path in first.parents
+    assert fetch_data_file(f"s3://{BUCKET}/inputs/chats.jsonl", cache_dir=str(tmp_path)) == first
+    with pytest.raises(ValueError, match=r"data.path 's3://models/inputs/nope.jsonl': no such object"):
+        fetch_data_file(f"s3://{BUCKET}/inputs/nope.jsonl", cache_dir=str(tmp_path))
