@@ -207,4 +207,4 @@ def test_bad_options_are_value_errors(argv, message):
 def test_defaults_fit_the_h200_comparison():
     settings = parse_args([])
     assert settings == BenchSettings()
-    assert (settings.preset, settings.seq_len, settings.micro_batches) == ("qwen2.5-1.5b", 2048, (16, 8))
+    assert (settings.preset, settings.seq_len, settings.micro_batches) == ("qwen2.5-1.5b-synthetic", 2048, (16, 8))

@@ -101,6 +101,9 @@ CASES = (
     Case("workloads", ("submit", "--stack", "us-west-2", "--set", "data.kind=jsonl", "--set",
                        "data.path=some.log", "--set", "data.tokenizer=./no-tokenizer"), 2,
          "data.tokenizer './no-tokenizer' is not a file or folder here"),
+    Case("workloads", ("export",), 2, "name the run: RUN"),
+    Case("workloads", ("export", "no-such-run"), 2, "no-such-run: nothing is stored there"),
+    Case("workloads", ("export", "some.log", "--dtype", "int8"), 2, "invalid choice: 'int8'"),
     Case("infra", (), 2, "the following arguments are required: command"),
     Case("infra", ("render", "--stack", "nope"), 2,
          "Pulumi.nope.yaml: does not exist. Fix: run `python -m capacity probe --stack nope`"),
@@ -170,4 +173,4 @@ def test_every_cli_is_in_the_table():
     assert {c.module for c in CASES} == {"capacity", "workloads", "infra", "workloads.bench",
                                          "workloads.launch.torchrun"}
     commands = {c.args[0] for c in CASES if c.module == "workloads" and c.args}
-    assert {"submit", "logs", "run", "verify-transport"} <= commands
+    assert {"submit", "logs", "run", "verify-transport", "export"} <= commands

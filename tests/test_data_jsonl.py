@@ -1,4 +1,5 @@
-"""The data pipeline: synthetic samples, JSONL reading, packing, sharding across ranks, resume."""
+"""The data pipeline: synthetic samples, JSONL and Parquet records, held-out split, sharding across
+ranks, resume. Chat encoding and packing: tests/test_data_chat.py."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from workloads.model_io.sources import fetch_data_file
 from workloads.train.config import DataConfig
 from workloads.train.data import (
     PackedSource,
     SyntheticSource,
     batches,
     global_indices,
-    load_jsonl_source,
-    pack_tokens,
-    read_jsonl_texts,
+    hold_out,
+    load_records_data,
     samples_per_step,
 )
+from workloads.train.packing import PackedRows
+from workloads.train.records import read_records
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -51,69 +54,91 @@ def corpus(tmp_path_factory) -> tuple[Path, Path]:
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def test_pack_tokens_overlaps_by_one_so_every_token_is_a_label_once():
-    samples = pack_tokens([[1, 2, 3], [4, 5]], seq_len=3, eos_id=0)
-    assert samples.tolist() == [[1, 2, 3, 0], [0, 4, 5, 0]]
-    labels = samples[:, 1:].flatten().tolist()
-    assert labels == [2, 3, 0, 4, 5, 0]
-
-
-def test_pack_tokens_too_little_text_names_the_fix():
-    with pytest.raises(ValueError, match="lower seq_len"):
-        pack_tokens([[1, 2]], seq_len=8, eos_id=0)
-
-
-def test_jsonl_is_tokenized_packed_and_separated_by_eos(corpus):
+def test_jsonl_text_is_tokenized_and_each_document_ends_with_eos(corpus):
     jsonl, tokenizer_dir = corpus
-    source = load_jsonl_source(
-        DataConfig(kind="jsonl", path=str(jsonl)),
-        seq_len=16,
-        seed=0,
-        tokenizer_name=str(tokenizer_dir),
-        vocab_size=512,
-    )
-    texts = read_jsonl_texts(jsonl, text_field="text")
-    total_tokens = sum(len(t.split()) + 1 for t in texts)  # each word is one token, plus EOS
-    assert source.samples.shape == ((total_tokens - 1) // 16, 17)
-    first = source.samples[0].tolist()
+    data = load_records_data(DataConfig(kind="jsonl", path=str(jsonl), eval_fraction=0.0, shuffle=False),
+                             seq_len=16, seed=0, vocab_size=512, tokenizer_name=str(tokenizer_dir))
+    texts = [r.text for r in read_records([jsonl])]
+    first = data.train.sample(0)
     expected = [2 + WORDS.index(w) for w in texts[0].split()] + [1]  # ids: <unk>=0, <eos>=1, words from 2
-    assert first[: len(expected)] == expected
-    assert source.samples.min() >= 1  # no <unk>: the tokenizer knows every word
+    n = len(expected) - 1
+    assert first.input_ids[:n].tolist() == expected[:-1] and first.labels[:n].tolist() == expected[1:]
+    assert first.position_ids[:n].tolist() == list(range(n)) and first.position_ids[n] == 0  # the next document
+    rows = data.train.rows
+    assert int((rows.labels != -100).sum()) == data.stats["label_tokens"] == sum(len(t.split()) for t in texts)
+    assert data.stats["records"] == len(texts) and data.eval is None and data.tokenizer is not None
+
+
+def test_held_out_records_are_a_seeded_disjoint_share(corpus):
+    jsonl, tokenizer_dir = corpus
+    cfg = DataConfig(kind="jsonl", path=str(jsonl), eval_fraction=0.1)
+    data = load_records_data(cfg, seq_len=16, seed=3, vocab_size=512, tokenizer_name=str(tokenizer_dir))
+    held = hold_out(60, fraction=0.1, seed=3)
+    assert len(held) == 6 == data.stats["held_out"] and held == hold_out(60, fraction=0.1, seed=3)
+    assert held != hold_out(60, fraction=0.1, seed=4)
+    train_labels = int((data.train.rows.labels != -100).sum())
+    eval_labels = int((data.eval.rows.labels != -100).sum())
+    texts = [r.text for r in read_records([jsonl])]
+    assert eval_labels == sum(len(texts[i].split()) for i in held)
+    assert train_labels + eval_labels == sum(len(t.split()) for t in texts)
 
 
 def test_tokenizer_larger_than_the_model_vocabulary_is_refused(corpus):
     jsonl, tokenizer_dir = corpus
     with pytest.raises(ValueError, match="model's vocabulary has 10"):
-        load_jsonl_source(
-            DataConfig(kind="jsonl", path=str(jsonl)),
-            seq_len=16,
-            seed=0,
-            tokenizer_name=str(tokenizer_dir),
-            vocab_size=10,
-        )
+        load_records_data(DataConfig(kind="jsonl", path=str(jsonl)), seq_len=16, seed=0, vocab_size=10,
+                          tokenizer_name=str(tokenizer_dir))
 
 
 @pytest.mark.parametrize(
     ("line", "match"),
-    [("not json", r"corpus.jsonl:2: not valid JSON"), ('{"body": "w1"}', r":2: no string field 'text'")],
+    [
+        ("not json", r"corpus.jsonl:2: not valid JSON"),
+        ('{"body": "w1"}', r":2: no 'messages' list and no string 'text' field"),
+        ('["w1"]', r":2: a record must be a JSON object, got list"),
+        ('{"messages": []}', r":2: 'messages' must be a non-empty list"),
+        ('{"messages": [{"role": "user", "content": "hi"}]}', r":2: the conversation has no assistant message"),
+        ('{"messages": [{"role": "bot", "content": "hi"}]}', r":2: message 0 has role 'bot'"),
+        ('{"messages": [{"role": "assistant"}]}', r":2: message 0 needs a string 'content'"),
+    ],
 )
 def test_bad_jsonl_lines_are_named(tmp_path, line, match):
     path = tmp_path / "corpus.jsonl"
-    path.write_text('{"text": "w1 w2"}\n' + line + "\n")
-    with pytest.raises(ValueError, match=match):
-        read_jsonl_texts(path, text_field="text")
+    path.write_text('{"text": "w1 w2"}\n\n' + line + "\n")
+    with pytest.raises(ValueError, match=match.replace(":2:", ":3:")):
+        read_records([path])
 
 
-def test_missing_jsonl_file_is_a_clear_error(tmp_path):
+def test_parquet_rows_are_read_as_records_and_named_by_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chat = [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]
+    pq.write_table(pa.table({"messages": [chat, chat], "prompt": ["a", "b"]}), tmp_path / "train-0.parquet")
+    records = read_records([tmp_path / "train-0.parquet"], limit=1)
+    assert len(records) == 1 and records[0].messages == chat
+    pq.write_table(pa.table({"messages": [chat, []]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet:row 1: 'messages' must be a non-empty list"):
+        read_records([tmp_path / "bad.parquet"])
+
+
+def test_missing_or_empty_data_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="is not a file"):
-        read_jsonl_texts(tmp_path / "absent.jsonl", text_field="text")
+        fetch_data_file(str(tmp_path / "absent.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="no records"):
+        read_records([tmp_path / "empty.jsonl"])
+
+
+def _rows(values: torch.Tensor) -> PackedRows:
+    return PackedRows(input_ids=values, labels=values, position_ids=torch.zeros_like(values))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_ranks_read_disjoint_samples_that_cover_an_epoch(shuffle, world_size):
     n, micro_batch = 24, 2
-    source = PackedSource(samples=torch.arange(n)[:, None].repeat(1, 5), seed=3, shuffle=shuffle)
+    source = PackedSource(rows=_rows(torch.arange(n)[:, None].repeat(1, 5)), seed=3, shuffle=shuffle)
     steps = n // samples_per_step(micro_batch=micro_batch, world_size=world_size)
     seen: list[list[int]] = []
     for rank in range(world_size):
@@ -124,9 +149,9 @@ def test_ranks_read_disjoint_samples_that_cover_an_epoch(shuffle, world_size):
 
 
 def test_shuffled_epochs_differ_but_each_covers_every_sample():
-    source = PackedSource(samples=torch.arange(10)[:, None], seed=0, shuffle=True)
-    epoch0 = [int(source.sample(i)[0]) for i in range(10)]
-    epoch1 = [int(source.sample(i)[0]) for i in range(10, 20)]
+    source = PackedSource(rows=_rows(torch.arange(10)[:, None]), seed=0, shuffle=True)
+    epoch0 = [int(source.sample(i).input_ids[0]) for i in range(10)]
+    epoch1 = [int(source.sample(i).input_ids[0]) for i in range(10, 20)]
     assert sorted(epoch0) == sorted(epoch1) == list(range(10))
     assert epoch0 != epoch1
 
@@ -160,11 +185,12 @@ def test_a_data_position_stays_valid_on_another_number_of_ranks():
 def test_synthetic_samples_are_learnable_progressions_and_deterministic():
     source = SyntheticSource(vocab_size=50, seq_len=12, seed=7)
     a, b = source.sample(5), source.sample(5)
-    assert torch.equal(a, b)
-    diffs = set(((a[1:] - a[:-1]) % 50).tolist())
+    assert torch.equal(a.input_ids, b.input_ids) and a.position_ids is None
+    tokens = torch.cat([a.input_ids, a.labels[-1:]])
+    diffs = set(((tokens[1:] - tokens[:-1]) % 50).tolist())
     assert len(diffs) == 1 and diffs <= set(source.strides)
-    assert a.shape == (13,) and a.dtype == torch.int64
-    assert not torch.equal(source.sample(5), SyntheticSource(vocab_size=50, seq_len=12, seed=8).sample(5))
+    assert a.input_ids.shape == a.labels.shape == (12,) and a.input_ids.dtype == torch.int64
+    assert not torch.equal(a.input_ids, SyntheticSource(vocab_size=50, seq_len=12, seed=8).sample(5).input_ids)
 
 
 def test_batch_labels_are_inputs_shifted_by_one():

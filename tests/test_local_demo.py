@@ -71,7 +71,7 @@ def _assert_all_stopped(groups: set[int]) -> None:
 
 
 def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path):
-    proc = _demo(tmp_path, "--set", "steps=20")
+    proc = _demo(tmp_path, "--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10")
     head = _read_until(proc, "Jobs API at")
     groups = _node_groups(proc)
     out = "".join(head) + proc.communicate(timeout=300)[0]
@@ -96,6 +96,14 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert [line.split("[train] ", 1)[1][:10] for line in job_log.splitlines() if "[train] " in line] == [
         '{"step":5,', '{"step":10', '{"step":15', '{"step":20']  # each step once
     _assert_all_stopped(groups)
+    # The demo fine-tunes a toy pretrained model on toy chats (sent with the job), evaluates on held-out
+    # chats, exports the model to runs/<stamp>/model/, loads it back and asks it a question.
+    assert report["config"]["model"]["name_or_path"] == str(run_dir / "base-model")
+    assert report["loop_summary"]["data"]["chats"] > 0
+    assert [r["step"] for r in report["steps"] if "eval_loss" in r] == [10, 20]
+    assert f"(eval {summary['eval_loss']:.4f})" in out
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (run_dir / "model").iterdir()}
+    assert "generate What is the capital of France? -> " in out
 
 
 def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):

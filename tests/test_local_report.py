@@ -133,3 +133,27 @@ def test_an_interrupted_local_run_keeps_the_jobs_log(tmp_path, monkeypatch):
         with local.log_kept_on_interrupt(object(), [], path=tmp_path / "none.log", console=console):
             raise KeyboardInterrupt
     assert not (tmp_path / "none.log").exists()
+
+
+def test_the_held_out_loss_reaches_the_progress_line_the_summary_and_the_plot(tmp_path):
+    records = [{"step": 5, "loss": 3.0}, {"step": 10, "loss": 2.0, "eval_loss": 2.5},
+               {"step": 15, "loss": 1.5}, {"step": 20, "loss": 1.0, "eval_loss": 1.25}]
+    assert report.format_record(records[1], total_steps=20).startswith("step     10/20  loss 2.0000  eval 2.5000")
+    assert "eval" not in report.format_record(records[0])
+    summary = report.summarize(records)
+    assert summary.eval_loss == 1.25
+    assert "20 steps: loss 3.0000 -> 1.0000 (eval 1.2500)" in report.format_summary(summary)
+    assert report.summarize(records[:1]).eval_loss is None
+    import matplotlib.pyplot as plt
+
+    saved = []
+    original = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: (saved.append(fig), original(fig, *a, **k))[1]
+    try:
+        report.write_report(tmp_path, records=records, summary=summary, meta={"title": "t"})
+    finally:
+        plt.Figure.savefig = original
+    (ax,) = saved[0].axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["eval (held out)"].get_xdata()) == [10, 20]
+    assert list(lines["eval (held out)"].get_ydata()) == [2.5, 1.25]

@@ -17,18 +17,26 @@ def test_presets_round_trip_through_json(name):
     assert TrainConfig.from_json(cfg.to_json()) == cfg
 
 
-def test_gpu_preset_is_the_1_5b_shape_in_mixed_precision():
+def test_gpu_preset_fine_tunes_the_pretrained_model_on_the_hub_dataset_in_mixed_precision():
     cfg = preset("qwen2.5-1.5b")
-    assert cfg.model.name_or_path == "qwen2.5-1.5b"
+    assert cfg.model.name_or_path == "Qwen/Qwen2.5-1.5B" and not cfg.model.is_named_architecture
+    assert (cfg.data.kind, cfg.data.path, cfg.data.split) == ("hub", "HuggingFaceH4/ultrachat_200k", "train_sft")
+    assert 0 < cfg.data.eval_fraction and 0 < cfg.eval_every < cfg.steps
     assert (cfg.seq_len, cfg.micro_batch) == (2048, 16)
-    assert cfg.mixed_precision and cfg.fused_linear_ce
+    assert cfg.mixed_precision and cfg.fused_linear_ce and cfg.export_model
 
 
-def test_demo_preset_is_small_learnable_and_checkpoints():
+def test_synthetic_gpu_preset_is_the_same_run_without_downloads():
+    real, synthetic = preset("qwen2.5-1.5b").to_dict(), preset("qwen2.5-1.5b-synthetic").to_dict()
+    assert synthetic["model"]["name_or_path"] == "qwen2.5-1.5b" and synthetic["data"]["kind"] == "synthetic"
+    assert {k for k in real if real[k] != synthetic[k]} == {"model", "data", "eval_every"}
+
+
+def test_demo_preset_is_small_learnable_evaluates_and_checkpoints():
     cfg = preset("demo-cpu")
     assert cfg.model.name_or_path == "tiny-qwen2" and cfg.data.kind == "synthetic"
     assert not cfg.mixed_precision and not cfg.compile
-    assert 40 <= cfg.steps <= 60 and 0 < cfg.checkpoint_every < cfg.steps
+    assert cfg.steps <= 200 and 0 < cfg.checkpoint_every < cfg.steps and 0 < cfg.eval_every < cfg.steps
 
 
 @pytest.mark.parametrize(
@@ -45,9 +53,17 @@ def test_demo_preset_is_small_learnable_and_checkpoints():
         ({"lr": -1.0}, r"lr is -1.0: use a positive learning rate"),
         ({"min_lr_ratio": 2}, r"min_lr_ratio is 2.0"),
         ({"betas": [0.9, 1.5]}, r"betas is \(0.9, 1.5\)"),
-        ({"data": {"kind": "parquet"}}, r"data.kind is 'parquet': use one of synthetic, jsonl"),
+        ({"data": {"kind": "parquet"}}, r"data.kind is 'parquet': use one of synthetic, jsonl, hub"),
         ({"data": {"kind": "jsonl"}}, r"data.path is empty"),
         ({"data": {"kind": "jsonl", "path": "a.jsonl"}}, r"data.tokenizer is empty"),
+        ({"data": {"kind": "hub", "path": "ultrachat"}}, r"kind \"hub\" needs a hub dataset id"),
+        ({"data": {"eval_fraction": 0.9}}, r"data.eval_fraction is 0.9: use a share in \[0, 0.5\]"),
+        ({"data": {"max_examples": -1}}, r"data.max_examples is -1"),
+        ({"eval_every": -1}, r"eval_every is -1: it must be 0 or more"),
+        ({"eval_every": 5, "model": {"name_or_path": "org/m"}, "data": {"kind": "jsonl", "path": "a.jsonl",
+          "eval_fraction": 0}}, r"eval_every is 5 but data.eval_fraction is 0, so nothing is held out"),
+        ({"eval_batches": 0}, r"eval_batches is 0: it must be at least 1"),
+        ({"export_dtype": "fp8"}, r"export_dtype is 'fp8': use one of 'auto', 'float32', 'bfloat16', 'float16'"),
         ({"transport": {"expect": "tcp"}}, r"transport.expect is 'tcp': use one of 'efa', 'any'"),
         ({"transport": {"min_busbw_gbps": "fast"}}, r"transport.min_busbw_gbps must be a number"),
     ],
@@ -114,6 +130,14 @@ def test_invalid_json_is_a_value_error():
                                                       (24, "qwen2.5-1.5b-24gb")])
 def test_the_default_preset_follows_the_gpu_memory(gpu_memory_gib, name):
     assert preset_for_gpu(gpu_memory_gib) == name
+
+
+def test_config_export_dtypes_are_the_exporters():
+    import typing
+
+    from workloads.model_io.export import EXPORT_DTYPES
+
+    assert typing.get_args(typing.get_type_hints(TrainConfig)["export_dtype"]) == EXPORT_DTYPES
 
 
 def test_the_24gb_preset_is_the_same_fine_tune_in_smaller_steps():

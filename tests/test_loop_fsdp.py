@@ -17,10 +17,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_data_jsonl import write_corpus
+from transformers import AutoModelForCausalLM
+
+from workloads.context import DATA_PREFIX, LOAD_PREFIX
+from workloads.model_io.export import consolidate
+from workloads.model_io.toy import toy_conversations, write_chat_jsonl, write_toy_model
 
 from workloads.train.config import TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
-from workloads.train.data import Batch, batches, build_source
+from workloads.train.data import Batch, batches, build_data
 from workloads.context import SUMMARY_PREFIX, TRAIN_PREFIX
 from workloads.train.loop import train
 from workloads.train.loss import LinearCrossEntropy
@@ -41,10 +46,13 @@ REFERENCE_STEPS = 6
 
 def scenarios(root: Path) -> dict[str, dict]:
     jsonl, tokenizer = write_corpus(root / "corpus")
-    demo = preset("demo-cpu")
+    base = write_toy_model(root / "base")
+    chats = write_chat_jsonl(root / "chats.jsonl", toy_conversations(80))
+    demo = with_overrides(preset("demo-cpu"), ["eval_every=0"])
     short = ["log_every=1", "warmup_steps=1", "checkpoint_every=0"]
     return {
-        "learn": {"cfg": with_overrides(demo, ["steps=40", "log_every=10"]), "resume_from": None},
+        "learn": {"cfg": with_overrides(demo, ["steps=40", "log_every=10", "checkpoint_every=20"]),
+                  "resume_from": None},
         "reference": {"cfg": with_overrides(demo, [f"steps={REFERENCE_STEPS}", *short]), "resume_from": None},
         "tuned-bf16": {
             "cfg": with_overrides(demo, [f"steps={REFERENCE_STEPS}", *short, "mixed_precision=true"]),
@@ -69,6 +77,15 @@ def scenarios(root: Path) -> dict[str, dict]:
                     f"data.path={jsonl}",
                     f"data.tokenizer={tokenizer}",
                 ],
+            ),
+            "resume_from": None,
+        },
+        "pretrained-chat": {
+            "cfg": with_overrides(
+                demo,
+                [f"model.name_or_path={base}", "data.kind=jsonl", f"data.path={chats}", "seq_len=32",
+                 "micro_batch=4", "steps=4", "log_every=1", "warmup_steps=1", "checkpoint_every=4",
+                 "eval_every=2", "data.eval_fraction=0.1"],
             ),
             "resume_from": None,
         },
@@ -186,7 +203,7 @@ def reference_losses(cfg: TrainConfig) -> list[float]:
         [{"params": decayed, "weight_decay": cfg.weight_decay}, {"params": exempt, "weight_decay": 0.0}],
         lr=schedule(cfg, 1), betas=cfg.betas, eps=1e-8, foreach=True,
     )
-    source = build_source(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=512, model_name_or_path="")
+    source = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=512, model_name_or_path="").train
     streams = [
         batches(source, position=0, micro_batch=cfg.micro_batch, rank=r, world_size=WORLD_SIZE)
         for r in range(WORLD_SIZE)
@@ -248,3 +265,25 @@ def test_jsonl_data_trains(runs):
     summary = records["jsonl"][0]["summary"]
     assert summary["steps_done"] == 3
     assert 0 < summary["last_loss"] < summary["first_loss"]
+
+
+@pytest.mark.slow
+def test_a_pretrained_chat_fine_tune_evaluates_and_exports_its_model(runs, tmp_path):
+    _, records = runs
+    first = records["pretrained-chat"][0]
+    evaluated = [r["metrics"]["step"] for r in first["reports"] if "eval_loss" in r["metrics"]]
+    assert evaluated == [2, 4] and first["summary"]["eval_loss"] == first["reports"][-1]["metrics"]["eval_loss"]
+    assert [r["metrics"].get("eval_loss") for r in records["pretrained-chat"][1]["reports"]] == [
+        r["metrics"].get("eval_loss") for r in first["reports"]]  # one figure for all ranks
+    lines = first["stdout"].splitlines()
+    data = json.loads(next(line for line in lines if line.startswith(DATA_PREFIX)).removeprefix(DATA_PREFIX))
+    assert data["chats"] == data["records"] == 80 and data["held_out"] == 8
+    load = json.loads(next(line for line in lines if line.startswith(LOAD_PREFIX)).removeprefix(LOAD_PREFIX))
+    assert [r["rank"] for r in load["ranks"]] == [0, 1] and all(r["read_mib"] > 0 for r in load["ranks"])
+    # The model the run exported (gathered from both ranks' shards) is the one its checkpoint holds.
+    checkpoint = Path(first["reports"][-1]["checkpoint_dir"])
+    consolidate(checkpoint, tmp_path / "from-shards")
+    exported = AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict()
+    from_shards = AutoModelForCausalLM.from_pretrained(tmp_path / "from-shards").state_dict()
+    assert exported.keys() == from_shards.keys()
+    assert all(torch.equal(exported[k], from_shards[k]) for k in exported)

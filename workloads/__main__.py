@@ -12,6 +12,7 @@ COMMANDS = {
     "stop": ("workloads.client.submit", "stop a submitted job"),
     "list": ("workloads.client.submit", "list the jobs of a RayCluster"),
     "verify-transport": ("workloads.transport.verify", "check NCCL logs: did ranks talk over EFA?"),
+    "export": ("workloads.client.export", "a run's checkpoint as a Hugging Face folder (local or s3://)"),
 }
 
 

@@ -19,6 +19,10 @@ SUMMARY_PREFIX = "[train-summary] "
 """Rank 0's line at the end of a run, followed by the run's summary as JSON."""
 GATE_PREFIX = "[transport-gate] "
 """Rank 0's line with the in-band transport gate's result, before the first step."""
+DATA_PREFIX = "[data] "
+"""Rank 0's line describing the training data (records, packed rows, held-out share)."""
+LOAD_PREFIX = "[model-load] "
+"""Rank 0's line with every rank's pretrained-weights load: seconds, bytes read, peak memory."""
 
 
 PREFLIGHT_FAILED_KEY = "preflight_failed"

@@ -6,6 +6,8 @@
 #   docs/gpu/record.sh rehearsal OUT   the job path with Ray in the EKS cluster's shape: a GPU-less head,
 #                                      two worker nodes (NCCL_HOSTID each), moto S3, the user's submit
 #                                      command three times (needs Ray and moto: docs/gpu/wheels.sh)
+#   docs/gpu/record.sh load OUT    a full-size Qwen2.5-1.5B folder made here (random weights), loaded into
+#                                  FSDP2 shards, trained (tokens/s at micro-batch 16), exported, reloaded
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -19,12 +21,12 @@ gate)
   # Each verdict must read only its own run's logs: no NCCL log left from an earlier run in OUT.
   rm -rf "$out/gate-nvlink" "$out/gate-socket"
   # Passes: ranks on one node must connect through P2P/NVLink, and bandwidth clears the floor.
-  run torchrun --nproc-per-node "$gpus" -m workloads.launch.torchrun --preset qwen2.5-1.5b --steps 4 --set checkpoint_every=0 \
+  run torchrun --nproc-per-node "$gpus" -m workloads.launch.torchrun --preset qwen2.5-1.5b-synthetic --steps 4 --set checkpoint_every=0 \
       --out "$out/gate-nvlink" 2>&1 | tee "$out/gate-nvlink.txt"
   echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/gate-nvlink.txt"
   # Must stop before the first training step: NCCL is pushed onto TCP sockets.
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run torchrun --nproc-per-node "$gpus" -m workloads.launch.torchrun \
-      --preset qwen2.5-1.5b --steps 4 --set checkpoint_every=0 --out "$out/gate-socket" 2>&1 | tee "$out/gate-socket.txt"
+      --preset qwen2.5-1.5b-synthetic --steps 4 --set checkpoint_every=0 --out "$out/gate-socket" 2>&1 | tee "$out/gate-socket.txt"
   echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/gate-socket.txt"
   for d in gate-nvlink gate-socket; do
     run python3 -m workloads verify-transport "$out/$d"/nccl/*.log --nodes 1 2>&1 | tee -a "$out/$d.txt"
@@ -37,8 +39,62 @@ bench)
   shift 2
   run torchrun --nproc-per-node "$gpus" -m workloads.bench --out "$out/bench" "$@" 2>&1 | tee "$out/bench.txt"
   ;;
+load)
+  # ARCH=tiny-qwen2 PRESET=demo-cpu run the same steps on CPU (two gloo ranks) as a dry run.
+  arch=${ARCH:-qwen2.5-1.5b} preset=${PRESET:-qwen2.5-1.5b-synthetic} ranks=$gpus
+  [ "$ranks" -gt 0 ] || ranks=2
+  model="$out/$arch-random" prompt="What is the capital of France?"
+  # No hub here: the full-size model is made with save_pretrained (bf16, as the hub's), with the toy
+  # tokenizer and toy chats (workloads/model_io/toy.py).
+  run python3 -m workloads.model_io.toy --architecture "$arch" --dtype bfloat16 --out "$model" \
+      --chat-jsonl "$out/chat.jsonl" --conversations 20000 2>&1 | tee "$out/load-make.txt"
+  # For comparison: the whole model as from_pretrained gives it, in fp32, on one GPU.
+  run python3 - "$model" <<'PY' 2>&1 | tee "$out/load-whole.txt"
+import json, resource, sys, time, torch
+from transformers import AutoModelForCausalLM
+cuda = torch.cuda.is_available()
+started = time.perf_counter()
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).to("cuda" if cuda else "cpu")
+if cuda:
+    torch.cuda.synchronize()
+print("[whole-model-load] " + json.dumps({"seconds": round(time.perf_counter() - started, 2),
+      "peak_host_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+      "peak_device_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}))
+PY
+  # The loop's load (meta device, FSDP2, each rank fills its shards from the safetensors files; the
+  # [model-load] line has every rank's seconds, bytes read, peak host and GPU memory), then the
+  # benchmark's steps: synthetic tokens, micro-batch 16 (tokens/s in summary.json), and the final
+  # checkpoint's export (model/ in checkpoint-0000040).
+  run torchrun --nproc-per-node "$ranks" -m workloads.launch.torchrun --preset "$preset" --steps 40 \
+      --set model.name_or_path="$model" --set checkpoint_every=40 --set log_every=10 --set eval_every=0 \
+      --out "$out/load-train" 2>&1 | tee "$out/load-train.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/load-train.txt"
+  # The same model on packed chats (attention kept inside each sample), with the held-out loss.
+  run torchrun --nproc-per-node "$ranks" -m workloads.launch.torchrun --preset "$preset" --steps 30 \
+      --set model.name_or_path="$model" --set data.kind=jsonl --set data.path="$out/chat.jsonl" \
+      --set eval_every=10 --set checkpoint_every=0 --out "$out/load-chat" 2>&1 | tee "$out/load-chat.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/load-chat.txt"
+  # Out: the run's own export, and the same checkpoint consolidated again from its shards; each is
+  # loaded with from_pretrained and generates. The two must hold the same tensors.
+  run python3 -m workloads export "$out/load-train" --out "$out/export-run" --generate "$prompt" 2>&1 | tee "$out/load-export.txt"
+  run python3 -m workloads export "$out/load-train" --from-shards --out "$out/export-shards" --generate "$prompt" \
+      2>&1 | tee -a "$out/load-export.txt"
+  run python3 - "$out/export-run" "$out/export-shards" <<'PY' 2>&1 | tee -a "$out/load-export.txt"
+import sys, torch
+from pathlib import Path
+from safetensors.torch import load_file
+a, b = ({k: v for f in sorted(Path(d).glob("*.safetensors")) for k, v in load_file(f).items()} for d in sys.argv[1:])
+same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+print(f"exports identical: {same} ({len(a)} tensors, {sum(t.numel() for t in a.values()):,} parameters, "
+      f"{next(iter(a.values())).dtype})")
+sys.exit(0 if same else 1)
+PY
+  du -sh "$out"/export-* "$model" | tee -a "$out/load-export.txt"
+  # Checkpoints and model copies are large; keep what the record needs.
+  rm -rf "$out"/load-train/checkpoint-* "$out"/export-* "$model"/*.safetensors
+  ;;
 rehearsal)
   run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" 2>&1 | tee "$out/rehearsal.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|rehearsal OUT" >&2; exit 2 ;;
+*) echo "usage: $0 gate|nccl|bench|rehearsal|load OUT" >&2; exit 2 ;;
 esac

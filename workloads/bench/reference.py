@@ -22,6 +22,7 @@ from workloads.bench.runtime import mean_over_ranks
 from workloads.bench.strategy import StrategyResult
 from workloads.train.config import TrainConfig
 from workloads.context import TrainContext
+from workloads.train.data import build_data
 from workloads.train.loop import device_batches
 from workloads.train.model import build_causal_lm
 
@@ -40,7 +41,9 @@ def train_reference(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device
         device_id=device,
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    data = device_batches(cfg, ctx=ctx, device=device, vocab_size=lm.config.vocab_size, position=0)
+    source = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=lm.config.vocab_size,
+                        model_name_or_path=cfg.model.name_or_path).train
+    data = device_batches(source, cfg, ctx=ctx, device=device, position=0)
     losses = []
     for _ in range(cfg.steps):
         batch = next(data)

@@ -78,7 +78,7 @@ STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_t
 
 @dataclass(frozen=True, kw_only=True)
 class BenchSettings:
-    preset: str = "qwen2.5-1.5b"
+    preset: str = "qwen2.5-1.5b-synthetic"
     """The loop's config preset both strategies start from (`workloads.train.config.PRESETS`)."""
     steps: int = 30
     """Optimizer steps per run."""
@@ -122,7 +122,7 @@ class BenchSettings:
 
 
 def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
-    """The preset with the benchmark's shape; no checkpoints and no transport gate, which run
+    """The preset with the benchmark's shape; no checkpoints, evaluations or transport gate, which run
     outside the steps (the gate is measured by `python -m workloads.bench nccl`)."""
     base = preset(settings.preset)
     return dataclasses.replace(
@@ -133,6 +133,7 @@ def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
         warmup_steps=min(base.warmup_steps, settings.steps - 1),
         seed=settings.seed,
         checkpoint_every=0,
+        eval_every=0,
         transport=dataclasses.replace(base.transport, enabled=False),
     )
 

@@ -103,8 +103,9 @@ def files_for_job(train: dict, *, cwd: Path, upload_absolute: bool
     if total > MAX_UPLOAD_BYTES:
         names = ", ".join(str(local) for local in places)
         raise ValueError(f"the local files the config names ({names}) hold {total / 2**20:,.0f} MiB, more "
-                         f"than the {MAX_UPLOAD_BYTES // 2**20} MiB uploaded with a job: put them where the "
-                         "cluster's nodes can read them and give that absolute path")
+                         f"than the {MAX_UPLOAD_BYTES // 2**20} MiB uploaded with a job: copy them to S3 "
+                         "(aws s3 cp FILE s3://BUCKET/inputs/ --recursive for a folder) and set the field to "
+                         "that s3:// URI, or give a path the cluster's nodes can read")
     return rewritten, tuple((place, local) for local, place in places.items())
 
 

@@ -6,7 +6,8 @@ GPU-less head pod offers no GPU, and two worker nodes that do, each on its own a
 has its own IP (127.0.0.2, 127.0.0.3). It submits the "demo-cpu" preset
 through the same code as `submit --address`, runs the same post-run checks as a cloud run (the
 node count the driver planned is the number of nodes that trained), prints a summary, writes
-runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints), and stops every process it started,
+runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints, and the exported model/ with the
+demo's inputs: workloads/client/demo.py), and stops every process it started,
 also on failure, Ctrl-C or SIGTERM. Other Ray clusters on the machine are left alone: each node is
 one `ray start --block` in its own process group.
 """
@@ -32,7 +33,7 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import submit
+from workloads.client import demo, submit
 from workloads.client.cluster import connect, first_line, free_port
 from workloads.client.datapaths import resolved_for_local_run
 from workloads.client.report import clean_log, format_summary, loop_summary, summarize, write_report
@@ -228,10 +229,11 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     from workloads.train.config import preset, with_overrides
 
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
-    train = resolved_for_local_run(with_overrides(preset(args.preset), [*args.set, "transport.expect=any"]).to_dict(),
-                                   cwd=Path.cwd())
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
+    inputs = demo.demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
+    train = resolved_for_local_run(
+        with_overrides(preset(args.preset), [*inputs, *args.set, "transport.expect=any"]).to_dict(), cwd=Path.cwd())
     console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
                   f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
     with local_ray_cluster(spec, log_dir=run_dir / "ray") as cluster:
@@ -259,6 +261,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
+    if outcome.exit_code == submit.EXIT_OK:
+        demo.show_model(run_dir, console, ask=bool(inputs))
     return outcome.exit_code
 
 

@@ -71,6 +71,8 @@ class RunSummary:
     the first (start-up), else the median of the reported steps; None when nothing reported it."""
     nodes: Optional[int] = None
     """The nodes (hosts) the ranks trained on, from the loop's summary."""
+    eval_loss: Optional[float] = None
+    """The last held-out loss reported, or None when the run did not evaluate."""
 
 
 def summarize(records: list[dict], *, final: Optional[dict] = None) -> RunSummary:
@@ -89,6 +91,7 @@ def summarize(records: list[dict], *, final: Optional[dict] = None) -> RunSummar
         last_loss=float(records[-1]["loss"]),
         tokens_per_s=None if rate is None else float(rate),
         nodes=final.get("nodes"),
+        eval_loss=next((float(r["eval_loss"]) for r in reversed(records) if r.get("eval_loss") is not None), None),
     )
 
 
@@ -96,6 +99,8 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
     """One progress line: `step 20/60  loss 2.3140  1,234 tokens/s`."""
     step = f"{record['step']}/{total_steps}" if total_steps else str(record["step"])
     text = f"step {step:>9}  loss {float(record['loss']):.4f}"
+    if record.get("eval_loss") is not None:
+        text += f"  eval {float(record['eval_loss']):.4f}"
     if record.get(RATE_KEY) is not None:
         text += f"  {float(record[RATE_KEY]):,.0f} tokens/s/worker"
     if record.get("mfu") is not None:
@@ -106,8 +111,9 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
 def format_summary(summary: RunSummary) -> str:
     rate = "n/a" if summary.tokens_per_s is None else f"{summary.tokens_per_s:,.0f}"
     where = "" if summary.nodes is None else f", on {summary.nodes} node(s)"
+    held_out = "" if summary.eval_loss is None else f" (eval {summary.eval_loss:.4f})"
     return (
-        f"{summary.steps} steps: loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}, "
+        f"{summary.steps} steps: loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}{held_out}, "
         f"{rate} tokens/s per worker{where}"
     )
 

@@ -1,6 +1,6 @@
 """Run the training loop under torchrun, without Ray (GPU benchmarks, quick multi-GPU checks).
 
-    torchrun --nproc-per-node 2 -m workloads.launch.torchrun --preset qwen2.5-1.5b --steps 20 \
+    torchrun --nproc-per-node 2 -m workloads.launch.torchrun --preset qwen2.5-1.5b-synthetic --steps 20 \
         [--set key=value ...] [--out DIR] [--resume]
 
 Each rank appends its reports to DIR/metrics/rank-N.jsonl, checkpoints go to DIR/checkpoint-*,
@@ -29,7 +29,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="torchrun ... -m workloads.launch.torchrun", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--preset", default="qwen2.5-1.5b", help=f"one of {', '.join(PRESETS)}")
+    parser.add_argument("--preset", default="qwen2.5-1.5b-synthetic", help=f"one of {', '.join(PRESETS)}")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument(
         "--set",

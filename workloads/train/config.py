@@ -12,21 +12,30 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from workloads.model_io.architectures import NAMED_ARCHITECTURES
 from workloads.transport.gate import GateConfig
 
-NAMED_ARCHITECTURES = ("tiny-qwen2", "qwen2.5-1.5b")
-"""Architectures built from a config with random weights (see workloads/train/model.py)."""
+DATA_KINDS = ("synthetic", "jsonl", "hub")
 
-DATA_KINDS = ("synthetic", "jsonl")
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
+"""What the GPU presets fine-tune: the base model, from the Hugging Face hub."""
+
+DEFAULT_DATASET = "HuggingFaceH4/ultrachat_200k"
+"""What the GPU presets fine-tune on: multi-turn chats (MIT licence), split `train_sft`."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name_or_path: str = "tiny-qwen2"
     """A named architecture built with random weights ("tiny-qwen2" for CPU, "qwen2.5-1.5b" for
-    the Qwen2.5-1.5B shape), or a Hugging Face id or local folder loaded with `from_pretrained`."""
+    the Qwen2.5-1.5B shape), or a pretrained Hugging Face model: a hub id (`Qwen/Qwen2.5-1.5B`),
+    an `s3://bucket/prefix` holding a model folder, or a local folder (a path on the Ray nodes).
+    Remote ones are downloaded once per node; the weights go straight into each rank's shards."""
+
+    revision: str = ""
+    """The hub revision (branch, tag or commit) of a hub model; empty: its default branch."""
 
     attn_implementation: str = "sdpa"
     """The transformers attention backend ("sdpa", "eager", "flash_attention_2", ...)."""
@@ -35,7 +44,7 @@ class ModelConfig:
         if not self.name_or_path.strip():
             raise ValueError(
                 f"model.name_or_path is empty: use one of {', '.join(NAMED_ARCHITECTURES)}, "
-                "a Hugging Face id or a local model folder"
+                "a Hugging Face id, an s3:// prefix or a local model folder"
             )
 
     @property
@@ -47,28 +56,52 @@ class ModelConfig:
 class DataConfig:
     kind: str = "synthetic"
     """"synthetic": generated sequences a model can learn (a falling loss proves training works);
-    "jsonl": text read from `path`, tokenized, packed to the sequence length, sharded by rank."""
+    "jsonl": records from `path`, a JSONL file (local, or s3://); "hub": records from the hub
+    dataset `path`, split `split` (its JSONL or Parquet files). Records are chats (`messages`,
+    loss on the assistant tokens only) or plain text, tokenized and packed to seq_len."""
 
     path: str = ""
-    """The JSONL file (kind "jsonl"): one JSON object per line."""
+    """The JSONL file (kind "jsonl": a local path, uploaded with the job when small, or an s3://
+    URI) or the hub dataset id (kind "hub", e.g. HuggingFaceH4/ultrachat_200k)."""
+
+    split: str = "train"
+    """The hub dataset's split (kind "hub")."""
+
+    revision: str = ""
+    """The hub dataset's revision (kind "hub"); empty: its default branch."""
 
     text_field: str = "text"
-    """The key of each JSONL object that holds the text."""
+    """The key of a plain-text record's text."""
+
+    messages_field: str = "messages"
+    """The key of a chat record's list of {"role", "content"} messages."""
 
     tokenizer: str = ""
-    """A tokenizer id or local folder; empty means the model's name_or_path (which must then be a
-    Hugging Face id or folder, not a named architecture)."""
+    """A tokenizer id or folder; empty means the model's own (which a named architecture lacks)."""
+
+    max_examples: int = 0
+    """Read at most this many records (in file order); 0 reads them all."""
+
+    eval_fraction: float = 0.05
+    """The share of records held out (a seeded choice) for the eval loss; synthetic data draws its
+    eval samples from a separate stream instead."""
 
     shuffle: bool = True
-    """Visit the packed JSONL samples in a seeded random order, reshuffled each epoch."""
+    """Visit the packed samples in a seeded random order, reshuffled each epoch."""
 
     def __post_init__(self) -> None:
         if self.kind not in DATA_KINDS:
             raise ValueError(f"data.kind is {self.kind!r}: use one of {', '.join(DATA_KINDS)}")
         if self.kind == "jsonl" and not self.path:
-            raise ValueError('data.path is empty: kind "jsonl" needs the path of a JSONL file')
-        if not self.text_field:
-            raise ValueError("data.text_field is empty: name the JSONL key that holds the text")
+            raise ValueError('data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file')
+        if self.kind == "hub" and "/" not in self.path:
+            raise ValueError(f'data.path is {self.path!r}: kind "hub" needs a hub dataset id such as {DEFAULT_DATASET}')
+        if not self.text_field or not self.messages_field:
+            raise ValueError("data.text_field and data.messages_field must name the JSONL keys of text and messages")
+        if self.max_examples < 0:
+            raise ValueError(f"data.max_examples is {self.max_examples}: use 0 (all) or a positive number")
+        if not 0 <= self.eval_fraction <= 0.5:
+            raise ValueError(f"data.eval_fraction is {self.eval_fraction}: use a share in [0, 0.5], e.g. 0.05")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +165,25 @@ class TrainConfig:
     """Report metrics every this many steps (and on the last one). Only log steps read values
     back from the device."""
 
+    eval_every: int = 0
+    """Compute the loss on the held-out data every this many steps (and on the last one), reported
+    as `eval_loss`; 0 never does."""
+
+    eval_batches: int = 4
+    """Micro-batches per rank in one evaluation, at most (a smaller held-out set is used whole)."""
+
+    export_model: bool = True
+    """Write the trained model as a Hugging Face folder (`model/` in the final checkpoint) at the
+    end of a run that saves checkpoints."""
+
+    export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The exported weights' dtype; "auto": the pretrained model's own (bfloat16 for Qwen2.5),
+    float32 for a model trained from random weights."""
+
+    cache_dir: str = ""
+    """Where each node keeps downloaded models and data (shared by its ranks); empty:
+    $WORKLOADS_CACHE, else <tmp>/workloads-cache."""
+
     seed: int = 0
     """Seeds the random weights and the data order (the same on every rank)."""
 
@@ -142,11 +194,11 @@ class TrainConfig:
     """The in-band transport gate run before the first step (workloads/transport/gate.py)."""
 
     def __post_init__(self) -> None:
-        positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size")
+        positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size", "eval_batches")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} is {getattr(self, name)}: it must be at least 1")
-        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_every", "seed")
+        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_every", "seed", "eval_every")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} is {getattr(self, name)}: it must be 0 or more")
@@ -158,7 +210,12 @@ class TrainConfig:
             raise ValueError(f"betas is {self.betas}: use two values in [0, 1), e.g. [0.9, 0.95]")
         if not self.peak_flops > 0:
             raise ValueError(f"peak_flops is {self.peak_flops}: use the device's dense bf16 FLOP/s")
-        if self.data.kind == "jsonl" and not self.data.tokenizer and self.model.is_named_architecture:
+        if self.eval_every and self.data.kind != "synthetic" and self.data.eval_fraction == 0:
+            raise ValueError(
+                f"eval_every is {self.eval_every} but data.eval_fraction is 0, so nothing is held out: "
+                "set data.eval_fraction (e.g. 0.05) or eval_every=0"
+            )
+        if self.data.kind != "synthetic" and not self.data.tokenizer and self.model.is_named_architecture:
             raise ValueError(
                 f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "
                 "tokenizer: set data.tokenizer to a tokenizer id or folder"
@@ -279,15 +336,18 @@ def _demo_cpu() -> TrainConfig:
         data=DataConfig(kind="synthetic"),
         seq_len=64,
         micro_batch=8,
-        steps=60,
+        # The demo's toy chats need about 200 steps before its tiny model answers them right.
+        steps=200,
         lr=1e-2,
         warmup_steps=5,
-        checkpoint_every=20,
-        log_every=5,
+        checkpoint_every=100,
+        log_every=20,
+        eval_every=50,
+        eval_batches=2,
     )
 
 
-def _qwen25_1_5b() -> TrainConfig:
+def _qwen25_1_5b_synthetic() -> TrainConfig:
     return TrainConfig(
         model=ModelConfig(name_or_path="qwen2.5-1.5b"),
         data=DataConfig(kind="synthetic"),
@@ -307,6 +367,19 @@ def _qwen25_1_5b() -> TrainConfig:
     )
 
 
+def _qwen25_1_5b() -> TrainConfig:
+    # The Qwen2.5-1.5B fine-tune: the pretrained base model and an instruction dataset, both from
+    # the hub (the cluster reaches it through its NAT gateway).
+    return dataclasses.replace(
+        _qwen25_1_5b_synthetic(),
+        model=ModelConfig(name_or_path=DEFAULT_MODEL),
+        # 20,000 conversations are about 11,000 rows of 2,048 tokens: one pass at 100 steps of 128 rows.
+        data=DataConfig(kind="hub", path=DEFAULT_DATASET, split="train_sft", max_examples=20_000,
+                        eval_fraction=0.02),
+        eval_every=25,
+    )
+
+
 def _qwen25_1_5b_24gb() -> TrainConfig:
     # The same fine-tune sized for 24 GB GPUs (g6's L4, g5's A10G): by the H200 runs of
     # docs/PERFORMANCE.md, activations take ~3.8 GiB per 2,048-token sample, and resharding after
@@ -317,7 +390,15 @@ def _qwen25_1_5b_24gb() -> TrainConfig:
     )
 
 
-PRESETS = {"demo-cpu": _demo_cpu, "qwen2.5-1.5b": _qwen25_1_5b, "qwen2.5-1.5b-24gb": _qwen25_1_5b_24gb}
+PRESETS = {
+    "demo-cpu": _demo_cpu,
+    "qwen2.5-1.5b": _qwen25_1_5b,
+    "qwen2.5-1.5b-24gb": _qwen25_1_5b_24gb,
+    "qwen2.5-1.5b-synthetic": _qwen25_1_5b_synthetic,
+}
+"""demo-cpu: the tiny model on CPU (`make demo`); qwen2.5-1.5b(-24gb): the fine-tune of the
+pretrained model on the hub dataset, for 80 GB (24 GB) GPUs; qwen2.5-1.5b-synthetic: the same
+shape with random weights on synthetic tokens, for benchmarks and GPU checks without a network."""
 
 LARGE_GPU_GIB = 80
 """GPUs with at least this much memory run the `qwen2.5-1.5b` preset, smaller ones the 24 GB one."""

@@ -1,4 +1,4 @@
-"""Training data: a learnable synthetic stream, or JSONL text packed to the sequence length.
+"""Training data: a learnable synthetic stream, or records (text or chats) packed to seq_len.
 
 Both are indexed by a global sample number g = 0, 1, 2, ...: the k-th batch after position p
 (samples consumed so far by all ranks together) on rank r of w takes samples
@@ -6,26 +6,49 @@ g = p + (k * micro_batch + j) * w + r for j < micro_batch. So ranks read disjoin
 together they read every sample of an epoch before any repeats, and the data position saved in
 a checkpoint is that one number p, still valid if the job resumes on another number of ranks.
 
-A sample is seq_len + 1 tokens: inputs are its first seq_len, labels its last seq_len.
+A sample is seq_len input tokens and seq_len labels (the next token, or -100 where nothing is
+learned); packed samples also carry position ids that restart with each example they hold
+(workloads/train/packing.py says how attention is kept inside an example).
+
+Records come from a JSONL file (local or s3://) or a hub dataset's split, fetched once per node
+(workloads/model_io/sources.py). A share of them (`data.eval_fraction`) is held out for the eval
+loss, chosen by the seed before anything is packed, so no example is in both.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Optional, Protocol
 
 import torch
 
+from workloads.model_io.sources import fetch_data_file, fetch_hub_dataset
 from workloads.train.config import DataConfig
+from workloads.train.encode import encode_records, end_of_turn_id, load_tokenizer
+from workloads.train.loss import IGNORE_INDEX
+from workloads.train.packing import PackedRows, pack
 from workloads.train.paths import resolve_path
+from workloads.train.records import read_records
+
+EVAL_STREAM = 7_919
+"""Offset of the seed of the synthetic held-out stream: samples drawn apart from the training ones."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: Optional[torch.Tensor] = None
+    """None: one sequence from position 0 (plain causal attention)."""
 
 
 class SampleSource(Protocol):
-    def sample(self, index: int) -> torch.Tensor:
-        """Sample `index` (any int >= 0): int64 tokens of length seq_len + 1."""
+    def sample(self, index: int) -> Sample:
+        """Sample `index` (any int >= 0; sources without an end wrap around)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,81 +62,33 @@ class SyntheticSource:
     seed: int
     strides: tuple[int, ...] = (1, 2, 3, 5)
 
-    def sample(self, index: int) -> torch.Tensor:
+    def sample(self, index: int) -> Sample:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         start = int(torch.randint(self.vocab_size, (1,), generator=gen))
         stride = self.strides[int(torch.randint(len(self.strides), (1,), generator=gen))]
-        return (start + stride * torch.arange(self.seq_len + 1, dtype=torch.int64)) % self.vocab_size
-
-
-def pack_tokens(documents: list[list[int]], *, seq_len: int, eos_id: int) -> torch.Tensor:
-    """Concatenate documents, each followed by EOS, into [n, seq_len + 1] windows that overlap by
-    one token, so every token but the first is a label exactly once. The tail that does not fill
-    a window is dropped."""
-    stream = torch.tensor([t for doc in documents for t in (*doc, eos_id)], dtype=torch.int64)
-    n = (stream.numel() - 1) // seq_len
-    if n < 1:
-        raise ValueError(
-            f"the JSONL data has {stream.numel()} tokens, fewer than one sample of seq_len + 1 = "
-            f"{seq_len + 1}: add text or lower seq_len"
-        )
-    return stream[: n * seq_len + 1].unfold(0, seq_len + 1, seq_len).contiguous()
-
-
-def read_jsonl_texts(path: Path, *, text_field: str) -> list[str]:
-    if not path.is_file():
-        raise ValueError(f"data.path {str(path)!r} is not a file: point it at a JSONL file")
-    texts = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise ValueError(f"{path}:{number}: no string field {text_field!r} (set data.text_field)")
-            texts.append(record[text_field])
-    return texts
+        tokens = (start + stride * torch.arange(self.seq_len + 1, dtype=torch.int64)) % self.vocab_size
+        return Sample(input_ids=tokens[:-1], labels=tokens[1:])
 
 
 @dataclass(frozen=True, kw_only=True)
 class PackedSource:
-    """Packed samples, visited in a seeded order that is reshuffled every epoch."""
+    """Packed rows, visited in a seeded order that is reshuffled every epoch."""
 
-    samples: torch.Tensor
+    rows: PackedRows
     seed: int
     shuffle: bool = True
 
-    def sample(self, index: int) -> torch.Tensor:
-        n = self.samples.shape[0]
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def sample(self, index: int) -> Sample:
+        n = len(self.rows)
         epoch, offset = divmod(index, n)
-        if not self.shuffle:
-            return self.samples[offset]
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-        return self.samples[order[offset]]
-
-
-def load_jsonl_source(
-    cfg: DataConfig, *, seq_len: int, seed: int, tokenizer_name: str, vocab_size: int
-) -> PackedSource:
-    from transformers import AutoTokenizer
-
-    tokenizer_name = resolve_path(tokenizer_name, field="data.tokenizer", hub_id_allowed=True)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
-    if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer {tokenizer_name!r} has no EOS token: documents cannot be separated")
-    if len(tokenizer) > vocab_size:
-        raise ValueError(
-            f"tokenizer {tokenizer_name!r} has {len(tokenizer)} tokens but the model's vocabulary has "
-            f"{vocab_size}: use the model's own tokenizer"
-        )
-    texts = read_jsonl_texts(Path(resolve_path(cfg.path, field="data.path", hub_id_allowed=False)),
-                             text_field=cfg.text_field)
-    documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    samples = pack_tokens(documents, seq_len=seq_len, eos_id=tokenizer.eos_token_id)
-    return PackedSource(samples=samples, seed=seed, shuffle=cfg.shuffle)
+        if self.shuffle:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+            offset = int(order[offset])
+        return Sample(input_ids=self.rows.input_ids[offset], labels=self.rows.labels[offset],
+                      position_ids=self.rows.position_ids[offset])
 
 
 def global_indices(*, position: int, batch: int, micro_batch: int, rank: int, world_size: int) -> list[int]:
@@ -127,20 +102,27 @@ def samples_per_step(*, micro_batch: int, world_size: int) -> int:
 
 @dataclass(frozen=True)
 class Batch:
-    """[micro_batch, seq_len + 1] tokens, kept whole so that one contiguous copy moves them."""
+    input_ids: torch.Tensor
+    """[micro_batch, seq_len]."""
+    labels: torch.Tensor
+    position_ids: Optional[torch.Tensor] = None
 
-    tokens: torch.Tensor
+    @staticmethod
+    def stack(samples: list[Sample]) -> Batch:
+        packed = samples[0].position_ids is not None
+        return Batch(
+            input_ids=torch.stack([s.input_ids for s in samples]),
+            labels=torch.stack([s.labels for s in samples]),
+            position_ids=torch.stack([s.position_ids for s in samples]) if packed else None,
+        )
 
-    @property
-    def input_ids(self) -> torch.Tensor:
-        return self.tokens[:, :-1]
-
-    @property
-    def labels(self) -> torch.Tensor:
-        return self.tokens[:, 1:]
+    def pin_memory(self) -> Batch:
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return Batch(input_ids=pin(self.input_ids), labels=pin(self.labels), position_ids=pin(self.position_ids))
 
     def to(self, device: torch.device, *, non_blocking: bool = False) -> Batch:
-        return Batch(tokens=self.tokens.to(device, non_blocking=non_blocking))
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(input_ids=move(self.input_ids), labels=move(self.labels), position_ids=move(self.position_ids))
 
 
 def batches(
@@ -158,22 +140,100 @@ def batches(
         idx = global_indices(
             position=position, batch=batch, micro_batch=micro_batch, rank=rank, world_size=world_size
         )
-        tokens = torch.stack([source.sample(i) for i in idx])
-        if pin_memory:
-            tokens = tokens.pin_memory()
-        yield Batch(tokens=tokens)
+        out = Batch.stack([source.sample(i) for i in idx])
+        yield out.pin_memory() if pin_memory else out
         batch += 1
 
 
-def build_source(
-    cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, model_name_or_path: str
-) -> SampleSource:
+def eval_batches(source: SampleSource, *, rows: int, micro_batch: int, rank: int, world_size: int,
+                 max_batches: int) -> list[Batch]:
+    """This rank's share of the first `rows` held-out samples (each used once across ranks), in at
+    most `max_batches` micro-batches; every rank gets the same number of batches (each one is a
+    collective under FSDP), the surplus samples with all labels ignored."""
+    per_batch = micro_batch * world_size
+    count = max(1, min(max_batches, math.ceil(rows / per_batch)))
+    out = []
+    for k in range(count):
+        samples = []
+        for g in global_indices(position=0, batch=k, micro_batch=micro_batch, rank=rank, world_size=world_size):
+            sample = source.sample(g % rows)
+            if g >= rows:
+                sample = Sample(input_ids=sample.input_ids, labels=torch.full_like(sample.labels, IGNORE_INDEX),
+                                position_ids=sample.position_ids)
+            samples.append(sample)
+        out.append(Batch.stack(samples))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    train: SampleSource
+    eval: Optional[SampleSource]
+    eval_rows: int
+    """Samples in the held-out set (for a synthetic stream: as many as one evaluation uses)."""
+    tokenizer: Optional[object]
+    """The tokenizer the records were encoded with (None for synthetic tokens)."""
+    end_of_turn: Optional[int]
+    """The chat template's end-of-turn token when chats were trained on (generation stops there)."""
+    stats: dict
+    """Records, examples, rows, label tokens, fill... for the `[data]` line."""
+
+
+def hold_out(count: int, *, fraction: float, seed: int) -> set[int]:
+    """A seeded choice of round(count * fraction) record numbers (at least one if fraction > 0)."""
+    if fraction <= 0 or count < 2:
+        return set()
+    n = min(count - 1, max(1, round(count * fraction)))
+    return set(random.Random(seed).sample(range(count), n))
+
+
+def data_files(cfg: DataConfig, *, cache_dir: str) -> list[Path]:
+    if cfg.kind == "hub":
+        return fetch_hub_dataset(cfg.path, split=cfg.split, revision=cfg.revision, cache_dir=cache_dir)
+    return [fetch_data_file(cfg.path, cache_dir=cache_dir)]
+
+
+def load_records_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, tokenizer_name: str,
+                      cache_dir: str = "") -> Data:
+    tokenizer = load_tokenizer(resolve_path(tokenizer_name, field="data.tokenizer", hub_id_allowed=True))
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer_name!r} has {len(tokenizer)} tokens but the model's vocabulary has "
+            f"{vocab_size}: use the model's own tokenizer"
+        )
+    records = read_records(data_files(cfg, cache_dir=cache_dir), text_field=cfg.text_field,
+                           messages_field=cfg.messages_field, limit=cfg.max_examples)
+    examples = encode_records(tokenizer, records)
+    held = hold_out(len(records), fraction=cfg.eval_fraction, seed=seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
+
+    def packed(indices: list[int]):
+        return pack([examples[i] for i in indices], seq_len=seq_len, pad_id=pad_id,
+                    split_long=[not records[i].is_chat for i in indices])
+
+    train_rows, train_stats = packed([i for i in range(len(records)) if i not in held])
+    stats = {"records": len(records), "chats": sum(r.is_chat for r in records), "held_out": len(held),
+             **asdict(train_stats)}
+    eval_source, eval_rows = None, 0
+    if held:
+        rows, eval_stats = packed(sorted(held))
+        eval_source, eval_rows = PackedSource(rows=rows, seed=seed, shuffle=False), len(rows)
+        stats["eval_rows"] = eval_stats.rows
+    chats = any(r.is_chat for r in records)
+    return Data(train=PackedSource(rows=train_rows, seed=seed, shuffle=cfg.shuffle), eval=eval_source,
+                eval_rows=eval_rows, tokenizer=tokenizer, end_of_turn=end_of_turn_id(tokenizer) if chats else None,
+                stats=stats)
+
+
+def build_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, model_name_or_path: str,
+               eval_rows: int = 0, cache_dir: str = "") -> Data:
+    """The training source and the held-out one. `eval_rows`: samples a synthetic evaluation takes."""
     if cfg.kind == "synthetic":
-        return SyntheticSource(vocab_size=vocab_size, seq_len=seq_len, seed=seed)
-    return load_jsonl_source(
-        cfg,
-        seq_len=seq_len,
-        seed=seed,
-        tokenizer_name=cfg.tokenizer or model_name_or_path,
-        vocab_size=vocab_size,
-    )
+        return Data(
+            train=SyntheticSource(vocab_size=vocab_size, seq_len=seq_len, seed=seed),
+            eval=(SyntheticSource(vocab_size=vocab_size, seq_len=seq_len, seed=seed + EVAL_STREAM)
+                  if eval_rows else None),
+            eval_rows=eval_rows, tokenizer=None, end_of_turn=None, stats={"kind": "synthetic"},
+        )
+    return load_records_data(cfg, seq_len=seq_len, seed=seed, vocab_size=vocab_size,
+                             tokenizer_name=cfg.tokenizer or model_name_or_path, cache_dir=cache_dir)

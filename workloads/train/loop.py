@@ -1,34 +1,56 @@
 """The training loop, shared by the Ray Train and torchrun adapters; it never imports Ray.
 
 `train(cfg, ctx)` expects the default process group to exist already. It only calls small named
-steps: run the transport gate, build the model, shard it, build the optimizer, resume from the
-latest checkpoint, then step, report and save. Values are read back from the device only on log
-steps, so other steps queue work without waiting for it.
+steps: run the transport gate, fetch the pretrained model (once per node), read and pack the data,
+build the model on the meta device, shard it, fill the shards from the pretrained weights, build the
+optimizer, resume from the latest checkpoint, check that packed samples cannot attend to each other,
+then step, evaluate, report and save; the final checkpoint also gets the trained model as a Hugging
+Face folder. Values are read back from the device only on log steps, so other steps queue work
+without waiting for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from workloads.context import DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
+from workloads.model_io.export import (
+    MODEL_DIR,
+    ModelMetadata,
+    generation_config_for,
+    resolve_dtype,
+    write_weights_from_shards,
+)
+from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, metrics
 from workloads.train.config import TrainConfig
-from workloads.context import GATE_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
-from workloads.train.data import Batch, batches, build_source, samples_per_step
-from workloads.train.loss import LinearCrossEntropy, choose_implementation
-from workloads.train.model import CausalLMWithLoss, Shape, build_causal_lm, shape_of
+from workloads.train.data import Batch, Data, batches, build_data, eval_batches, samples_per_step
+from workloads.train.encode import load_tokenizer
+from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy, choose_implementation
+from workloads.train.model import (
+    CausalLMWithLoss,
+    Shape,
+    build_causal_lm,
+    causal_lm_on_meta,
+    load_pretrained,
+    model_config,
+    shape_of,
+)
 from workloads.train.optim import build_optimizer, clip_grad_norm, schedule, set_lr
+from workloads.train.paths import resolve_path
 from workloads.train.parallel import parallelize
 from workloads.transport.gate import run_transport_gate
-
 
 
 def resolve_device(ctx: TrainContext) -> torch.device:
@@ -39,8 +61,25 @@ def resolve_device(ctx: TrainContext) -> torch.device:
     return torch.device("cpu")
 
 
-def build_model(cfg: TrainConfig, *, device: torch.device) -> tuple[CausalLMWithLoss, Shape]:
-    lm = build_causal_lm(cfg.model, device=device, seed=cfg.seed)
+def fetch_pretrained(cfg: TrainConfig) -> Optional[Path]:
+    """The pretrained model's local folder (downloaded once per node), or None for a named
+    architecture trained from random weights."""
+    if cfg.model.is_named_architecture:
+        return None
+    # A folder sent with the job is found in the job's folder, not the worker's (workloads/train/paths.py).
+    spec = resolve_path(cfg.model.name_or_path, field="model.name_or_path", hub_id_allowed=True)
+    return fetch_model(spec, revision=cfg.model.revision, cache_dir=cfg.cache_dir)
+
+
+def build_model(
+    cfg: TrainConfig, *, device: torch.device, pretrained: Optional[Path] = None
+) -> tuple[CausalLMWithLoss, Shape]:
+    """Random weights on `device` for a named architecture; for a pretrained folder, parameters on
+    the meta device, to be filled after sharding (`load_weights`)."""
+    if pretrained is None:
+        lm = build_causal_lm(cfg.model, device=device, seed=cfg.seed)
+    else:
+        lm = causal_lm_on_meta(model_config(cfg.model, pretrained=pretrained))
     loss = LinearCrossEntropy(
         implementation=choose_implementation(fused=cfg.fused_linear_ce, device=device),
         chunk_size=cfg.loss_chunk_size,
@@ -70,16 +109,51 @@ def resume(
     return checkpoint.load(folder, model=model, optimizer=optimizer)
 
 
-def device_batches(
-    cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, vocab_size: int, position: int
-) -> Iterator[Batch]:
-    source = build_source(
-        cfg.data,
-        seq_len=cfg.seq_len,
-        seed=cfg.seed,
-        vocab_size=vocab_size,
-        model_name_or_path=cfg.model.name_or_path,
+def load_weights(
+    model: CausalLMWithLoss, pretrained: Path, *, ctx: TrainContext, device: torch.device, fetch_s: float,
+    build_s: float = 0.0,
+) -> list[dict]:
+    """Fill this rank's shards from the pretrained folder; every rank's load figures, rank order:
+    seconds to fetch the folder, to build and shard the empty model, to fill the shards; bytes read;
+    peak host memory so far and peak GPU memory of the fill (the shards and one slice in flight)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    stats = load_pretrained(model.lm, pretrained, device=device)
+    mine = {
+        "rank": ctx.rank,
+        "node_rank": ctx.node_rank,
+        "fetch_s": round(fetch_s, 2),
+        "build_s": round(build_s, 2),
+        "fill_s": round(stats.seconds, 2),
+        "read_mib": round(stats.bytes_read / 2**20, 1),
+        "peak_host_gib": round(metrics.peak_host_memory_gib(), 2),
+        "peak_device_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+    }
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    if stats.unused:
+        print_rank0(ctx, LOAD_PREFIX, {"unused_tensors": stats.unused[:10], "unused_count": len(stats.unused)})
+    return everyone
+
+
+def model_metadata(cfg: TrainConfig, *, config, pretrained: Optional[Path], data: Data) -> ModelMetadata:
+    """What each checkpoint's `model/` folder holds besides the weights; `config` is the model's as
+    read from its source (building the model in fp32 rewrites the built model's dtype)."""
+    tokenizer = data.tokenizer
+    if tokenizer is None and pretrained is not None and any(pretrained.glob("tokenizer*")):
+        tokenizer = load_tokenizer(str(pretrained))
+    extra_eos = [] if data.end_of_turn is None else [data.end_of_turn]
+    return ModelMetadata(
+        config=config,
+        generation_config=generation_config_for(config, source=pretrained, extra_eos=extra_eos),
+        tokenizer=tokenizer,
+        dtype=resolve_dtype(cfg.export_dtype, config),
     )
+
+
+def device_batches(
+    source, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, position: int
+) -> Iterator[Batch]:
     on_cuda = device.type == "cuda"
     for batch in batches(
         source,
@@ -97,7 +171,7 @@ def train_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step; returns (loss, grad norm) as device tensors, not yet read back."""
     set_lr(optimizer, lr)
-    loss = model(batch.input_ids, batch.labels)
+    loss = model(batch.input_ids, batch.labels, batch.position_ids)
     loss.backward()
     grad_norm = clip_grad_norm(model, max_norm=grad_clip)
     optimizer.step()
@@ -112,10 +186,68 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     step: int,
     data_position: int,
+    metadata: ModelMetadata,
+    export_weights: bool,
 ) -> Path:
+    """Save the sharded state; rank 0 adds `model/` (config, generation config, tokenizer) and, with
+    `export_weights`, the weights gathered into a Hugging Face folder there."""
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position)
-    return checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress)
+    checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress)
+    if ctx.rank == 0:
+        metadata.write(folder / MODEL_DIR)
+    if export_weights:
+        write_weights_from_shards(model.lm, folder / MODEL_DIR, dtype=metadata.dtype, writer_rank=ctx.rank == 0)
+    return folder
+
+
+def evaluate(model: CausalLMWithLoss, held_out: list[Batch], *, device: torch.device) -> float:
+    """The mean loss over every held-out label, all ranks together (a collective)."""
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    with torch.no_grad():
+        for batch in held_out:
+            batch = batch.to(device)
+            count = (batch.labels != IGNORE_INDEX).sum()
+            loss = model(batch.input_ids, batch.labels, batch.position_ids)
+            # A batch of ignored surplus samples has a 0/0 loss; it weighs nothing.
+            totals += torch.stack([torch.where(count > 0, loss.double() * count, 0.0), count.double()])
+    model.train()
+    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    return (totals[0] / totals[1].clamp(min=1)).item()
+
+
+LEAK_RTOL = 1e-4
+"""A sample's loss may move this much (relative) when another sample of its row changes: bf16
+kernels are deterministic, so the expected change is none; attention across samples moves it by
+orders of magnitude more."""
+
+
+def packed_attention_leaks(model: CausalLMWithLoss, batch: Batch, *, vocab_size: int) -> bool:
+    """Whether a packed sample's loss changes when the sample before it in its row changes: every
+    rank runs the same two forward passes (collectives); the verdict is any rank's."""
+    labels = torch.full_like(batch.labels, IGNORE_INDEX)
+    altered = batch.input_ids.clone()
+    judged = False
+    for row, positions in enumerate(batch.position_ids.tolist()):
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+        if len(starts) < 3 or not (batch.labels[row, starts[1]:starts[2]] != IGNORE_INDEX).any():
+            continue
+        labels[row, starts[1]:starts[2]] = batch.labels[row, starts[1]:starts[2]]
+        altered[row, : starts[1]] = (altered[row, : starts[1]] + 1) % vocab_size
+        judged = True
+        break
+    model.eval()
+    with torch.no_grad():
+        before = model(batch.input_ids, labels, batch.position_ids)
+        after = model(altered, labels, batch.position_ids)
+    model.train()
+    leak = torch.tensor(
+        [float(judged and abs(after.item() - before.item()) > LEAK_RTOL * max(1.0, abs(before.item())))],
+        device=before.device,
+    )
+    dist.all_reduce(leak, op=dist.ReduceOp.MAX)
+    return bool(leak.item())
 
 
 def mean_across_ranks(values: torch.Tensor) -> list[float]:
@@ -174,13 +306,42 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
     )
     nodes = nodes_in_run(ctx, device=device)
-    model, shape = build_model(cfg, device=device)
+    started = time.perf_counter()
+    pretrained = fetch_pretrained(cfg)
+    fetch_s = time.perf_counter() - started
+    config = model_config(cfg.model, pretrained=pretrained)
+    vocab_size = config.vocab_size
+    eval_rows = cfg.eval_batches * cfg.micro_batch * ctx.world_size if cfg.eval_every else 0
+    data = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
+                      model_name_or_path=str(pretrained or cfg.model.name_or_path), eval_rows=eval_rows,
+                      cache_dir=cfg.cache_dir)
+    print_rank0(ctx, DATA_PREFIX, data.stats)
+    if cfg.eval_every and data.eval is None:
+        raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
+    held_out = [] if data.eval is None else eval_batches(
+        data.eval, rows=data.eval_rows, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size,
+        max_batches=cfg.eval_batches)
+
+    built = time.perf_counter()
+    model, shape = build_model(cfg, device=device, pretrained=pretrained)
     model = shard_model(model, cfg, ctx=ctx, device=device)
+    load = None
+    if pretrained is not None:
+        load = load_weights(model, pretrained, ctx=ctx, device=device, fetch_s=fetch_s,
+                            build_s=time.perf_counter() - built)
+        print_rank0(ctx, LOAD_PREFIX, {"source": cfg.model.name_or_path, "ranks": load})
+    metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
-    data = device_batches(
-        cfg, ctx=ctx, device=device, vocab_size=shape.vocab_size, position=progress.data_position
-    )
+    stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)
+    first_batch = next(stream)
+    if first_batch.position_ids is not None and packed_attention_leaks(model, first_batch, vocab_size=shape.vocab_size):
+        raise RuntimeError(
+            f"packed samples attend to each other with attn_implementation={cfg.model.attn_implementation!r} "
+            "and this transformers version (position ids that restart are not turned into a block-diagonal "
+            "mask): use sdpa, flex_attention or flash_attention_2 with a transformers that does, such as 5.x"
+        )
+    stream = itertools.chain([first_batch], stream)
 
     flops = metrics.flops_per_token(
         n_params=shape.n_params,
@@ -194,14 +355,17 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     first_loss: torch.Tensor | None = None
     first_value: float | None = None
     last: dict = {}
+    eval_loss: float | None = None
     for step in range(progress.step + 1, cfg.steps + 1):
         lr = schedule(cfg, step)
-        loss, grad_norm = train_step(model, optimizer, next(data), lr=lr, grad_clip=cfg.grad_clip)
+        loss, grad_norm = train_step(model, optimizer, next(stream), lr=lr, grad_clip=cfg.grad_clip)
         throughput.steps += 1
         if first_loss is None:
             first_loss = loss
-        save_now = cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or step == cfg.steps)
-        if not (save_now or step % cfg.log_every == 0 or step == cfg.steps):
+        final = step == cfg.steps
+        save_now = cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or final)
+        eval_now = cfg.eval_every > 0 and (step % cfg.eval_every == 0 or final)
+        if not (save_now or eval_now or step % cfg.log_every == 0 or final):
             continue
 
         loss_value, first_value = mean_across_ranks(torch.stack([loss, first_loss]))
@@ -217,10 +381,14 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "grad_norm": grad_norm.item(),
         }
+        if eval_now:
+            eval_loss = evaluate(model, held_out, device=device)
+            last["eval_loss"] = eval_loss
         print_rank0(ctx, TRAIN_PREFIX, last)
         if save_now:
             position = progress.data_position + (step - progress.step) * per_step
-            folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position)
+            folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
+                                     metadata=metadata, export_weights=final and cfg.export_model)
             ctx.report(last, checkpoint_dir=folder)
         else:
             ctx.report(last)
@@ -230,6 +398,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     summary = {
         "first_loss": first_value,
         "last_loss": last.get("loss"),
+        "eval_loss": eval_loss,
         "tokens_per_s_per_device": None if mean_rate is None else round(mean_rate, 1),
         "mfu": None
         if mean_rate is None
@@ -244,6 +413,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "loss_implementation": model.loss.implementation,
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
+        "data": data.stats,
+        "model_load": load,
     }
     print_rank0(ctx, SUMMARY_PREFIX, summary)
     return summary

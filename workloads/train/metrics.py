@@ -36,9 +36,14 @@ def tokens_per_s(*, steps: int, micro_batch: int, seq_len: int, seconds: float) 
     return steps * micro_batch * seq_len / seconds if seconds > 0 else 0.0
 
 
+def peak_host_memory_gib() -> float:
+    """The process's peak resident set so far."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 2**20 if sys.platform != "darwin" else kib / 2**30
+
+
 def peak_memory_gib(device: torch.device) -> float:
     """Peak memory allocated by tensors on a CUDA device; on CPU the process's peak resident set."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib / 2**20 if sys.platform != "darwin" else kib / 2**30
+    return peak_host_memory_gib()

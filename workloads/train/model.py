@@ -4,64 +4,50 @@ The module trained is `CausalLMWithLoss`: it returns the loss from the final hid
 (tied) output embedding, so that the full-vocabulary logits need never exist. Because the loss is
 computed inside its forward, FSDP2's root unit gathers the embedding/lm_head weight for it and
 reduces its gradient like any other.
+
+A pretrained model is built with its parameters on the meta device (`causal_lm_on_meta`), sharded,
+and only then filled from its safetensors files (`load_pretrained`), so no rank ever holds the whole
+model (workloads/model_io/load.py).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2ForCausalLM
 
+from workloads.model_io.architectures import named_architecture
+from workloads.model_io.load import LoadStats, fill_from_safetensors, materialize, parameters_on_meta
 from workloads.train.config import ModelConfig
 from workloads.train.paths import resolve_path
 from workloads.train.loss import LinearCrossEntropy
 
+__all__ = ["named_architecture", "build_causal_lm", "causal_lm_on_meta", "load_pretrained", "model_config",
+           "CausalLMWithLoss", "Shape", "shape_of"]
 
-def named_architecture(name: str) -> Qwen2Config:
-    common = dict(
-        hidden_act="silu",
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        use_cache=False,
-        attention_dropout=0.0,
-        initializer_range=0.02,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    )
-    if name == "tiny-qwen2":
-        return Qwen2Config(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            **common,
-        )
-    if name == "qwen2.5-1.5b":
-        return Qwen2Config(
-            vocab_size=151936,
-            hidden_size=1536,
-            intermediate_size=8960,
-            num_hidden_layers=28,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            max_position_embeddings=32768,
-            **common,
-        )
-    raise ValueError(f"unknown architecture {name!r}")
+
+def model_config(cfg: ModelConfig, *, pretrained: Optional[Path] = None):
+    """The transformers config to build: the named architecture's, or the pretrained folder's; with
+    the attention backend asked for and no KV cache (training)."""
+    config = named_architecture(cfg.name_or_path) if pretrained is None else AutoConfig.from_pretrained(pretrained)
+    config._attn_implementation = cfg.attn_implementation
+    config.use_cache = False
+    return config
 
 
 def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> PreTrainedModel:
-    """fp32 weights on `device`, identical on every rank (same seed) before sharding."""
+    """fp32 weights on `device`, identical on every rank (same seed) before sharding. A local folder
+    is loaded whole with `from_pretrained` (the reference benchmark; training uses
+    `causal_lm_on_meta` + `load_pretrained`)."""
     torch.manual_seed(seed)
     if cfg.is_named_architecture:
-        config = named_architecture(cfg.name_or_path)
-        config._attn_implementation = cfg.attn_implementation
         with torch.device(device):
-            return Qwen2ForCausalLM(config)
+            return Qwen2ForCausalLM(model_config(cfg))
     model = AutoModelForCausalLM.from_pretrained(
         resolve_path(cfg.name_or_path, field="model.name_or_path", hub_id_allowed=True),
         dtype=torch.float32,
@@ -71,8 +57,25 @@ def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> Pre
     return model.to(device)
 
 
+def causal_lm_on_meta(config) -> PreTrainedModel:
+    """The model of `config` with its parameters on the meta device (no memory) and real buffers.
+    It gets a copy of `config`: building in fp32 rewrites the config's dtype, which the caller still
+    needs (the dtype the model was published in is the one it is exported in)."""
+    with parameters_on_meta():
+        return AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32)
+
+
+def load_pretrained(lm: nn.Module, folder: Path, *, device: torch.device) -> LoadStats:
+    """Allocate this rank's shards of the (sharded, meta) `lm` on `device` and fill them from the
+    folder's safetensors files, fp32."""
+    materialize(lm, device=device)
+    return fill_from_safetensors(lm, folder)
+
+
 class CausalLMWithLoss(nn.Module):
-    """`forward(input_ids, labels) -> mean next-token loss` over an HF causal LM."""
+    """`forward(input_ids, labels, position_ids=None) -> mean next-token loss` over an HF causal LM.
+
+    Position ids that restart within a row (packed samples) keep attention inside each sample."""
 
     def __init__(self, lm: PreTrainedModel, *, loss: LinearCrossEntropy) -> None:
         super().__init__()
@@ -83,8 +86,10 @@ class CausalLMWithLoss(nn.Module):
     def decoder_layers(self) -> nn.ModuleList:
         return self.lm.model.layers
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        hidden = self.lm.model(input_ids=input_ids, use_cache=False).last_hidden_state
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         weight = self.lm.get_output_embeddings().weight
         return self.loss(hidden.flatten(0, 1), weight, labels.flatten())
 

@@ -1,0 +1,146 @@
+"""Chats into tokens and packed rows: the loss is on the assistant's tokens only, samples are packed
+to seq_len, and no packed sample can attend to another (also in the loop's own check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workloads.model_io.toy import IM_END, toy_conversations, toy_tokenizer
+from workloads.train.config import ModelConfig
+from workloads.train.encode import Example, encode_chat, encode_records, end_of_turn_id
+from workloads.train.loop import packed_attention_leaks
+from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy
+from workloads.train.model import CausalLMWithLoss, model_config
+from workloads.train.packing import fit_to_length, pack
+from workloads.train.records import Record
+
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "What is the opposite of hot?"},
+    {"role": "assistant", "content": "Cold."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return toy_tokenizer()
+
+
+def test_only_the_assistant_turns_are_targets(tokenizer):
+    example = encode_chat(tokenizer, Record(where="t:1", messages=CHAT))
+    assert example.tokens == tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"]
+    targets = [t for t, is_target in zip(example.tokens, example.targets, strict=True) if is_target]
+    # Each assistant turn's content, its end-of-turn token and the newline the template puts after it.
+    assert tokenizer.decode(targets) == f"Paris.{IM_END}\nCold.{IM_END}\n"
+    context = tokenizer.decode(
+        [t for t, is_target in zip(example.tokens, example.targets, strict=True) if not is_target])
+    for message in CHAT[:2] + CHAT[3:4]:
+        assert message["content"] in context
+    assert "Paris" not in context and "Cold" not in context
+
+
+def test_a_chat_needs_a_template_and_the_end_of_turn_token_is_found(tokenizer):
+    assert end_of_turn_id(tokenizer) == tokenizer.convert_tokens_to_ids(IM_END)
+    bare = toy_tokenizer()
+    bare.chat_template = None
+    with pytest.raises(ValueError, match=r"t:7: a chat record, but the tokenizer has no chat template"):
+        encode_chat(bare, Record(where="t:7", messages=CHAT))
+
+
+def test_text_and_chat_records_mix(tokenizer):
+    examples = encode_records(tokenizer, [Record(where="a", text="Paris."), Record(where="b", messages=CHAT[1:3])])
+    assert examples[0].tokens[-1] == tokenizer.eos_token_id and all(examples[0].targets)
+    assert not all(examples[1].targets) and any(examples[1].targets)
+
+
+def test_packing_fills_rows_restarts_positions_and_masks_boundaries():
+    a = Example(tokens=[10, 11, 12, 13], targets=[False, True, True, True])
+    b = Example(tokens=[20, 21, 22], targets=[False, False, True])
+    c = Example(tokens=[30, 31, 32, 33, 34], targets=[True] * 5)
+    rows, stats = pack([a, b, c], seq_len=6, pad_id=0, split_long=[False, False, False])
+    assert rows.input_ids.tolist() == [[10, 11, 12, 20, 21, 0], [30, 31, 32, 33, 0, 0]]
+    assert rows.labels.tolist() == [[11, 12, 13, -100, 22, -100], [31, 32, 33, 34, -100, -100]]
+    assert rows.position_ids.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]]
+    assert (stats.rows, stats.examples, stats.label_tokens, stats.truncated, stats.dropped) == (2, 3, 8, 0, 0)
+    assert stats.fill == round(9 / 12, 4)
+
+
+def test_long_text_is_windowed_long_chats_truncated_and_empty_ones_dropped():
+    text = Example(tokens=list(range(10)), targets=[True] * 10)
+    windows = fit_to_length(text, seq_len=4, split=True)
+    assert [w.tokens for w in windows] == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9]]  # every label once
+    chat = Example(tokens=list(range(10)), targets=[False] * 6 + [True] * 4)
+    rows, stats = pack([chat, text], seq_len=4, pad_id=0, split_long=[False, True])
+    assert (stats.truncated, stats.dropped) == (1, 1)  # the chat's first 5 tokens hold no target
+    assert int((rows.labels != IGNORE_INDEX).sum()) == 9
+
+
+def _toy_lm(attn_implementation: str):
+    tokenizer = toy_tokenizer()
+    cfg = ModelConfig(name_or_path="tiny-qwen2", attn_implementation=attn_implementation)
+    config = model_config(cfg)
+    config.vocab_size = len(tokenizer)
+    torch.manual_seed(0)
+    from transformers import Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(config).eval(), tokenizer
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_a_packed_sample_never_sees_its_neighbour(attn_implementation):
+    lm, tokenizer = _toy_lm(attn_implementation)
+    chats = [encode_chat(tokenizer, Record(where=str(i), messages=c["messages"]))
+             for i, c in enumerate(toy_conversations(3, seed=1))]
+    rows, _ = pack(chats, seq_len=256, pad_id=0, split_long=[False] * 3)
+    assert len(rows) == 1
+    positions = rows.position_ids[0].tolist()
+    b_start = positions.index(0, 1)
+    b_end = positions.index(0, b_start + 1)
+    altered = rows.input_ids.clone()
+    altered[0, :b_start] = (altered[0, :b_start] + 7) % len(tokenizer)  # sample A, before B in the row
+
+    def logits(ids, position_ids):
+        with torch.no_grad():
+            return lm(input_ids=ids, position_ids=position_ids).logits[0, b_start:b_end]
+
+    # Sample B's logits do not move when sample A changes...
+    assert torch.equal(logits(rows.input_ids, rows.position_ids), logits(altered, rows.position_ids))
+    # ...and B alone in a row gives the same logits: its own tokens are all it sees.
+    alone = rows.input_ids[:, b_start:b_end]
+    with torch.no_grad():
+        own = lm(input_ids=alone, position_ids=torch.arange(b_end - b_start)[None]).logits[0]
+    torch.testing.assert_close(logits(rows.input_ids, rows.position_ids), own, rtol=1e-5, atol=1e-5)
+    # Without the restarting position ids (one causal sequence) they would move: the check can fail.
+    assert not torch.allclose(logits(rows.input_ids, None), logits(altered, None))
+
+
+class _IgnoresPositions(CausalLMWithLoss):
+    def forward(self, input_ids, labels, position_ids=None):
+        return super().forward(input_ids, labels, None)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_loops_check_catches_attention_across_samples(one_rank_group):
+    from workloads.train.data import Batch
+
+    lm, tokenizer = _toy_lm("sdpa")
+    chats = [encode_chat(tokenizer, Record(where=str(i), messages=c["messages"]))
+             for i, c in enumerate(toy_conversations(8, seed=2))]
+    rows, _ = pack(chats, seq_len=64, pad_id=0, split_long=[False] * len(chats))
+    batch = Batch(input_ids=rows.input_ids, labels=rows.labels, position_ids=rows.position_ids)
+    loss = LinearCrossEntropy(implementation="chunked")
+    vocab = len(tokenizer)
+    assert not packed_attention_leaks(CausalLMWithLoss(lm, loss=loss), batch, vocab_size=vocab)
+    assert packed_attention_leaks(_IgnoresPositions(lm, loss=loss), batch, vocab_size=vocab)

@@ -1,0 +1,92 @@
+"""`python -m workloads export`: a run's checkpoint as a Hugging Face folder you can load and serve.
+
+    python -m workloads export RUN [--out DEST] [--checkpoint NAME] [--dtype auto|float32|bfloat16|float16]
+    python -m workloads export --stack NAME --run NAME [...]
+
+RUN is a run folder (local, or s3://bucket/prefix/RUN: Ray Train's storage of the run, a torchrun
+--out folder, a `make demo` runs/<stamp> folder) or one checkpoint folder; with --stack, the run is
+looked up in the stack's checkpoint bucket. The newest checkpoint is exported unless --checkpoint
+names one; DEST (default: `model/` next to the checkpoints) may be local or s3://. --generate
+loads the result with from_pretrained and prints a greedy continuation of a prompt.
+
+Exit codes: 0 exported; 2 bad input (no such run or checkpoint, DEST not empty, ...); 3 the stack's
+outputs could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from workloads.client.cluster import UnreachableError, read_stack_outputs
+from workloads.model_io.export import EXPORT_DTYPES, export_run, greedy_generate
+
+EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(message)
+
+
+def _arg_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m workloads export", description=__doc__.splitlines()[0])
+    parser.add_argument("run", nargs="?", help="run folder or checkpoint folder, local or s3://")
+    parser.add_argument("--stack", help="take the run from this stack's checkpoint bucket (with --run)")
+    parser.add_argument("--run", dest="run_name", help="the run name (Ray Train's) with --stack")
+    parser.add_argument("--out", help="where to write the folder, local or s3:// (default: RUN/model)")
+    parser.add_argument("--checkpoint", help="the checkpoint folder's name (default: the newest)")
+    parser.add_argument("--dtype", default="auto", choices=EXPORT_DTYPES,
+                        help="weights' dtype (default auto: the pretrained model's own, float32 for random init)")
+    parser.add_argument("--from-shards", action="store_true",
+                        help="consolidate the checkpoint's shards even when the run already exported it")
+    parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
+    parser.add_argument("--generate", metavar="PROMPT", help="load the result and print a greedy continuation")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    return parser
+
+
+def run_uri(args: argparse.Namespace) -> str:
+    if args.stack or args.run_name:
+        if not (args.stack and args.run_name) or args.run:
+            raise ValueError("give either RUN, or --stack NAME with --run NAME")
+        bucket = read_stack_outputs(args.stack).checkpoint_bucket_uri
+        return f"{bucket.rstrip('/')}/{args.run_name}"
+    if not args.run:
+        raise ValueError("name the run: RUN (a folder or s3:// prefix), or --stack NAME --run NAME")
+    return args.run
+
+
+def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
+    result = export_run(run_uri(args), out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
+                        from_shards=args.from_shards, overwrite=args.overwrite,
+                        keep_local=scratch / "model" if args.generate else None)
+    print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
+    if args.generate:
+        assert result.local_folder is not None
+        answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens)
+        print(f"generate {args.generate!r} -> {answer!r}")
+    return EXIT_OK
+
+
+def main(command: str, argv: list[str]) -> int:
+    try:
+        args = _arg_parser().parse_args(argv)
+        with tempfile.TemporaryDirectory(prefix="export-") as scratch:
+            return export_and_show(args, scratch=Path(scratch))
+    except (_UsageError, ValueError) as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnreachableError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main("export", sys.argv[1:]))

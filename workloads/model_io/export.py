@@ -1,0 +1,392 @@
+"""A model out: Hugging Face folders (safetensors, config, generation config, tokenizer) from training.
+
+Two ways in, one writer:
+- at the end of a run, `write_weights_from_shards` gathers one parameter at a time from the FSDP2
+  shards (every rank takes part, rank 0 writes), so no rank ever holds more than one full tensor on
+  the GPU and one output file's worth in host memory;
+- on demand, `export_run` consolidates any saved checkpoint (torch.distributed.checkpoint shards,
+  local or in S3) the same way, tensor group by tensor group, or copies the folder the run already
+  exported.
+
+Every checkpoint folder carries `model/` with the config, generation config and tokenizer
+(`ModelMetadata.write`), so any checkpoint can be turned into a loadable model without the
+original source.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
+from workloads.model_io.storage import locate
+
+MODEL_DIR = "model"
+"""The Hugging Face folder inside each checkpoint (metadata; the final one also holds the weights)
+and, next to a run's checkpoints, the default export target."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXPORT_DTYPES = ("auto", *DTYPES)
+"""`auto`: the dtype the pretrained model was published in (its config's `dtype`), float32 for a
+model trained from random weights."""
+
+MAX_SHARD_BYTES = 2 * 2**30
+"""Largest safetensors file written; a bigger model is split into several with an index."""
+
+DCP_METADATA = ".metadata"
+"""The file torch.distributed.checkpoint writes last into a complete checkpoint folder."""
+
+
+def log(message: str) -> None:
+    print("[export] " + message, flush=True)
+
+
+def config_dtype(config) -> Optional[torch.dtype]:
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, torch.dtype):
+        return value
+    return DTYPES.get(str(value).removeprefix("torch.")) if value else None
+
+
+def resolve_dtype(choice: str, config) -> torch.dtype:
+    """The dtype to write: `choice` by name, or for "auto" the config's own (float32 if it has none)."""
+    if choice not in EXPORT_DTYPES:
+        raise ValueError(f"export dtype {choice!r}: use one of {', '.join(EXPORT_DTYPES)}")
+    if choice == "auto":
+        return config_dtype(config) or torch.float32
+    return DTYPES[choice]
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+class SafetensorsWriter:
+    """Writes tensors into `model.safetensors`, or several `model-0000i-of-0000n.safetensors` plus
+    `model.safetensors.index.json` once they exceed `max_shard_bytes`, as save_pretrained does."""
+
+    def __init__(self, folder: Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+        self.folder = folder
+        self.max_shard_bytes = max_shard_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._written: list[tuple[Path, list[str]]] = []
+        self.total_bytes = 0
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._pending[name] = tensor.contiguous()
+        self._pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        path = self.folder / f".shard-{len(self._written):05d}.safetensors"
+        save_file(self._pending, str(path), metadata={"format": "pt"})
+        self._written.append((path, list(self._pending)))
+        self._pending, self._pending_bytes = {}, 0
+
+    def close(self) -> list[Path]:
+        if self._pending or not self._written:
+            self._flush()
+        count = len(self._written)
+        if count == 1:
+            final = self.folder / "model.safetensors"
+            self._written[0][0].rename(final)
+            return [final]
+        weight_map, paths = {}, []
+        for i, (path, names) in enumerate(self._written, start=1):
+            final = self.folder / f"model-{i:05d}-of-{count:05d}.safetensors"
+            path.rename(final)
+            paths.append(final)
+            weight_map.update((name, final.name) for name in names)
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        return paths
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelMetadata:
+    """What a Hugging Face folder holds besides the weights."""
+
+    config: object
+    """The model's PreTrainedConfig."""
+    generation_config: object
+    """Its GenerationConfig (end-of-turn tokens included for chat fine-tunes)."""
+    tokenizer: Optional[object]
+    """The tokenizer trained with, or None when there is none (synthetic tokens)."""
+    dtype: torch.dtype
+    """The dtype the weights are written in."""
+
+    def write(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.config.__class__.from_dict(self.config.to_dict())
+        config.use_cache = True  # training turns the KV cache off; generation wants it
+        config.dtype = self.dtype
+        config.save_pretrained(folder)
+        self.generation_config.save_pretrained(folder)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(folder)
+
+
+def generation_config_for(config, *, source: Optional[Path], extra_eos: list[int]):
+    """The source folder's generation config (else one derived from the model config), with
+    `extra_eos` (a chat template's end-of-turn token) added to its end tokens."""
+    from transformers import GenerationConfig
+
+    if source is not None and (source / "generation_config.json").is_file():
+        generation = GenerationConfig.from_pretrained(source)
+    else:
+        generation = GenerationConfig.from_model_config(config)
+    eos = generation.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    for token in extra_eos:
+        if token not in eos:
+            eos.append(token)
+    if eos:
+        generation.eos_token_id = eos[0] if len(eos) == 1 else eos
+    return generation
+
+
+def write_weights_from_shards(lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
+    """Gather each distinct parameter (and persistent buffer) of the sharded `lm` in turn and, on the
+    writing rank, add it to the folder's safetensors files in `dtype`. Every rank must call this
+    (each gather is a collective). Returns the bytes written (0 on other ranks)."""
+    writer = SafetensorsWriter(folder) if writer_rank else None
+    state = dict(lm.named_parameters())
+    state.update(lm.named_buffers())
+    with torch.no_grad():
+        for name in tensor_aliases(lm):
+            tensor = state[name]
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if writer is not None:
+                writer.add(file_name(name), full.detach().to(device="cpu", dtype=dtype))
+            del full
+    if writer is None:
+        return 0
+    writer.close()
+    return writer.total_bytes
+
+
+# --- consolidating a saved checkpoint -----------------------------------------------------------
+
+
+def _meta_model(config) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _checkpoint_prefix(names: list[str], stored: dict) -> str:
+    """The prefix under which the checkpoint keeps the Hugging Face model's tensors ("model.lm."):
+    the one prefix that, for every model tensor, names a stored tensor."""
+    probe = names[0]
+    for key in stored:
+        if key.endswith(probe):
+            prefix = key[: -len(probe)]
+            if all(prefix + n in stored for n in names):
+                return prefix
+    raise ValueError(
+        f"the checkpoint holds no tensors of this model (looked for {probe!r} under any prefix): its "
+        f"{MODEL_DIR}/config.json does not describe the trained model"
+    )
+
+
+def _groups(names: list[str], sizes: dict[str, int], limit: int) -> Iterator[list[str]]:
+    group, total = [], 0
+    for name in names:
+        if group and total + sizes[name] > limit:
+            yield group
+            group, total = [], 0
+        group.append(name)
+        total += sizes[name]
+    if group:
+        yield group
+
+
+def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> torch.dtype:
+    """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
+    shards and its `model/` metadata), reading one output file's worth of tensors at a time."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from transformers import AutoConfig
+
+    meta_dir = checkpoint / MODEL_DIR
+    if not (checkpoint / DCP_METADATA).is_file():
+        raise ValueError(f"{checkpoint} is not a complete checkpoint folder (no {DCP_METADATA})")
+    if not (meta_dir / "config.json").is_file():
+        raise ValueError(
+            f"{checkpoint} has no {MODEL_DIR}/config.json (saved before checkpoints carried one): it cannot "
+            "be exported without knowing the model's architecture"
+        )
+    config = AutoConfig.from_pretrained(meta_dir)
+    dtype = resolve_dtype(dtype_choice, config)
+    model = _meta_model(config)
+    names = list(tensor_aliases(model))
+    stored = {
+        key: value
+        for key, value in FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata.items()
+        if isinstance(value, TensorStorageMetadata)
+    }
+    prefix = _checkpoint_prefix(names, stored)
+    shapes = dict(model.state_dict(keep_vars=True).items())
+    for name in names:
+        if list(stored[prefix + name].size) != list(shapes[name].shape):
+            raise ValueError(
+                f"checkpoint tensor {prefix + name} has shape {list(stored[prefix + name].size)}, "
+                f"{MODEL_DIR}/config.json gives {list(shapes[name].shape)}"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    for path in meta_dir.iterdir():
+        if path.is_file() and not path.name.endswith(".safetensors") and path.name != INDEX_FILE:
+            shutil.copy2(path, out / path.name)
+    config.dtype = dtype
+    config.save_pretrained(out)
+    sizes = {n: stored[prefix + n].size.numel() * stored[prefix + n].properties.dtype.itemsize for n in names}
+    writer = SafetensorsWriter(out)
+    for group in _groups(names, sizes, MAX_SHARD_BYTES):
+        state = {prefix + n: torch.empty(stored[prefix + n].size, dtype=stored[prefix + n].properties.dtype)
+                 for n in group}
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+        for n in group:
+            writer.add(n, state[prefix + n].to(dtype))
+        del state
+    writer.close()
+    return dtype
+
+
+# --- a run's checkpoints, local or in S3 ---------------------------------------------------------
+
+
+def checkpoint_folders(files: dict[str, int]) -> list[str]:
+    """The complete checkpoint folders among a run's files (relative; "" for the run folder itself),
+    oldest first: names sort by step (`checkpoint-0000060`) or by time (`checkpoint_2026-...`)."""
+    folders = {name.rpartition("/")[0] for name in files if name.rpartition("/")[2] == DCP_METADATA}
+    return sorted(folders, key=lambda f: (f.rpartition("/")[2], f))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exported:
+    checkpoint: str
+    """The checkpoint exported (URI)."""
+    out: str
+    """The Hugging Face folder written (URI)."""
+    how: str
+    """"copied" (the run had exported it) or "consolidated" (from the checkpoint's shards)."""
+    dtype: str
+    local_folder: Optional[Path]
+    """A local copy of the folder written (the folder itself when `out` is local), or None once gone."""
+
+
+def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str] = None, dtype: str = "auto",
+               from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None) -> Exported:
+    """Export a checkpoint of the run at `run` (a local folder or an s3:// prefix; a run folder, a
+    folder of runs' storage, or one checkpoint folder) as a Hugging Face folder at `out` (default:
+    `model/` next to the checkpoints). The newest checkpoint unless `checkpoint` names one.
+
+    When the checkpoint already holds the run's own export and no other dtype is asked for, the
+    folder is copied; otherwise it is consolidated from the shards. `keep_local`: for a remote `out`,
+    also keep the written folder there (to load it afterwards)."""
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: use one of {', '.join(EXPORT_DTYPES)}")
+    source = locate(run)
+    files = source.files()
+    if not files:
+        raise ValueError(f"{run}: nothing is stored there (a run folder, local or s3://, holds checkpoint folders)")
+    folders = checkpoint_folders(files)
+    if not folders:
+        raise ValueError(f"{run} holds no complete checkpoint (no folder with a {DCP_METADATA} file)")
+    if checkpoint is not None:
+        matches = [f for f in folders if f == checkpoint or f.rpartition("/")[2] == checkpoint]
+        if not matches:
+            names = ", ".join(f.rpartition("/")[2] for f in folders[-5:])
+            raise ValueError(f"{run} has no checkpoint {checkpoint!r} (newest: {names})")
+        chosen = matches[-1]
+    else:
+        chosen = folders[-1]
+    container = chosen.rpartition("/")[0]
+    if chosen:
+        default_out = source.join(container, MODEL_DIR)
+    else:  # RUN is a checkpoint folder: next to it
+        default_out = locate(run.rstrip("/").rpartition("/")[0] or ".").join(MODEL_DIR)
+    dest = locate(out) if out else default_out
+    if dest.files():
+        if not overwrite:
+            raise ValueError(f"{dest.uri} already holds files: pass --overwrite to replace them, or choose --out")
+        dest.clear()
+    ckpt = source.join(chosen)
+    ckpt_files = {n[len(chosen) + 1 :] if chosen else n: s for n, s in files.items()
+                  if not chosen or n.startswith(chosen + "/")}
+    exported = [n for n in ckpt_files if n.startswith(f"{MODEL_DIR}/") and n.endswith(".safetensors")]
+    log(f"checkpoint {ckpt.uri}")
+    started = time.monotonic()
+    if exported and not from_shards and dtype == "auto":
+        ckpt.join(MODEL_DIR).copy_to(dest)
+        how = "copied"
+        written = json.loads(ckpt.join(MODEL_DIR, "config.json").read_bytes()).get("dtype", "")
+    else:
+        with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+            if ckpt.remote:
+                local = Path(tmp) / "checkpoint"
+                wanted = [n for n in ckpt_files if not (n.startswith(f"{MODEL_DIR}/") and n.endswith(".safetensors"))]
+                log(f"downloading {len(wanted)} files ({sum(ckpt_files[n] for n in wanted) / 2**30:.2f} GiB)")
+                ckpt.download(local, names=wanted)
+            else:
+                local = Path(ckpt.path)
+            target = Path(tmp) / MODEL_DIR if dest.remote else Path(dest.path)
+            written = str(consolidate(local, target, dtype_choice=dtype)).removeprefix("torch.")
+            if dest.remote:
+                dest.upload_from(target)
+                if keep_local is not None:
+                    shutil.copytree(target, keep_local, dirs_exist_ok=True)
+        how = "consolidated"
+    if not dest.remote:
+        local_folder: Optional[Path] = Path(dest.path)
+    elif keep_local is not None:
+        if how == "copied":
+            dest.download(keep_local)
+        local_folder = keep_local
+    else:
+        local_folder = None
+    log(f"{how} into {dest.uri} in {time.monotonic() - started:.1f} s")
+    return Exported(checkpoint=ckpt.uri, out=dest.uri, how=how, dtype=written, local_folder=local_folder)
+
+
+# --- using an exported folder -------------------------------------------------------------------
+
+
+def greedy_generate(folder: Path, prompt: str, *, max_new_tokens: int = 24) -> str:
+    """Load the folder with from_pretrained and continue `prompt` greedily (through the tokenizer's
+    chat template when it has one, as a user turn); returns the new text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
+    model.eval()
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_dict=True, return_tensors="pt")["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    ids = ids.to(device)
+    with torch.no_grad():
+        output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()

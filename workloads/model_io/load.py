@@ -1,0 +1,169 @@
+"""Fill an FSDP2-sharded model straight from a Hugging Face folder's safetensors files.
+
+The model is built with its parameters on the meta device (`parameters_on_meta`: no memory, and
+buffers such as rotary frequencies still computed for real), sharded with FSDP2, then
+`materialize` allocates each rank's own shards and `fill_from_safetensors` reads into them only the
+slice of every tensor that the rank holds (safetensors slices come from a memory-mapped file). No
+rank ever holds a full copy of the model, on the GPU or in host memory: the largest transient host
+buffer is one rank's slice of one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device; buffers stay real.
+
+    Every parameter is registered through `nn.Module.register_parameter`, so moving it there covers
+    any architecture. A parameter already on meta is kept as it is, so tying (`lm_head.weight =
+    embed_tokens.weight`) still shares one object.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def materialize(module: nn.Module, *, device: torch.device) -> None:
+    """Allocate the meta parameters (each rank: its shards only) on `device`, uninitialized; buffers
+    keep the values they were built with."""
+    saved = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            buffer.copy_(saved[name])
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (from the index when there is one)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    mapping: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            mapping.update((name, path) for name in f.keys())
+    return mapping
+
+
+COMPILED_WRAPPER = "_orig_mod."
+"""What torch.compile's wrapper adds to the names of a compiled module's parameters."""
+
+
+def file_name(name: str) -> str:
+    """A parameter's name as a Hugging Face file has it: without torch.compile's wrapper."""
+    return name.replace(COMPILED_WRAPPER, "")
+
+
+def persistent_buffer_names(module: nn.Module) -> list[str]:
+    names = []
+    for prefix, owner in module.named_modules():
+        for name in owner._buffers:
+            if owner._buffers[name] is not None and name not in owner._non_persistent_buffers_set:
+                names.append(f"{prefix}.{name}" if prefix else name)
+    return names
+
+
+def tensor_aliases(module: nn.Module) -> dict[str, list[str]]:
+    """The name of each distinct parameter and persistent buffer (as `named_parameters` gives it,
+    so with torch.compile's `_orig_mod.` where layers are compiled) -> every name it is known by,
+    tied ones included (`lm_head.weight` for a tied embedding)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(param), name)
+        aliases.setdefault(owner, []).append(name)
+    for name in persistent_buffer_names(module):
+        aliases[name] = [name]
+    return aliases
+
+
+def _local_part(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
+    """The tensor this rank holds and where it sits in the full tensor."""
+    if isinstance(tensor, DTensor):
+        (chunk,) = tensor.__create_chunk_list__()
+        where = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
+        local = tensor.to_local()
+        assert tuple(local.shape) == tuple(chunk.sizes), (local.shape, chunk.sizes)
+        return local, where
+    return tensor, tuple(slice(0, s) for s in tensor.shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadStats:
+    tensors: int
+    """Tensors filled."""
+    bytes_read: int
+    """Bytes this rank read from the files (its slices only)."""
+    seconds: float
+    unused: list[str] = field(default_factory=list)
+    """Tensors in the files the model has no place for."""
+
+
+def fill_from_safetensors(module: nn.Module, folder: Path) -> LoadStats:
+    """Copy each parameter's (local shard of its) tensor from the folder's safetensors files, converted
+    to the parameter's dtype. ValueError when the files lack a tensor or hold one of another shape."""
+    started = time.monotonic()
+    files = weight_files(folder)
+    aliases = tensor_aliases(module)
+    targets = dict(module.named_parameters())
+    targets.update((name, module.get_buffer(name)) for name in persistent_buffer_names(module))
+    stored: dict[str, str] = {}
+    missing = []
+    for name, names in aliases.items():
+        found = next((file_name(n) for n in names if file_name(n) in files), None)
+        if found is None:
+            missing.append(name)
+        else:
+            stored[name] = found
+    if missing:
+        missing = [file_name(n) for n in missing]
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(
+            f"{folder} lacks {len(missing)} tensor(s) the model needs ({shown}): its config.json and weights "
+            "do not match"
+        )
+    used = {file_name(n) for names in aliases.values() for n in names}
+    bytes_read = 0
+    with ExitStack() as stack, torch.no_grad():
+        handles = {path: stack.enter_context(safe_open(path, framework="pt")) for path in set(files.values())}
+        for name, key in stored.items():
+            target = targets[name]
+            sliced = handles[files[key]].get_slice(key)
+            if list(sliced.get_shape()) != list(target.shape):
+                raise ValueError(
+                    f"{folder}: tensor {key} has shape {list(sliced.get_shape())}, the model expects "
+                    f"{list(target.shape)}: its config.json and weights do not match"
+                )
+            local, where = _local_part(target)
+            if local.numel() == 0:
+                continue
+            part = sliced[where]
+            bytes_read += part.numel() * part.element_size()
+            local.copy_(part.to(dtype=local.dtype))
+    return LoadStats(tensors=len(stored), bytes_read=bytes_read, seconds=time.monotonic() - started,
+                     unused=sorted(set(files) - used))

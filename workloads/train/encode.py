@@ -1,0 +1,106 @@
+"""Records into token sequences, each token marked as a training target or not.
+
+Plain text: every token is a target and the document ends with the tokenizer's EOS.
+Chat: the conversation is rendered with the tokenizer's own chat template and tokenized once; the
+targets are the tokens the assistant turns add (their content and end-of-turn token), found as
+character spans: each assistant turn's span runs from the end of the conversation so far rendered
+with the generation prompt to the end of the conversation rendered through that turn. Prompts,
+system and user turns, and the template's markup are context only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from workloads.train.records import Record
+
+
+@dataclass(frozen=True)
+class Example:
+    tokens: list[int]
+    targets: list[bool]
+    """targets[i]: token i is a label (predicted from tokens[:i]); targets[0] is never used."""
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot load a tokenizer from {name_or_path!r}: {reason}") from None
+
+
+def _render(tokenizer, messages: list[dict], *, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_spans(tokenizer, messages: list[dict], *, where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span each assistant turn adds to it."""
+    text = _render(tokenizer, messages, generation_prompt=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
+        through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        if not (through.startswith(before) and text.startswith(through)):
+            raise ValueError(
+                f"{where}: the tokenizer's chat template does not render this conversation's prefixes as "
+                "prefixes of the whole, so its assistant tokens cannot be located"
+            )
+        spans.append((len(before), len(through)))
+    return text, spans
+
+
+def encode_chat(tokenizer, record: Record) -> Example:
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"{record.where}: a chat record, but the tokenizer has no chat template: set data.tokenizer to one "
+            "that has one (e.g. the model's -Instruct tokenizer)"
+        )
+    text, spans = assistant_spans(tokenizer, record.messages, where=record.where)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    targets = [any(s <= start < e for s, e in spans) for start, _ in encoded["offset_mapping"]]
+    return Example(tokens=list(encoded["input_ids"]), targets=targets)
+
+
+def encode_texts(tokenizer, texts: list[str], *, eos_id: int) -> list[Example]:
+    if not texts:
+        return []
+    documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [Example(tokens=[*doc, eos_id], targets=[True] * (len(doc) + 1)) for doc in documents]
+
+
+def encode_records(tokenizer, records: list[Record]) -> list[Example]:
+    """Examples in record order (text records batched through the tokenizer)."""
+    if tokenizer.eos_token_id is None and not all(r.is_chat for r in records):
+        raise ValueError("the tokenizer has no EOS token: text documents cannot be separated")
+    texts = [i for i, r in enumerate(records) if not r.is_chat]
+    out: list[Optional[Example]] = [None] * len(records)
+    encoded = encode_texts(tokenizer, [records[i].text for i in texts], eos_id=tokenizer.eos_token_id)
+    for i, example in zip(texts, encoded, strict=True):
+        out[i] = example
+    for i, record in enumerate(records):
+        if record.is_chat:
+            out[i] = encode_chat(tokenizer, record)
+    return out  # type: ignore[return-value]
+
+
+def end_of_turn_id(tokenizer) -> Optional[int]:
+    """The special token the chat template closes an assistant turn with (`<|im_end|>` for ChatML),
+    which generation must stop at; None when the template has none."""
+    if not tokenizer.chat_template:
+        return None
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    text, ((start, end),) = assistant_spans(tokenizer, messages, where="chat template")
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    special = set(tokenizer.all_special_ids) | {
+        i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)
+    }
+    for token, (s, _) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True):
+        if start <= s < end and token in special:
+            return token
+    return None
