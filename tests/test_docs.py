@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
-PLAIN_DOC = re.compile(r"(?<![\[`/\w])(?<!\]\()docs/[A-Z]+\.md(?![\]`\w])")
+PLAIN_DOC = re.compile(r"(?<![\[`/\w])(?<!\]\()docs/[A-Z_]+\.md(?![\]`\w])")
 
 
 def documents(repo_root: Path) -> list[Path]:

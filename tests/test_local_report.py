@@ -153,7 +153,6 @@ def test_the_held_out_loss_reaches_the_progress_line_the_summary_and_the_plot(tm
         report.write_report(tmp_path, records=records, summary=summary, meta={"title": "t"})
     finally:
         plt.Figure.savefig = original
-    (ax,) = saved[0].axes
-    lines = {line.get_label(): line for line in ax.get_lines()}
-    assert list(lines["eval (held out)"].get_xdata()) == [10, 20]
-    assert list(lines["eval (held out)"].get_ydata()) == [2.5, 1.25]
+    lines = {line.get_label(): line for ax in saved[0].axes for line in ax.get_lines()}
+    assert list(lines["eval loss"].get_xdata()) == [10, 20]
+    assert list(lines["eval loss"].get_ydata()) == [2.5, 1.25]
