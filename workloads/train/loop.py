@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from workloads.train import checkpoint, metrics
 from workloads.train.config import TrainConfig
@@ -26,7 +25,14 @@ from workloads.train.data import Batch, batches, build_source, samples_per_step
 from workloads.train.loss import LinearCrossEntropy, choose_implementation
 from workloads.train.model import CausalLMWithLoss, Shape, build_causal_lm, shape_of
 from workloads.train.optim import build_optimizer, clip_grad_norm, schedule, set_lr
-from workloads.train.parallel import parallelize
+from workloads.train.parallel import (
+    GradientSync,
+    MeshPlan,
+    build_mesh,
+    parallelize,
+    plan_mesh,
+    reduction_plan,
+)
 from workloads.transport.gate import run_transport_gate
 
 
@@ -48,16 +54,41 @@ def build_model(cfg: TrainConfig, *, device: torch.device) -> tuple[CausalLMWith
     return CausalLMWithLoss(lm, loss=loss), shape_of(lm)
 
 
+def node_of_each_rank(ctx: TrainContext, *, device: torch.device) -> list[int]:
+    mine = torch.tensor([ctx.node_rank], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(every, mine)
+    return [int(t.item()) for t in every]
+
+
+def mesh_plan(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, n_params: int) -> MeshPlan:
+    """Flat FSDP or HSDP for this run's nodes (`cfg.parallelism`; the same plan on every rank)."""
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return plan_mesh(
+        requested=cfg.parallelism,
+        node_of_rank=node_of_each_rank(ctx, device=device),
+        n_params=n_params,
+        device_memory_bytes=memory,
+    )
+
+
+def cross_node_dtype(cfg: TrainConfig) -> torch.dtype:
+    return getattr(torch, cfg.cross_node_reduce_dtype)
+
+
 def shard_model(
-    model: CausalLMWithLoss, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device
+    model: CausalLMWithLoss, cfg: TrainConfig, *, plan: MeshPlan, device: torch.device
 ) -> CausalLMWithLoss:
-    mesh = init_device_mesh(device.type, (ctx.world_size,))
+    reduce_dtype, _ = reduction_plan(
+        plan, mixed_precision=cfg.mixed_precision, cross_node_dtype=cross_node_dtype(cfg)
+    )
     return parallelize(
         model,
-        mesh=mesh,
+        mesh=build_mesh(plan, device_type=device.type),
         compile=cfg.compile,
         mixed_precision=cfg.mixed_precision,
         reshard_after_forward=cfg.reshard_after_forward,
+        reduce_dtype=reduce_dtype,
     )
 
 
@@ -92,13 +123,35 @@ def device_batches(
         yield batch.to(device, non_blocking=on_cuda)
 
 
+def accumulate_gradients(
+    model: CausalLMWithLoss, micro_batches: list[Batch], *, sync: GradientSync
+) -> torch.Tensor:
+    """Forward and backward of each micro-batch, gradients summed; returns the mean loss (a device
+    tensor). Each micro-batch's mean loss is scaled by 1/len, so with equal-sized micro-batches the
+    gradient is that of one batch holding them all."""
+    loss = torch.zeros((), device=micro_batches[0].tokens.device)
+    for i, batch in enumerate(micro_batches):
+        micro_loss = model(batch.input_ids, batch.labels) / len(micro_batches)
+        # After the forward: FSDP2 sets each unit's reduce dtype at its first forward.
+        sync.before_backward(model, last=i == len(micro_batches) - 1)
+        micro_loss.backward()
+        loss += micro_loss.detach()
+    return loss
+
+
 def train_step(
-    model: CausalLMWithLoss, optimizer: torch.optim.Optimizer, batch: Batch, *, lr: float, grad_clip: float
+    model: CausalLMWithLoss,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    *,
+    lr: float,
+    grad_clip: float,
+    sync: GradientSync = GradientSync(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step; returns (loss, grad norm) as device tensors, not yet read back."""
+    """One optimizer step over the micro-batches; returns (loss, grad norm) as device tensors, not
+    yet read back."""
     set_lr(optimizer, lr)
-    loss = model(batch.input_ids, batch.labels)
-    loss.backward()
+    loss = accumulate_gradients(model, micro_batches, sync=sync)
     grad_norm = clip_grad_norm(model, max_norm=grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -175,7 +228,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     )
     nodes = nodes_in_run(ctx, device=device)
     model, shape = build_model(cfg, device=device)
-    model = shard_model(model, cfg, ctx=ctx, device=device)
+    plan = mesh_plan(cfg, ctx=ctx, device=device, n_params=shape.n_params)
+    model = shard_model(model, cfg, plan=plan, device=device)
+    _, sync = reduction_plan(plan, mixed_precision=cfg.mixed_precision, cross_node_dtype=cross_node_dtype(cfg))
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
     data = device_batches(
@@ -189,14 +244,15 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         head_dim=shape.head_dim,
         seq_len=cfg.seq_len,
     )
-    per_step = samples_per_step(micro_batch=cfg.micro_batch, world_size=ctx.world_size)
+    per_step = samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size)
     throughput = Throughput()
     first_loss: torch.Tensor | None = None
     first_value: float | None = None
     last: dict = {}
     for step in range(progress.step + 1, cfg.steps + 1):
         lr = schedule(cfg, step)
-        loss, grad_norm = train_step(model, optimizer, next(data), lr=lr, grad_clip=cfg.grad_clip)
+        micro_batches = [next(data) for _ in range(cfg.grad_accum_steps)]
+        loss, grad_norm = train_step(model, optimizer, micro_batches, lr=lr, grad_clip=cfg.grad_clip, sync=sync)
         throughput.steps += 1
         if first_loss is None:
             first_loss = loss
@@ -205,7 +261,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             continue
 
         loss_value, first_value = mean_across_ranks(torch.stack([loss, first_loss]))
-        rate = throughput.close_window(micro_batch=cfg.micro_batch, seq_len=cfg.seq_len)
+        rate = throughput.close_window(micro_batch=cfg.samples_per_rank_per_step, seq_len=cfg.seq_len)
         last = {
             "step": step,
             "loss": loss_value,
@@ -241,6 +297,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "resumed_from_step": progress.step,
         "world_size": ctx.world_size,
         "nodes": nodes,
+        "parallelism": {"kind": plan.kind, "mesh": list(plan.shape), "reason": plan.reason},
+        "grad_accum_steps": cfg.grad_accum_steps,
         "loss_implementation": model.loss.implementation,
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
