@@ -18,7 +18,7 @@ from workloads.bench.step_time import (
     g6_12xlarge_pair,
     main,
     predict_step,
-    qwen25_1_5b_shape,
+    model_shape,
 )
 
 GB = 1e9
@@ -118,26 +118,18 @@ def test_cost_per_billion_tokens():
     assert p.usd_per_billion_tokens == pytest.approx(9.2032 / 3600 / (8 * 32768) * 1e9, rel=1e-6)
 
 
-def test_qwen_shape_matches_the_built_architecture():
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from workloads.train.metrics import flops_per_token
-    from workloads.train.model import named_architecture
-
-    with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(named_architecture("qwen2.5-1.5b"))
-    shape = qwen25_1_5b_shape(2048)
-    assert shape.params == sum(p.numel() for p in lm.parameters())
-    assert shape.params_per_layer == sum(p.numel() for p in lm.model.layers[0].parameters())
-    assert shape.flops_per_token == flops_per_token(n_params=shape.params, n_layers=28, n_heads=12, head_dim=128,
-                                                    seq_len=2048)
+def test_the_model_shape_counts_each_decoder_layer_and_the_root():
+    shape = model_shape("qwen2.5-1.5b", seq_len=2048)
+    # 1,543,714,304 parameters, the tied embedding once; 10.32 GFLOP per token at 2,048 (DESIGN.md).
+    assert shape.params == 1_543_714_304 and shape.layers == 28
+    assert shape.root_params == 151936 * 1536 + 1536  # embedding (= lm_head) and the final norm
+    assert shape.flops_per_token == pytest.approx(10.32e9, rel=1e-3)
 
 
 def test_on_g6_hsdp_with_bf16_between_nodes_is_the_fastest_and_cheapest():
     hw = g6_12xlarge_pair(mfu=0.55)
     assert hw.usd_per_node_hour == 4.6016 and hw.ranks == 8
-    flat, hsdp32, auto = (predict_step(hw, qwen25_1_5b_shape(), s) for s in cluster_strategies())
+    flat, hsdp32, auto = (predict_step(hw, model_shape("qwen2.5-1.5b", seq_len=2048), s) for s in cluster_strategies())
     assert auto.tokens_per_s_per_gpu > hsdp32.tokens_per_s_per_gpu > flat.tokens_per_s_per_gpu
     assert auto.usd_per_billion_tokens < hsdp32.usd_per_billion_tokens < flat.usd_per_billion_tokens
     # Never faster than the compute alone.

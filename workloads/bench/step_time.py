@@ -30,7 +30,7 @@ import argparse
 import bisect
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 FSDP, HSDP = "fsdp", "hsdp"
@@ -255,18 +255,30 @@ MEASURED_H200_MFU = 0.552
 """The loop's MFU on 2x H200 over NVLink at micro-batch 16 (docs/PERFORMANCE.md, 2026-11-30)."""
 
 
-def qwen25_1_5b_shape(seq_len: int = 2048) -> ModelShape:
-    """Qwen2.5-1.5B's units, from its architecture (workloads/train/model.py) without building it."""
-    hidden, inter, layers, heads, kv_heads, vocab = 1536, 8960, 28, 12, 2, 151936
-    head_dim = hidden // heads
-    attention = hidden * heads * head_dim + heads * head_dim  # q with bias
-    attention += 2 * (hidden * kv_heads * head_dim + kv_heads * head_dim)  # k, v with bias
-    attention += heads * head_dim * hidden  # o, no bias
-    per_layer = attention + 3 * hidden * inter + 2 * hidden  # MLP (gate, up, down) and two norms
-    root = vocab * hidden + hidden  # tied embedding / lm_head, final norm
-    params = layers * per_layer + root
-    flops = 6.0 * params + 12.0 * layers * heads * head_dim * seq_len
-    return ModelShape(layers=layers, params_per_layer=per_layer, root_params=root, flops_per_token=flops)
+def model_shape(name_or_path: str, *, seq_len: int) -> ModelShape:
+    """A model's FSDP units as the loop wraps them (each decoder layer, then the root), counted on a
+    parameter-free (meta) copy of a named architecture or a Hugging Face config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workloads.train.config import ModelConfig
+    from workloads.train.metrics import flops_per_token
+    from workloads.train.model import named_architecture, shape_of
+
+    named = ModelConfig(name_or_path=name_or_path).is_named_architecture
+    config = named_architecture(name_or_path) if named else AutoConfig.from_pretrained(name_or_path)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config)
+    shape = shape_of(lm)
+    layers = lm.model.layers
+    per_layer = sum(p.numel() for p in layers[0].parameters())
+    return ModelShape(
+        layers=len(layers),
+        params_per_layer=per_layer,
+        root_params=shape.n_params - len(layers) * per_layer,
+        flops_per_token=flops_per_token(n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads,
+                                        head_dim=shape.head_dim, seq_len=seq_len),
+    )
 
 
 def g6_12xlarge_pair(*, mfu: float, inter_gbps: float = G6_12XLARGE_NETWORK_GBPS,
@@ -319,7 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         hw = g6_12xlarge_pair(mfu=args.mfu, inter_gbps=args.inter_gbps, intra_gbps=args.intra_gbps)
-        model = qwen25_1_5b_shape(args.seq_len)
+        model = model_shape("qwen2.5-1.5b", seq_len=args.seq_len)
         predictions = [predict_step(hw, model, s) for s in cluster_strategies(
             micro_batch=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum_steps)]
     except ValueError as e:
@@ -330,10 +342,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{args.micro_batch} x {args.grad_accum_steps} micro-steps x seq {args.seq_len}")
     print(format_predictions(predictions))
     return 0
-
-
-def as_dict(prediction: StepPrediction) -> dict:
-    return asdict(prediction)
 
 
 if __name__ == "__main__":

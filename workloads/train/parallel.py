@@ -181,11 +181,16 @@ def set_reduce_dtype(model: nn.Module, dtype: torch.dtype) -> None:
     """The dtype FSDP2 reduces gradients in, for every unit under `model`, from the next backward on.
 
     FSDP2 fixes it per unit from the MixedPrecisionPolicy at its first forward and has no public
-    setter; its parameter groups read `_reduce_dtype` at every reduction (torch 2.4 to 2.13)."""
+    setter; its parameter groups read `_reduce_dtype` at every reduction (torch 2.4 to 2.13; a unit
+    has one group, `_fsdp_param_group`, up to the versions that added a list of them)."""
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
-        for group in module._get_fsdp_state()._fsdp_param_groups:
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            groups = [g for g in (state._fsdp_param_group,) if g is not None]
+        for group in groups:
             if not hasattr(group, "_reduce_dtype"):
                 raise RuntimeError(
                     f"torch {torch.__version__}: FSDP2 has no per-unit reduce dtype to switch; "
