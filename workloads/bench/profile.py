@@ -71,11 +71,17 @@ class StepWindowProfiler:
     """Records steps `first..last` (1-based optimizer steps) and writes the operators and kernels
     sorted by device time. Steps inside the window run slower; the benchmark's figures mark them."""
 
-    def __init__(self, *, first: int, last: int, out: Optional[Path], title: str, device: torch.device) -> None:
+    def __init__(
+        self, *, first: int, last: int, out: Optional[Path], title: str, device: torch.device, table: bool = True
+    ) -> None:
+        """With `table` False only device activity is recorded (what the communication figures
+        need), which keeps long windows cheap to process."""
         if not 1 <= first <= last:
             raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last")
         self.first, self.last, self.out, self.title = first, last, out, title
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self._with_table = table
+        cuda = [ProfilerActivity.CUDA] if device.type == "cuda" else []
+        activities = [ProfilerActivity.CPU, *cuda] if table or not cuda else cuda
         self._profile = profile(activities=activities)
         self._sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         self._cuda = device.type == "cuda"
@@ -108,6 +114,8 @@ class StepWindowProfiler:
         self._profile.__exit__(None, None, None)
         if self._cuda:
             self.communication = communication(self._profile.events(), steps=self.last - self.first + 1)
+        if not self._with_table:
+            return
         self.table = self._profile.key_averages().table(sort_by=self._sort, row_limit=30, max_name_column_width=70)
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)

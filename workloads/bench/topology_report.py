@@ -94,7 +94,7 @@ def comparisons(figures: dict[str, dict], *, tokens_per_step: dict[str, int], la
             continue
         tokens = tokens_per_step.get(candidate)
         result.append({
-            "label": f"{candidate} vs {baseline}: {text}, {tokens:,} tokens per optimizer step",
+            "label": f"{candidate} vs {baseline.replace('-', ' ')}: {text}, {tokens:,} tokens per optimizer step",
             "candidate": candidate, "baseline": baseline, "ratio": a / b, "tokens_per_optimizer_step": tokens,
         })
     return result

@@ -167,7 +167,8 @@ def run_job(
     profiler = None
     if profile_steps is not None:
         profiler = StepWindowProfiler(first=profile_steps[0], last=profile_steps[1], out=profile_out,
-                                      title=f"{name}-mb{cfg.micro_batch}", device=runtime.device)
+                                      title=f"{name}-mb{cfg.micro_batch}", device=runtime.device,
+                                      table=profile_out is not None)
         profiler.start_if_first_step()
 
     def after_step(optimizer, args, kwargs) -> None:
