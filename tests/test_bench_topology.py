@@ -48,13 +48,13 @@ def test_every_comparison_trains_on_the_same_tokens_per_optimizer_step():
         runs = plan_runs(layout, grad_accum_steps=8)
         emulated = {r.label: r for r in runs[EMULATED]}
         one_host = {r.label: r for r in runs[ONE_HOST]}
-        assert list(emulated) == ["flat", "hsdp-fp32", "auto", "flat-k1", "auto-k1"]
+        assert list(emulated) == ["auto", "flat", "hsdp-fp32", "flat-k1", "auto-k1"]
         ranks = 2 * layout.gpus_per_host
         for k, one in (("auto", "one-host"), ("auto-k1", "one-host-k1")):
             assert ranks * emulated[k].grad_accum_steps == layout.one_host_ranks * one_host[one].grad_accum_steps
         assert emulated["flat"].grad_accum_steps == emulated["auto"].grad_accum_steps == 8
     assert [r.label for r in plan_runs(layout_for(2), grad_accum_steps=4, skip_k1=True)[EMULATED]] == [
-        "flat", "hsdp-fp32", "auto"]
+        "auto", "flat", "hsdp-fp32"]
 
 
 def test_job_configs_apply_each_runs_strategy():
@@ -175,7 +175,7 @@ def test_the_command_runs_on_cpu_and_writes_a_few_files(tmp_path):
     doc = json.loads((out / "bench.json").read_text())
     assert (doc["settings"]["emulated_hosts"], doc["settings"]["gpus_per_host"]) == (2, 1)
     kinds = {f["label"]: f["parallelism"]["kind"] for f in doc["figures"]}
-    assert kinds == {"flat": "fsdp", "hsdp-fp32": "hsdp", "auto": "hsdp", "one-host": "fsdp"}
+    assert kinds == {"one-host": "fsdp", "auto": "hsdp", "flat": "fsdp", "hsdp-fp32": "hsdp"}
     labels = [c["label"] for c in doc["comparisons"]]
     assert any("vs flat" in label for label in labels) and any("vs one host" in label for label in labels)
     assert all(c["ratio"] > 0 for c in doc["comparisons"])

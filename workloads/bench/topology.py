@@ -1,20 +1,20 @@
 """`python -m workloads.bench.topology --out DIR`: the loop between nodes, measured on one machine.
 
-Two emulated hosts, as NCCL sees hosts: one torchrun per host (`--nnodes 2 --node-rank R
---master-addr 127.0.0.1`), each with its own GPUs (`CUDA_VISIBLE_DEVICES`), its own `NCCL_HOSTID`
-and `NCCL_SOCKET_IFNAME=lo`, so traffic between them takes NCCL's network transport (sockets on
-loopback, about the 40 Gbps of a g6.12xlarge's EFA interface) while each host's own GPUs use
-NVLink. In that one process group, in order:
+First, one torchrun on one host: `one-host` and `one-host-k1`, the default loop over NVLink (the
+baseline; its MFU calibrates the step-time model). Then two emulated hosts, as NCCL sees hosts:
+one torchrun per host (`--nnodes 2 --node-rank R --master-addr 127.0.0.1`), each with its own GPUs
+(`CUDA_VISIBLE_DEVICES`), its own `NCCL_HOSTID` and `NCCL_SOCKET_IFNAME=lo`, so traffic between
+them takes NCCL's network transport (sockets on loopback, about the 40 Gbps of a g6.12xlarge's EFA
+interface) while each host's own GPUs use NVLink. In that one process group, in order:
 
   bandwidth   all-reduce bus bandwidth between the hosts (`bench nccl`'s measurement)
-  flat        today's loop: flat FSDP, fp32 gradient reduction          } K micro-steps each,
-  hsdp-fp32   HSDP (shard within a host, replicate across), fp32       } the same tokens per
-  auto        the default: HSDP with bf16 between hosts                  } optimizer step
-  flat-k1, auto-k1   the same without accumulation (micro-batch only)
+  auto        the default: HSDP (shard within a host, replicate across), bf16 between hosts  } K micro-
+  flat        today's loop: flat FSDP, fp32 gradient reduction                              } steps, the
+  hsdp-fp32   HSDP with fp32 between hosts                                                  } one-host
+  flat-k1, auto-k1   the same without accumulation                                           } tokens/step
 
-then, in a second torchrun on one host: `one-host` and `one-host-k1`, the default loop at the same
-tokens per optimizer step over NVLink (the baseline the emulated hosts are held against). The last
-step of every run is profiled for the communication it left exposed; the step-time model
+Every run trains on as many tokens per optimizer step as its one-host counterpart. The last step
+of every run is profiled for the communication it left exposed; the step-time model
 (workloads/bench/step_time.py) predicts every run from the measured bandwidths and the one-host
 MFU. DIR gets bench.json, table.txt and one log per torchrun.
 
@@ -138,10 +138,11 @@ class Spec:
 def plan_runs(layout: Layout, *, grad_accum_steps: int, skip_k1: bool = False) -> dict[str, tuple[RunSpec, ...]]:
     k = grad_accum_steps
     flat = ("parallelism=fsdp", "cross_node_reduce_dtype=float32")
+    # Most telling first: a run stopped at the time limit leaves the headline comparisons.
     emulated = [
+        RunSpec(label="auto", overrides=(), grad_accum_steps=k),
         RunSpec(label="flat", overrides=flat, grad_accum_steps=k),
         RunSpec(label="hsdp-fp32", overrides=("parallelism=hsdp", "cross_node_reduce_dtype=float32"), grad_accum_steps=k),
-        RunSpec(label="auto", overrides=(), grad_accum_steps=k),
     ]
     # The one-host baseline trains on as many tokens per optimizer step: one rank alone on a shared
     # GPU runs both hosts' micro-steps.
@@ -337,10 +338,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workloads.bench.topology", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for bench.json, table.txt and the logs")
     parser.add_argument("--preset", default="qwen2.5-1.5b")
-    parser.add_argument("--micro-batch", type=int, default=0, help="default 16 (8 when two ranks share one GPU)")
+    parser.add_argument("--micro-batch", type=int, default=0, help="default 16 (4 when two ranks share one GPU)")
     parser.add_argument("--grad-accum-steps", type=int, default=8, help="micro-steps per optimizer step (default 8)")
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--steps", type=int, default=7, help="optimizer steps per run; the last is profiled")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run; the last is profiled")
     parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (compilation)")
     parser.add_argument("--lr", type=float, default=1e-4,
                         help="peak learning rate, high enough that the loss curves move in a few steps")
@@ -362,7 +363,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"--grad-accum-steps {args.grad_accum_steps}: use 1 or more")
         spec = Spec(
             preset=args.preset,
-            micro_batch=args.micro_batch or (8 if layout.shared else 16),
+            micro_batch=args.micro_batch or (4 if layout.shared else 16),
             grad_accum_steps=args.grad_accum_steps,
             seq_len=args.seq_len,
             steps=args.steps,
@@ -387,9 +388,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parts = Path(tmp)
         spec_file = parts / "spec.json"
         spec_file.write_text(json.dumps(spec_to_dict(spec)))
-        exits = {EMULATED: run_emulated(spec_file, layout, out, parts, deadline)}
-        if time.monotonic() < deadline - 30:
-            exits[ONE_HOST] = run_one_host(spec_file, layout, out, parts, deadline)
+        # The baseline first: it is short, and it calibrates the step-time model.
+        exits = {ONE_HOST: run_one_host(spec_file, layout, out, parts, deadline)}
+        if time.monotonic() < deadline - 60:
+            exits[EMULATED] = run_emulated(spec_file, layout, out, parts, deadline)
         phases = {p: json.loads((parts / f"{p}.json").read_text()) for p in (EMULATED, ONE_HOST)
                   if (parts / f"{p}.json").is_file()}
     document = build_document(spec=spec_to_dict(spec), layout=asdict(layout), limits=layout.limits(), phases=phases,
