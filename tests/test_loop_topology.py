@@ -23,14 +23,7 @@ import torch.multiprocessing as mp
 from workloads.context import TrainContext
 from workloads.train.config import TrainConfig, preset, with_overrides
 from workloads.train.data import batches, build_source
-from workloads.train.loop import (
-    accumulate_gradients,
-    build_model,
-    cross_node_dtype,
-    mesh_plan,
-    shard_model,
-    train,
-)
+from workloads.train.loop import accumulate_gradients, build_model, mesh_plan, reductions, shard_model, train
 from workloads.train.parallel import GradientSync, MeshPlan, plan_mesh, reduction_plan
 
 WORLD_SIZE, NODES = 4, 2
@@ -118,10 +111,11 @@ class CollectiveLog:
                 bound = dict(zip(params, args)) | kwargs
                 reduced = bound["tensor" if _name == "all_reduce" else "input"]
                 group = bound.get("group")
+                ranks = dist.get_process_group_ranks(group) if group is not None else range(WORLD_SIZE)
                 self.calls.append({
                     "op": "all_reduce" if _name == "all_reduce" else "reduce_scatter",
                     "dtype": str(reduced.dtype).removeprefix("torch."),
-                    "ranks": sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(WORLD_SIZE)),
+                    "ranks": sorted(ranks),
                 })
                 return _original(*args, **kwargs)
 
@@ -147,20 +141,25 @@ class MarkingSync(GradientSync):
         super().before_backward(model, last=last)
 
 
-def reductions_by_micro_step(rank: int, root: Path, *, parallelism: str, dtype: str) -> list[list[dict]]:
-    """One optimizer step of ACCUM_STEPS micro-steps with the collectives logged per micro-step."""
+def sharded_step(rank: int, *, parallelism: str, dtype: str):
+    """A model sharded as the loop shards it, its sync and one step's micro-batches (bf16 compute)."""
     cfg = with_overrides(preset("demo-cpu"), ["mixed_precision=true", f"parallelism={parallelism}",
                                               f"cross_node_reduce_dtype={dtype}", "micro_batch=2",
                                               f"grad_accum_steps={ACCUM_STEPS}"])
-    ctx = context(rank, root=root, name="count", resume_from=None, reports=[])
+    ctx = context(rank, root=Path("."), name="unused", resume_from=None, reports=[])
     cpu = torch.device("cpu")
     model, shape = build_model(cfg, device=cpu)
     plan = mesh_plan(cfg, ctx=ctx, device=cpu, n_params=shape.n_params)
     model = shard_model(model, cfg, plan=plan, device=cpu)
-    _, sync = reduction_plan(plan, mixed_precision=True, cross_node_dtype=cross_node_dtype(cfg))
+    _, sync = reductions(cfg, plan)
     source = build_source(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path="")
     data = batches(source, position=0, micro_batch=cfg.micro_batch, rank=rank, world_size=WORLD_SIZE)
-    micro_batches = [next(data) for _ in range(ACCUM_STEPS)]
+    return model, sync, [next(data) for _ in range(ACCUM_STEPS)]
+
+
+def reductions_by_micro_step(rank: int, *, parallelism: str, dtype: str) -> list[list[dict]]:
+    """One optimizer step of ACCUM_STEPS micro-steps with the collectives logged per micro-step."""
+    model, sync, micro_batches = sharded_step(rank, parallelism=parallelism, dtype=dtype)
     with CollectiveLog() as log:
         marking = MarkingSync(hsdp=sync.hsdp, cross_node_dtype=sync.cross_node_dtype, log=log)
         accumulate_gradients(model, micro_batches, sync=marking)
@@ -175,18 +174,8 @@ def reductions_by_micro_step(rank: int, root: Path, *, parallelism: str, dtype: 
 
 def reduced_gradients(rank: int, *, cross: str) -> dict[str, torch.Tensor]:
     """This rank's gradient shards after one accumulated step under HSDP with bf16 compute."""
-    cfg = with_overrides(preset("demo-cpu"), ["mixed_precision=true", "parallelism=hsdp",
-                                              f"cross_node_reduce_dtype={cross}", "micro_batch=2",
-                                              f"grad_accum_steps={ACCUM_STEPS}"])
-    ctx = context(rank, root=Path("."), name="grads", resume_from=None, reports=[])
-    cpu = torch.device("cpu")
-    model, shape = build_model(cfg, device=cpu)
-    plan = mesh_plan(cfg, ctx=ctx, device=cpu, n_params=shape.n_params)
-    model = shard_model(model, cfg, plan=plan, device=cpu)
-    _, sync = reduction_plan(plan, mixed_precision=True, cross_node_dtype=cross_node_dtype(cfg))
-    source = build_source(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path="")
-    data = batches(source, position=0, micro_batch=cfg.micro_batch, rank=rank, world_size=WORLD_SIZE)
-    accumulate_gradients(model, [next(data) for _ in range(ACCUM_STEPS)], sync=sync)
+    model, sync, micro_batches = sharded_step(rank, parallelism="hsdp", dtype=cross)
+    accumulate_gradients(model, micro_batches, sync=sync)
     return {name: p.grad.to_local().detach().clone() for name, p in model.named_parameters()}
 
 
@@ -201,7 +190,7 @@ def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
                 summary = train(TrainConfig.from_dict(scenario["cfg"]), ctx)
             (root / f"{name}-rank{rank}.json").write_text(json.dumps({"summary": summary, "reports": reports}))
         counts = {
-            f"{parallelism}-{dtype}": reductions_by_micro_step(rank, root, parallelism=parallelism, dtype=dtype)
+            f"{parallelism}-{dtype}": reductions_by_micro_step(rank, parallelism=parallelism, dtype=dtype)
             for parallelism, dtype in (("auto", "bfloat16"), ("auto", "float32"), ("fsdp", "float32"))
         }
         (root / f"count-rank{rank}.json").write_text(json.dumps(counts))

@@ -44,9 +44,9 @@ from typing import Optional, Sequence
 from workloads.bench.topology_report import EMULATED, ONE_HOST, build_document, format_document
 from workloads.train.config import TrainConfig, preset, with_overrides
 
-TIME_LIMIT_S = 570
-"""The command stops its runs here (a device command may take 10 minutes); bench.json then holds
-what finished."""
+TIME_LIMIT_S = 540
+"""The command stops its runs here, leaving time to write the document inside a 10-minute device
+command; bench.json then holds what finished."""
 BANDWIDTH_SIZES = (64 * 2**20, 256 * 2**20, 1 * 2**30)
 """All-reduce sizes measured in each phase: around a decoder layer's gradients (47M parameters:
 94 MB in bf16, 187 MB in fp32) and the root's (233M: 467 MB, 934 MB)."""
@@ -142,7 +142,8 @@ def plan_runs(layout: Layout, *, grad_accum_steps: int, skip_k1: bool = False) -
     emulated = [
         RunSpec(label="auto", overrides=(), grad_accum_steps=k),
         RunSpec(label="flat", overrides=flat, grad_accum_steps=k),
-        RunSpec(label="hsdp-fp32", overrides=("parallelism=hsdp", "cross_node_reduce_dtype=float32"), grad_accum_steps=k),
+        RunSpec(label="hsdp-fp32", overrides=("parallelism=hsdp", "cross_node_reduce_dtype=float32"),
+                grad_accum_steps=k),
     ]
     # The one-host baseline trains on as many tokens per optimizer step: one rank alone on a shared
     # GPU runs both hosts' micro-steps.
@@ -250,7 +251,7 @@ def base_env(layout: Layout) -> dict[str, str]:
     env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                 "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "4")})
     if layout.gpus == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     return env
 
 
@@ -305,7 +306,8 @@ def run_emulated(spec_file: Path, layout: Layout, out: Path, parts: Path, deadli
         argv = torchrun(
             ["--nnodes", "2", "--node-rank", str(host), "--nproc-per-node", str(layout.gpus_per_host),
              "--master-addr", "127.0.0.1", "--master-port", str(port)],
-            worker=["worker", "--spec", str(spec_file), "--phase", EMULATED, "--out-json", str(parts / f"{EMULATED}.json")],
+            worker=["worker", "--spec", str(spec_file), "--phase", EMULATED,
+                    "--out-json", str(parts / f"{EMULATED}.json")],
         )
         launches.append(Launch(argv, env=host_env(layout, host), log=out / f"emulated-host{host}.log", echo=host == 0))
     return {f"host{i}": launch.wait(deadline) for i, launch in enumerate(launches)}
@@ -394,10 +396,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             exits[EMULATED] = run_emulated(spec_file, layout, out, parts, deadline)
         phases = {p: json.loads((parts / f"{p}.json").read_text()) for p in (EMULATED, ONE_HOST)
                   if (parts / f"{p}.json").is_file()}
+    transport = {f"emulated-host{h}": transport_lines(out / f"emulated-host{h}.log") for h in (0, 1)}
     document = build_document(spec=spec_to_dict(spec), layout=asdict(layout), limits=layout.limits(), phases=phases,
-                              exits=exits, transport={f"emulated-host{h}": transport_lines(out / f"emulated-host{h}.log")
-                                                      for h in (0, 1)},
-                              wall_s=time.monotonic() - started)
+                              exits=exits, transport=transport, wall_s=time.monotonic() - started)
     (out / "bench.json").write_text(json.dumps(document, indent=2) + "\n")
     table = format_document(document)
     (out / "table.txt").write_text(table + "\n")

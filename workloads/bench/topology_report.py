@@ -267,14 +267,15 @@ def format_document(doc: dict) -> str:
         lines.append("")
         lines.append(f"step-time model (MFU {model['mfu']:.3f} from {model['calibrated_on']}, measured bandwidths):")
         for p in model["predictions"]:
-            lines.append(f"  {p['label']:<12} predicted {p['predicted_step_s']:.3f} s, measured {p['measured_step_s']:.3f} s "
-                         f"({p['error']:+.0%}); exposed comm predicted {p['predicted_exposed_comm_s']:.3f} s, "
+            lines.append(f"  {p['label']:<12} predicted {p['predicted_step_s']:.3f} s, measured "
+                         f"{p['measured_step_s']:.3f} s ({p['error']:+.0%}); exposed comm predicted {p['predicted_exposed_comm_s']:.3f} s, "
                          f"profiled {_fmt(p['measured_exposed_comm_s'], '.3f')} s"
                          f"{' (calibration run)' if p['calibration'] else ''}")
     lines.append("")
     for t in doc["targets"]:
         verdict = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
-        lines.append(f"[{verdict}] {t['target']}: {_fmt(t['value'], '.3f')}{'  (' + t['note'] + ')' if t['note'] else ''}")
+        note = f"  ({t['note']})" if t["note"] else ""
+        lines.append(f"[{verdict}] {t['target']}: {_fmt(t['value'], '.3f')}{note}")
     if doc["g6_12xlarge_pair_predictions"]:
         lines.append("")
         lines.append("predicted on 2x g6.12xlarge (this run's MFU, 5 GB/s network per node, 32 GB/s PCIe):")

@@ -72,16 +72,17 @@ def mesh_plan(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, n_pa
     )
 
 
-def cross_node_dtype(cfg: TrainConfig) -> torch.dtype:
-    return getattr(torch, cfg.cross_node_reduce_dtype)
+def reductions(cfg: TrainConfig, plan: MeshPlan) -> tuple[torch.dtype, GradientSync]:
+    """(FSDP2's reduce dtype, what each micro-step's backward reduces) for this config and mesh."""
+    return reduction_plan(
+        plan, mixed_precision=cfg.mixed_precision, cross_node_dtype=getattr(torch, cfg.cross_node_reduce_dtype)
+    )
 
 
 def shard_model(
     model: CausalLMWithLoss, cfg: TrainConfig, *, plan: MeshPlan, device: torch.device
 ) -> CausalLMWithLoss:
-    reduce_dtype, _ = reduction_plan(
-        plan, mixed_precision=cfg.mixed_precision, cross_node_dtype=cross_node_dtype(cfg)
-    )
+    reduce_dtype, _ = reductions(cfg, plan)
     return parallelize(
         model,
         mesh=build_mesh(plan, device_type=device.type),
@@ -230,7 +231,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     model, shape = build_model(cfg, device=device)
     plan = mesh_plan(cfg, ctx=ctx, device=device, n_params=shape.n_params)
     model = shard_model(model, cfg, plan=plan, device=device)
-    _, sync = reduction_plan(plan, mixed_precision=cfg.mixed_precision, cross_node_dtype=cross_node_dtype(cfg))
+    _, sync = reductions(cfg, plan)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
     data = device_batches(

@@ -124,7 +124,9 @@ def plan_mesh(
                 f"parallelism is 'hsdp' but the nodes hold different numbers of ranks ({layout}): "
                 "HSDP needs the same number on every node; use 'fsdp' or 'auto'"
             )
-        return MeshPlan(kind="fsdp", ranks=flat, nodes=len(rows), reason=f"auto: nodes hold different numbers of ranks ({layout})")
+        return MeshPlan(
+            kind="fsdp", ranks=flat, nodes=len(rows), reason=f"auto: nodes hold different numbers of ranks ({layout})"
+        )
     if requested == "hsdp":
         return MeshPlan(kind="hsdp", ranks=rows, nodes=len(rows), reason=f"parallelism=hsdp on {layout}")
     if len(rows) == 1:
@@ -139,7 +141,9 @@ def plan_mesh(
             f"{per_rank / 2**30:.1f} GiB per rank, more than {HSDP_STATE_FRACTION:.0%} of "
             f"{device_memory_bytes / 2**30:.1f} GiB ({layout})",
         )
-    return MeshPlan(kind="hsdp", ranks=rows, nodes=len(rows), reason=f"auto: {layout}, shard within a node, replicate across nodes")
+    return MeshPlan(
+        kind="hsdp", ranks=rows, nodes=len(rows), reason=f"auto: {layout}, shard within a node, replicate across nodes"
+    )
 
 
 def build_mesh(plan: MeshPlan, *, device_type: str) -> DeviceMesh:
