@@ -117,6 +117,8 @@ def synthetic_document(layout: Layout) -> dict:
             {"size_bytes": 2**20, "busbw_gbps": 1.0}, {"size_bytes": 2**26, "busbw_gbps": 2.0}], "runs": [
             synthetic_run("flat", step_s=2.0, k=4, parallelism="fsdp", losses=curve, cross="float32", exposed_s=1.0),
             synthetic_run("auto", step_s=0.8, k=4, parallelism="hsdp", losses=[v * 1.0002 for v in curve]),
+            {"strategy": "hsdp-fp32", "micro_batch": 4, "status": "error", "error": "RuntimeError: boom",
+             "grad_accum_steps": 4, "step_seconds": {}, "losses": {}, "tokens_per_step_per_gpu": 512},
         ]},
         ONE_HOST: {"environment": {}, "bandwidth": [{"size_bytes": 2**20, "busbw_gbps": 100.0}], "runs": [
             synthetic_run("one-host", step_s=0.7, k=4 * layout.ranks_per_gpu, parallelism="fsdp", losses=curve),
@@ -146,7 +148,9 @@ def test_the_report_compares_against_flat_and_one_host_at_equal_tokens():
     assert predicted["flat"]["measured_exposed_comm_s"] == 1.0
     # The flat run crosses the slow link with more bytes than the default: the model says so too.
     assert predicted["flat"]["predicted_step_s"] > predicted["auto"]["predicted_step_s"]
-    assert "vs flat" in format_document(doc) and "[met]" in format_document(doc)
+    assert "hsdp-fp32" not in predicted and not any(c["candidate"] == "hsdp-fp32" for c in doc["comparisons"])
+    table = format_document(doc)
+    assert "vs flat" in table and "[met]" in table and "hsdp-fp32" in table and " error " in table
 
 
 def test_on_one_shared_gpu_the_report_says_what_cannot_be_compared():

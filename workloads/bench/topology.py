@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -221,15 +222,20 @@ def run_phase(spec: Spec, phase: str, out_json: Path) -> int:
             cfg = job_config(spec, run)
             say(f"{run.label}: micro-batch {cfg.micro_batch} x {cfg.grad_accum_steps} micro-steps, {cfg.steps} steps")
             began = time.perf_counter()
-            result = run_job(run.label, train_tuned, cfg, runtime=runtime, ctx=ctx,
-                             profile_steps=(cfg.steps, cfg.steps), profile_out=None)
-            record = asdict(result)
+            try:
+                record = asdict(run_job(run.label, train_tuned, cfg, runtime=runtime, ctx=ctx,
+                                        profile_steps=(cfg.steps, cfg.steps), profile_out=None))
+            except Exception as e:  # one failed run must not cost the others their figures
+                traceback.print_exc()
+                record = {"strategy": run.label, "micro_batch": cfg.micro_batch, "status": "error",
+                          "error": f"{type(e).__name__}: {e}"[:1000], "step_seconds": {}, "losses": {},
+                          "tokens_per_step_per_gpu": cfg.samples_per_rank_per_step * cfg.seq_len}
             record["grad_accum_steps"] = cfg.grad_accum_steps
             record["config"] = {k: v for k, v in cfg.to_dict().items() if k != "transport"}
             record["wall_s"] = time.perf_counter() - began
             document["runs"].append(record)
             save()
-            say(f"{run.label}: {result.status} in {record['wall_s']:.0f} s")
+            say(f"{run.label}: {record['status']} in {record['wall_s']:.0f} s")
     dist.barrier()
     dist.destroy_process_group()
     return 0
