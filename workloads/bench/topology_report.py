@@ -116,11 +116,13 @@ def _strategy(figures: dict, run: dict, *, seq_len: int) -> Strategy:
 
 def predictions(phases: dict, figures: dict[str, dict], *, layout: dict, spec: dict,
                 shape: ModelShape, peak_flops: float) -> tuple[list[dict], Optional[float], Optional[str]]:
-    """The model's step time for every run, from the measured bandwidths and the one-host MFU."""
-    calibration = next((label for label in ("one-host-k1", "one-host") if figures.get(label, {}).get("mfu")), None)
+    """The model's step time for every run, from the measured bandwidths and the one-host MFU
+    (counted with the model's own FLOPs per token, so the calibration run predicts itself)."""
+    rates = {label: figures.get(label, {}).get("tokens_per_s_per_gpu") for label in ("one-host-k1", "one-host")}
+    calibration = next((label for label, rate in rates.items() if rate), None)
     if calibration is None:
         return [], None, None
-    mfu = figures[calibration]["mfu"]
+    mfu = rates[calibration] * shape.flops_per_token / peak_flops
     between = _link(phases.get(EMULATED, {}).get("bandwidth", []))
     within = _link(phases.get(ONE_HOST, {}).get("bandwidth", []))
     per_host, ranks_per_gpu = layout["gpus_per_host"], 2 if layout["shared"] else 1
