@@ -53,7 +53,7 @@ def test_load_restores_weights_optimizer_state_and_progress(one_rank_group, tmp_
     data = batches(
         SyntheticSource(vocab_size=512, seq_len=16, seed=0), position=0, micro_batch=2, rank=0, world_size=1
     )
-    train_step(model, optimizer, next(data), lr=1e-2, grad_clip=1.0)
+    train_step(model, optimizer, [next(data)], lr=1e-2, grad_clip=1.0)
     saved = snapshot(model, optimizer)
     folder = checkpoint.save(
         tmp_path / "ckpt",
@@ -64,7 +64,7 @@ def test_load_restores_weights_optimizer_state_and_progress(one_rank_group, tmp_
 
     _, fresh_model, fresh_optimizer = sharded_model_and_optimizer()
     train_step(
-        fresh_model, fresh_optimizer, next(data), lr=5e-2, grad_clip=1.0
+        fresh_model, fresh_optimizer, [next(data)], lr=5e-2, grad_clip=1.0
     )  # different weights and state
     progress = checkpoint.load(folder, model=fresh_model, optimizer=fresh_optimizer)
 

@@ -3,6 +3,8 @@
 #   docs/gpu/record.sh gate OUT    the in-band transport gate over NVLink, then with P2P/SHM disabled
 #   docs/gpu/record.sh nccl OUT    NCCL bus bandwidth by message size
 #   docs/gpu/record.sh bench OUT   reference vs tuned training throughput
+#   docs/gpu/record.sh topology OUT    flat FSDP vs HSDP vs HSDP with accumulation on two emulated hosts
+#                                      (NCCL_HOSTID each, sockets on loopback) and the one-host baseline
 #   docs/gpu/record.sh rehearsal OUT   the job path with Ray in the EKS cluster's shape: a GPU-less head,
 #                                      two worker nodes (NCCL_HOSTID each), moto S3, the user's submit
 #                                      command three times (needs Ray and moto: docs/gpu/wheels.sh)
@@ -93,8 +95,12 @@ PY
   # Checkpoints and model copies are large; keep what the record needs.
   rm -rf "$out"/load-train/checkpoint-* "$out"/export-* "$model"/*.safetensors
   ;;
+topology)
+  shift 2
+  run python3 -m workloads.bench.topology --out "$out/topology" "$@" 2>&1 | tee "$out/topology.txt"
+  ;;
 rehearsal)
   run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" 2>&1 | tee "$out/rehearsal.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|rehearsal|load OUT" >&2; exit 2 ;;
+*) echo "usage: $0 gate|nccl|bench|topology|rehearsal|load OUT" >&2; exit 2 ;;
 esac

@@ -51,6 +51,9 @@ class RunResult:
     """The metrics the strategy reported itself, step by step, kept for cross-checking."""
     error: Optional[str] = None
     """The first line of the out-of-memory error, when status is OOM."""
+    communication: Optional[dict] = None
+    """From the profiled steps on CUDA: NCCL kernel time per step ("comm_s") and the part of it no
+    other kernel overlapped ("exposed_s"); None when not profiled."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -174,7 +174,8 @@ def run_job(
     profiler = None
     if profile_steps is not None:
         profiler = StepWindowProfiler(first=profile_steps[0], last=profile_steps[1], out=profile_out,
-                                      title=f"{name}-mb{cfg.micro_batch}", device=runtime.device)
+                                      title=f"{name}-mb{cfg.micro_batch}", device=runtime.device,
+                                      table=profile_out is not None)
         profiler.start_if_first_step()
 
     def after_step(optimizer, args, kwargs) -> None:
@@ -194,7 +195,7 @@ def run_job(
         error = _first_line(e)
     finally:
         hook.remove()
-    tokens = cfg.micro_batch * cfg.seq_len
+    tokens = cfg.samples_per_rank_per_step * cfg.seq_len
     if any_rank(error is not None, device=runtime.device):
         release_memory(runtime.device)
         return RunResult(
@@ -208,9 +209,13 @@ def run_job(
     peak = None
     if runtime.is_cuda:
         peak = max_over_ranks(torch.cuda.max_memory_allocated(runtime.device) / 2**30, device=runtime.device)
+    communication = None
+    if profiler is not None and profiler.communication is not None:
+        communication = asdict(profiler.communication)
     return RunResult(
         strategy=name, micro_batch=cfg.micro_batch, status=OK, tokens_per_step_per_gpu=tokens,
         step_seconds=step_seconds, losses=result.losses, peak_mem_gib=peak, loop_metrics=result.self_reported,
+        communication=communication,
     )
 
 

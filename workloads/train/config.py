@@ -151,6 +151,23 @@ class TrainConfig:
     """FSDP2: free each layer's gathered parameters after its forward and gather them again for
     backward. False keeps them until backward: more memory, one all-gather less per layer."""
 
+    parallelism: typing.Literal["auto", "fsdp", "hsdp"] = "auto"
+    """How FSDP2 spreads the model over the ranks. "fsdp": shard over every rank (one mesh
+    dimension); "hsdp": shard within each node and replicate across nodes, so only a gradient
+    all-reduce crosses between nodes; "auto": HSDP on two or more nodes with equal numbers of ranks
+    when a node's share of the model state fits in half a device's memory, flat FSDP otherwise
+    (workloads/train/parallel.py, `plan_mesh`)."""
+
+    cross_node_reduce_dtype: typing.Literal["bfloat16", "float32"] = "bfloat16"
+    """The dtype gradients cross between nodes in, with mixed_precision (without it, everything
+    is fp32). Within a node, and across the micro-steps of gradient accumulation, they are summed in
+    fp32; bf16 halves the bytes on the slow link (tests/test_loop_topology.py bounds the effect)."""
+
+    grad_accum_steps: int = 1
+    """Micro-steps per optimizer step: each rank runs this many micro-batches and sums their
+    gradients before one optimizer step, so a step trains on micro_batch * grad_accum_steps *
+    world size samples. Under HSDP only the last micro-step reduces across nodes."""
+
     fused_linear_ce: bool = True
     """Compute the loss from the final hidden states without materializing the full-vocabulary
     logits (liger-kernel on CUDA when installed, otherwise a chunked implementation)."""
@@ -220,6 +237,24 @@ class TrainConfig:
                 f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "
                 "tokenizer: set data.tokenizer to a tokenizer id or folder"
             )
+        self._check_parallelism()
+
+    def _check_parallelism(self) -> None:
+        if self.parallelism not in ("auto", "fsdp", "hsdp"):
+            raise ValueError(f"parallelism is {self.parallelism!r}: use 'auto', 'fsdp' or 'hsdp'")
+        if self.cross_node_reduce_dtype not in ("bfloat16", "float32"):
+            raise ValueError(
+                f"cross_node_reduce_dtype is {self.cross_node_reduce_dtype!r}: use 'bfloat16' or 'float32'"
+            )
+        if isinstance(self.grad_accum_steps, bool) or self.grad_accum_steps < 1:
+            raise ValueError(
+                f"grad_accum_steps is {self.grad_accum_steps}: use 1 (no accumulation) or more micro-steps"
+            )
+
+    @property
+    def samples_per_rank_per_step(self) -> int:
+        """Samples each rank trains on per optimizer step (all its micro-steps)."""
+        return self.micro_batch * self.grad_accum_steps
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:

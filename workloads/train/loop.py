@@ -22,7 +22,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from workloads.context import DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
 from workloads.model_io.export import (
@@ -49,7 +48,14 @@ from workloads.train.model import (
 )
 from workloads.train.optim import build_optimizer, clip_grad_norm, schedule, set_lr
 from workloads.train.paths import resolve_path
-from workloads.train.parallel import parallelize
+from workloads.train.parallel import (
+    GradientSync,
+    MeshPlan,
+    build_mesh,
+    parallelize,
+    plan_mesh,
+    reduction_plan,
+)
 from workloads.transport.gate import run_transport_gate
 
 
@@ -87,16 +93,42 @@ def build_model(
     return CausalLMWithLoss(lm, loss=loss), shape_of(lm)
 
 
+def node_of_each_rank(ctx: TrainContext, *, device: torch.device) -> list[int]:
+    mine = torch.tensor([ctx.node_rank], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(every, mine)
+    return [int(t.item()) for t in every]
+
+
+def mesh_plan(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, n_params: int) -> MeshPlan:
+    """Flat FSDP or HSDP for this run's nodes (`cfg.parallelism`; the same plan on every rank)."""
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return plan_mesh(
+        requested=cfg.parallelism,
+        node_of_rank=node_of_each_rank(ctx, device=device),
+        n_params=n_params,
+        device_memory_bytes=memory,
+    )
+
+
+def reductions(cfg: TrainConfig, plan: MeshPlan) -> tuple[torch.dtype, GradientSync]:
+    """(FSDP2's reduce dtype, what each micro-step's backward reduces) for this config and mesh."""
+    return reduction_plan(
+        plan, mixed_precision=cfg.mixed_precision, cross_node_dtype=getattr(torch, cfg.cross_node_reduce_dtype)
+    )
+
+
 def shard_model(
-    model: CausalLMWithLoss, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device
+    model: CausalLMWithLoss, cfg: TrainConfig, *, plan: MeshPlan, device: torch.device
 ) -> CausalLMWithLoss:
-    mesh = init_device_mesh(device.type, (ctx.world_size,))
+    reduce_dtype, _ = reductions(cfg, plan)
     return parallelize(
         model,
-        mesh=mesh,
+        mesh=build_mesh(plan, device_type=device.type),
         compile=cfg.compile,
         mixed_precision=cfg.mixed_precision,
         reshard_after_forward=cfg.reshard_after_forward,
+        reduce_dtype=reduce_dtype,
     )
 
 
@@ -166,13 +198,35 @@ def device_batches(
         yield batch.to(device, non_blocking=on_cuda)
 
 
+def accumulate_gradients(
+    model: CausalLMWithLoss, micro_batches: list[Batch], *, sync: GradientSync
+) -> torch.Tensor:
+    """Forward and backward of each micro-batch, gradients summed; returns the mean loss (a device
+    tensor). Each micro-batch's mean loss is scaled by 1/len, so with equal-sized micro-batches the
+    gradient is that of one batch holding them all."""
+    loss = torch.zeros((), device=micro_batches[0].input_ids.device)
+    for i, batch in enumerate(micro_batches):
+        micro_loss = model(batch.input_ids, batch.labels, batch.position_ids) / len(micro_batches)
+        # After the forward: FSDP2 sets each unit's reduce dtype at its first forward.
+        sync.before_backward(model, last=i == len(micro_batches) - 1)
+        micro_loss.backward()
+        loss += micro_loss.detach()
+    return loss
+
+
 def train_step(
-    model: CausalLMWithLoss, optimizer: torch.optim.Optimizer, batch: Batch, *, lr: float, grad_clip: float
+    model: CausalLMWithLoss,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    *,
+    lr: float,
+    grad_clip: float,
+    sync: GradientSync = GradientSync(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step; returns (loss, grad norm) as device tensors, not yet read back."""
+    """One optimizer step over the micro-batches; returns (loss, grad norm) as device tensors, not
+    yet read back."""
     set_lr(optimizer, lr)
-    loss = model(batch.input_ids, batch.labels, batch.position_ids)
-    loss.backward()
+    loss = accumulate_gradients(model, micro_batches, sync=sync)
     grad_norm = clip_grad_norm(model, max_norm=grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -324,7 +378,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
 
     built = time.perf_counter()
     model, shape = build_model(cfg, device=device, pretrained=pretrained)
-    model = shard_model(model, cfg, ctx=ctx, device=device)
+    plan = mesh_plan(cfg, ctx=ctx, device=device, n_params=shape.n_params)
+    model = shard_model(model, cfg, plan=plan, device=device)
+    _, sync = reductions(cfg, plan)
     load = None
     if pretrained is not None:
         load = load_weights(model, pretrained, ctx=ctx, device=device, fetch_s=fetch_s,
@@ -350,7 +406,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         head_dim=shape.head_dim,
         seq_len=cfg.seq_len,
     )
-    per_step = samples_per_step(micro_batch=cfg.micro_batch, world_size=ctx.world_size)
+    per_step = samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size)
     throughput = Throughput()
     first_loss: torch.Tensor | None = None
     first_value: float | None = None
@@ -358,7 +414,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     eval_loss: float | None = None
     for step in range(progress.step + 1, cfg.steps + 1):
         lr = schedule(cfg, step)
-        loss, grad_norm = train_step(model, optimizer, next(stream), lr=lr, grad_clip=cfg.grad_clip)
+        micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
+        loss, grad_norm = train_step(model, optimizer, micro_batches, lr=lr, grad_clip=cfg.grad_clip, sync=sync)
         throughput.steps += 1
         if first_loss is None:
             first_loss = loss
@@ -369,7 +426,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             continue
 
         loss_value, first_value = mean_across_ranks(torch.stack([loss, first_loss]))
-        rate = throughput.close_window(micro_batch=cfg.micro_batch, seq_len=cfg.seq_len)
+        rate = throughput.close_window(micro_batch=cfg.samples_per_rank_per_step, seq_len=cfg.seq_len)
         last = {
             "step": step,
             "loss": loss_value,
@@ -410,6 +467,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "resumed_from_step": progress.step,
         "world_size": ctx.world_size,
         "nodes": nodes,
+        "parallelism": {"kind": plan.kind, "mesh": list(plan.shape), "reason": plan.reason},
+        "grad_accum_steps": cfg.grad_accum_steps,
         "loss_implementation": model.loss.implementation,
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
