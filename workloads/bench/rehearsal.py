@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 BUCKET, PREFIX = "rehearsal", "runs"
 # A small model keeps checkpoints to moto quick; the job path is the point, not the throughput.
-TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b", "--set", "model.name_or_path=tiny-qwen2", "--set", "seq_len=256",
+TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b-synthetic", "--set", "model.name_or_path=tiny-qwen2", "--set", "seq_len=256",
                   "--set", "micro_batch=8", "--set", "log_every=2", "--set", "checkpoint_every=6",
                   "--set", "warmup_steps=2", "--set", "lr=1e-3", "--set", "peak_flops=989e12"]
 KILL_AT_STEP = 10

@@ -345,7 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return worker_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m workloads.bench.topology", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for bench.json, table.txt and the logs")
-    parser.add_argument("--preset", default="qwen2.5-1.5b")
+    parser.add_argument("--preset", default="qwen2.5-1.5b-synthetic")
     parser.add_argument("--micro-batch", type=int, default=0, help="default 16 (4 when two ranks share one GPU)")
     parser.add_argument("--grad-accum-steps", type=int, default=8, help="micro-steps per optimizer step (default 8)")
     parser.add_argument("--seq-len", type=int, default=2048)

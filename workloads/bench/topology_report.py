@@ -176,7 +176,7 @@ def targets(figures: dict[str, dict], comps: list[dict], preds: list[dict], *, l
     add(f"loss curve of the default within {LOSS_RTOL:.1%} of flat FSDP's at every step", gap,
         None if gap is None else gap <= LOSS_RTOL)
     nvlink = _rate(figures, "one-host-k1")
-    applies = comparable and spec["micro_batch"] == 16 and spec["preset"] == "qwen2.5-1.5b"
+    applies = comparable and spec["micro_batch"] == 16 and spec["preset"] == "qwen2.5-1.5b-synthetic"
     add(f"one host over NVLink >= {NVLINK_FLOOR:,} tokens/s/GPU at micro-batch 16", nvlink,
         None if nvlink is None or not applies else nvlink >= NVLINK_FLOOR,
         "" if applies else "needs two GPUs, micro-batch 16 and the qwen2.5-1.5b preset")
