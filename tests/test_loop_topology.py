@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from workloads.context import TrainContext
 from workloads.train.config import TrainConfig, preset, with_overrides
-from workloads.train.data import batches, build_source
+from workloads.train.data import batches, build_data
 from workloads.train.loop import accumulate_gradients, build_model, mesh_plan, reductions, shard_model, train
 from workloads.train.parallel import GradientSync, MeshPlan, plan_mesh, reduction_plan
 
@@ -152,7 +152,7 @@ def sharded_step(rank: int, *, parallelism: str, dtype: str):
     plan = mesh_plan(cfg, ctx=ctx, device=cpu, n_params=shape.n_params)
     model = shard_model(model, cfg, plan=plan, device=cpu)
     _, sync = reductions(cfg, plan)
-    source = build_source(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path="")
+    source = build_data(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path="").train
     data = batches(source, position=0, micro_batch=cfg.micro_batch, rank=rank, world_size=WORLD_SIZE)
     return model, sync, [next(data) for _ in range(ACCUM_STEPS)]
 
