@@ -7,7 +7,10 @@ becomes a local folder of `ray.train.get_checkpoint()`, which Ray Train sets aft
 restart or when a run of the same name is started again on the same storage. Before training, every
 worker proves it can write to the run's storage; a check that fails before step 1 (that one or the
 loop's transport gate) ends the run on every rank without an error, so that Ray Train does not
-retry what would fail again, and the driver reports it.
+retry what would fail again, and the driver reports it. Rank 0 then removes from storage the
+checkpoints an earlier attempt left half-written (workloads/launch/checkpoints.py). The upload and the
+end of each report are pause points for fault-injection tests (workloads/launch/faults.py, inert
+unless its environment variable is set).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import ray.train
 from filelock import FileLock
 
 from workloads.context import PREFLIGHT_FAILED_KEY, PreflightError, TrainContext
+from workloads.launch.checkpoints import remove_unregistered
+from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
 from workloads.transport.gate import nccl_log_env
 
@@ -31,13 +36,21 @@ SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 
 
 def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
+    ray_ctx = ray.train.get_context()
+    where = dict(run=ray_ctx.get_experiment_name(), step=metrics.get("step"), rank=ray_ctx.get_world_rank())
     if checkpoint_dir is None:
         ray.train.report(metrics)
-        return
-    # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
-    # per checkpoint on a node's root volume would end in disk-pressure eviction.
-    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
-                     delete_local_checkpoint_after_upload=True)
+    else:
+        def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+            # Ray's own upload, after the point where a test can stop this rank with its shard unsent.
+            pause_point("checkpoint-upload", **where)
+            return ray_ctx.get_storage().persist_current_checkpoint(checkpoint, dir_name)
+
+        # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
+        # per checkpoint on a node's root volume would end in disk-pressure eviction.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
+                         delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
+    pause_point("after-report", **where)
 
 
 def restore_once_per_node(checkpoint, *, restore_root: Path) -> Path:
@@ -143,6 +156,13 @@ def storage_uri(storage) -> str:
     return path if type_name == "local" else f"{type_name}://{path}"
 
 
+def remove_local_checkpoints(scratch_dir: Path) -> None:
+    """Delete this rank's checkpoint folders in flight from an earlier attempt (a rank killed during a
+    save leaves one on the node's disk; persisted ones are already deleted after their upload)."""
+    for stale in scratch_dir.glob("checkpoint-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def train_worker(config: dict) -> None:
     """`train_loop_per_worker` of the TorchTrainer: config is {"train": TrainConfig.to_dict()}."""
     from workloads.train.config import TrainConfig
@@ -157,9 +177,16 @@ def train_worker(config: dict) -> None:
     nccl_dir.mkdir(exist_ok=True)
     for stale in nccl_dir.glob("*"):  # from an earlier attempt of this run
         stale.unlink()
+    remove_local_checkpoints(ctx.scratch_dir)
     os.environ.update(nccl_log_env(log_dir=nccl_dir))
     try:
         check_storage_on_every_rank(ctx)
+        if ctx.rank == 0:
+            # No rank of this attempt has reached its first checkpoint yet: what is unregistered
+            # now was left by a rank that died while writing it.
+            storage = ray.train.get_context().get_storage()
+            remove_unregistered(storage.storage_filesystem, storage.experiment_fs_path,
+                                say=lambda message: print(f"[checkpoints] {message}", flush=True))
         train(cfg, ctx)
     except PreflightError as exc:
         # Raised on every rank together; each returns after one report, as Ray Train requires.
