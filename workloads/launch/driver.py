@@ -5,7 +5,8 @@ nodes' resources (one worker per GPU, or one per CPU slot when the cluster has n
 command runs on 1 or N nodes; a job that expects GPUs (`--gpus N`, or an EFA transport) first waits
 for them, saying what is missing, and fails rather than train on fewer or on the CPU. Then it starts
 a TorchTrainer whose run is named, stored and retried as asked. Starting a run again under the same
-name and storage resumes it from its latest checkpoint. A check that fails before step 1 (the
+name and storage resumes it from its latest checkpoint. A run that loses a node waits for it to come
+back (`--wait-nodes-s`), saying so in its log, and then fails with the reason rather than wait for ever. A check that fails before step 1 (the
 transport gate, the storage write check) stops the run without a retry. A failed run exits non-zero
 with the reason on its last line.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -135,6 +137,9 @@ class DriverArgs:
     workers. Set by --gpus, and by an EFA transport expectation."""
     wait_gpus_s: float
     """How long to wait for the GPUs before failing."""
+    wait_nodes_s: float
+    """How long a run that lost a node waits for it to come back before failing (on EKS the node group
+    starts a new instance and KubeRay a new pod on it: boot, image pull and Ray start take minutes)."""
 
 
 def parse_args(argv: list[str]) -> DriverArgs:
@@ -149,6 +154,8 @@ def parse_args(argv: list[str]) -> DriverArgs:
     parser.add_argument("--keep-checkpoints", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=0, help="wait for this many GPUs before training")
     parser.add_argument("--wait-gpus-s", type=float, default=900.0, help="how long to wait for them (default 900)")
+    parser.add_argument("--wait-nodes-s", type=float, default=1200.0,
+                        help="how long a run that lost a node waits for it to come back (default 1200)")
     ns = parser.parse_args(argv)
     try:
         train = json.loads(ns.config_json)
@@ -165,6 +172,8 @@ def parse_args(argv: list[str]) -> DriverArgs:
         raise ValueError(f"--keep-checkpoints must be >= 1, got {ns.keep_checkpoints}")
     if ns.gpus < 0 or ns.wait_gpus_s < 0:
         raise ValueError(f"--gpus and --wait-gpus-s must be >= 0, got {ns.gpus} and {ns.wait_gpus_s:g}")
+    if ns.wait_nodes_s <= 0:
+        raise ValueError(f"--wait-nodes-s must be > 0, got {ns.wait_nodes_s:g}")
     expects_efa = (train.get("transport") or {}).get("expect", "efa") == "efa"
     return DriverArgs(
         train=train,
@@ -176,6 +185,7 @@ def parse_args(argv: list[str]) -> DriverArgs:
         gpus=ns.gpus,
         require_gpus=ns.gpus > 0 or expects_efa,
         wait_gpus_s=ns.wait_gpus_s,
+        wait_nodes_s=ns.wait_nodes_s,
     )
 
 
@@ -223,18 +233,30 @@ def _say(message: str) -> None:
     print(f"{DRIVER_PREFIX}{message}", flush=True)
 
 
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+"""Ray Train's wait for a worker group's resources before it retries the start (default 60 s)."""
+
+
+def start_timeout_s(wait_nodes_s: float) -> float:
+    """How long each start of the worker group waits for its resources: a sixth of the whole wait
+    for a lost node, between 5 and 60 s, so that the job's log says how the wait goes at that pace."""
+    return min(60.0, max(5.0, wait_nodes_s / 6))
+
+
 def run(args: DriverArgs) -> int:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from workloads.launch.ray_train import PreflightRecorder, train_worker
+    from workloads.launch.ray_train import PreflightRecorder, WorkerGroupWait, train_worker
     from workloads.launch.storage import resolve_storage
     from workloads.train.config import TrainConfig
 
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
     preflight_file = Path(tempfile.mkdtemp(prefix="preflight-")) / "failed.txt"
+    # Read by Ray Train's controller, which inherits the variables it knows from this process.
+    os.environ.setdefault(START_TIMEOUT_ENV, f"{start_timeout_s(args.wait_nodes_s):g}")
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
@@ -256,7 +278,8 @@ def run(args: DriverArgs) -> int:
                 storage_filesystem=storage_filesystem,
                 failure_config=FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
-                callbacks=[PreflightRecorder(str(preflight_file))],
+                callbacks=[PreflightRecorder(str(preflight_file)),
+                           WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers)],
             ),
         )
         try:

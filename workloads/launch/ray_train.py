@@ -19,11 +19,14 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import ray.train
 from filelock import FileLock
+# Ray Train's controller hooks (a DeveloperAPI of the pinned Ray): the only way to see its retries.
+from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from workloads.context import PREFLIGHT_FAILED_KEY, PreflightError, TrainContext
 from workloads.launch.checkpoints import remove_unregistered
@@ -118,6 +121,68 @@ class PreflightRecorder(ray.train.UserCallback):
         failed = next((m[PREFLIGHT_FAILED_KEY] for m in metrics if m and m.get(PREFLIGHT_FAILED_KEY)), None)
         if failed and not Path(self.path).exists():
             Path(self.path).write_text(failed)
+
+
+class NodesNotBackError(RuntimeError):
+    """The worker group could not be placed again within the wait: a lost node did not come back."""
+
+
+def _say_from_controller(message: str) -> None:
+    # The controller's stdout reaches the job logs; the submitter shows `[driver] waiting` lines.
+    print(f"[driver] {message}", flush=True)
+
+
+class WorkerGroupWait(ControllerCallback):
+    """Runs in Ray Train's controller. When a node is lost, Ray Train restarts the worker group; while
+    the node's resources are missing, each start times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S)
+    and is retried without limit (`FailureConfig.controller_failure_limit` is -1): a run that waits
+    in silence, for ever. This says in the job's log, at every retry, that the run is waiting for a
+    node and for how long, says when the group is placed again, and fails the run with the reason
+    once it has waited `limit_s`."""
+
+    def __init__(self, *, limit_s: float, num_workers: int, clock: Callable[[], float] = time.monotonic,
+                 say: Callable[[str], None] = _say_from_controller) -> None:
+        self.limit_s = limit_s
+        self.num_workers = num_workers
+        self.clock = clock
+        self.say = say
+        self.waiting_since: Optional[float] = None
+        """When the worker group stopped running (a restart began, or the first start failed)."""
+        self.announced = False
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        from ray.train.v2._internal.execution.controller.state import (
+            ReschedulingState,
+            RestartingState,
+            RunningState,
+        )
+
+        if isinstance(current_state, (RestartingState, ReschedulingState)) and self.waiting_since is None:
+            self.waiting_since = self.clock()
+        if isinstance(current_state, ReschedulingState):
+            self.start_failed()
+        elif isinstance(current_state, RunningState):
+            if self.announced:
+                self.say(f"the {self.num_workers} workers are placed again after {self.waited_s():.0f} s; the run "
+                         "resumes from its latest checkpoint")
+            self.waiting_since, self.announced = None, False
+
+    def waited_s(self) -> float:
+        return 0.0 if self.waiting_since is None else self.clock() - self.waiting_since
+
+    def start_failed(self) -> None:
+        """A start of the worker group timed out: its resources (a node's) are missing."""
+        waited = self.waited_s()
+        if waited >= self.limit_s:
+            raise NodesNotBackError(
+                f"the {self.num_workers} workers could not be placed for {waited:.0f} s (--wait-nodes-s "
+                f"{self.limit_s:.0f}): a lost node did not come back. `kubectl -n ray get pods` and `kubectl get "
+                "nodes` show what is missing; resubmitting with the same --run-name resumes from the latest "
+                "checkpoint")
+        self.announced = True
+        self.say(f"waiting for a lost node: the {self.num_workers} workers cannot be placed until its resources "
+                 f"come back (on EKS the node group replaces the instance, KubeRay the pod); waited {waited:.0f} s "
+                 f"of {self.limit_s:.0f} s")
 
 
 def echo_nccl_logs(log_dir: Path) -> None:
