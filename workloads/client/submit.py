@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 import shlex
@@ -90,7 +91,7 @@ def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: boo
 
 def build_submission(*, train: dict, run_name: str, storage_path: str, max_failures: int,
                      working_dir: str, expect: Literal["efa", "any"], gpus: int = 0,
-                     install: bool = True, wait_nodes_s: Optional[float] = None) -> Submission:
+                     install: bool = True, wait_nodes_s: Optional[float] = None, workers: int = 0) -> Submission:
     """The Jobs API request: the driver command, a pinned runtime_env and searchable metadata."""
     driver_args = ["python", "-m", "workloads.launch.driver", "--config-json", json.dumps(train, separators=(",", ":")),
                    "--run-name", run_name, "--storage-path", storage_path, "--max-failures", str(max_failures)]
@@ -98,6 +99,8 @@ def build_submission(*, train: dict, run_name: str, storage_path: str, max_failu
         driver_args += ["--gpus", str(gpus)]
     if wait_nodes_s is not None:
         driver_args += ["--wait-nodes-s", f"{wait_nodes_s:g}"]
+    if workers:
+        driver_args += ["--workers", str(workers)]
     return Submission(
         entrypoint=shlex.join(driver_args),
         runtime_env=runtime_env(working_dir=working_dir, expect=expect, install=install),
@@ -126,6 +129,8 @@ class LogPrinter:
         self.quiet = quiet
         self.total_steps = total_steps
         self._partial = ""
+        self.plan: Optional[dict] = None
+        """The driver's plan record, once the job has logged it."""
         # Ray Train forwards each worker line to the job logs twice; show a record once.
         self._last_shown: Optional[str] = None
 
@@ -154,6 +159,7 @@ class LogPrinter:
             return
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
+            self.plan = plan
             kind = "GPU" if plan["use_gpu"] else "CPU"
             self.console.print(f"[bold cyan]job[/] {plan['num_workers']} {kind} workers on {plan['nodes']} node(s), "
                                f"run {plan['run_name']}")
@@ -383,6 +389,8 @@ class SubmitRequest:
     """How long the job waits for a lost node to come back (None: the driver's default)."""
     resubmits: int = 3
     """How many times a job that the cluster lost with its head is submitted again."""
+    workers: int = 0
+    """CPU workers a run without GPUs waits for (set on a resubmission: the world size it had)."""
 
 
 def submit_job(client, request: SubmitRequest, *, submission_id: Optional[str] = None) -> str:
@@ -391,7 +399,8 @@ def submit_job(client, request: SubmitRequest, *, submission_id: Optional[str] =
         submission = build_submission(train=request.train, run_name=request.run_name,
                                       storage_path=request.storage_path, max_failures=request.max_failures,
                                       working_dir=str(working_dir), expect=request.expect, gpus=request.gpus,
-                                      install=request.install, wait_nodes_s=request.wait_nodes_s)
+                                      install=request.install, wait_nodes_s=request.wait_nodes_s,
+                                      workers=request.workers)
         return client.submit_job(entrypoint=submission.entrypoint, runtime_env=submission.runtime_env,
                                  metadata=submission.metadata, submission_id=submission_id)
 
@@ -481,6 +490,17 @@ def _job_exists(client, job_id: str) -> bool:
     return True
 
 
+def same_world_size(request: SubmitRequest, plan: Optional[dict]) -> SubmitRequest:
+    """The request of a run submitted again: its job waits for as many GPUs or CPU workers as its
+    lost job had planned, so that it does not resume on the part of the cluster that is back first
+    (the worker pods rejoin a restarted head after it)."""
+    if plan is None:
+        return request
+    if plan["use_gpu"]:
+        return dataclasses.replace(request, gpus=max(request.gpus, int(plan["num_workers"])))
+    return dataclasses.replace(request, workers=int(plan["num_workers"]))
+
+
 def submit_and_follow(conn: Connection, request: SubmitRequest, *, console: Console,
                       on_submitted: Callable[[str], None] = lambda job_id: None) -> JobOutcome:
     """Submit the driver (or attach to the run's job already on the cluster), follow it to the end
@@ -503,6 +523,7 @@ def submit_and_follow(conn: Connection, request: SubmitRequest, *, console: Cons
                 raise
             resubmitted += 1
             index = submitted.index + 1
+            request = same_world_size(request, printer.plan)
             say(f"{gone}; submitting run {request.run_name} again ({resubmitted} of {request.resubmits}), "
                 "to resume from its latest checkpoint")
             continue

@@ -78,7 +78,8 @@ def plan_workers(nodes: list[Mapping[str, float]], *, cpus_per_worker: Optional[
 
 
 class GpusMissingError(RuntimeError):
-    """The GPUs the job expects did not register with the Ray cluster in time."""
+    """The GPUs (or, without GPUs, the CPU workers) the job waits for did not register with the Ray
+    cluster in time."""
 
 
 def wait_for_gpus(
@@ -95,23 +96,56 @@ def wait_for_gpus(
     """Wait until the cluster's alive nodes hold at least `expected` GPUs (at least 1 when
     `expected` is 0, the count unknown), saying what is missing every `every_s`; returns the nodes.
     Never downgrades: GpusMissingError after `timeout_s`."""
-    want = max(1, expected)
+
+    def missing(nodes: list[Mapping[str, float]], have: int, want: int) -> str:
+        return (f"{have} of {want} GPU(s) registered with the Ray cluster within {timeout_s:.0f} s "
+                f"({sum(1 for n in nodes if n.get('GPU', 0) >= 1)} GPU node(s)): the GPU worker pods are not "
+                "up; `kubectl -n ray get pods` shows them, and `kubectl -n ray describe pod` a Pending "
+                "pod's scheduling reason. Not training on fewer GPUs or on the CPU.")
+
+    return _wait_for(max(1, expected), "GPU(s)", count=lambda nodes: int(sum(n.get("GPU", 0) for n in nodes)),
+                     missing=missing, read_nodes=read_nodes, timeout_s=timeout_s, say=say, poll_s=poll_s,
+                     every_s=every_s, clock=clock, sleep=sleep)
+
+
+def wait_for_cpu_workers(expected: int, *, read_nodes: Callable[[], list[Mapping[str, float]]], timeout_s: float,
+                         say: Callable[[str], None], cpus_per_worker: Optional[float] = None,
+                         **timing) -> list[Mapping[str, float]]:
+    """Wait until a cluster without GPUs has room for `expected` CPU workers (a resubmitted run's
+    earlier world size, while its worker nodes rejoin a restarted head); GpusMissingError after
+    `timeout_s`, rather than resume the run with fewer ranks."""
+
+    def room(nodes: list[Mapping[str, float]]) -> int:
+        try:
+            return plan_workers(nodes, cpus_per_worker=cpus_per_worker).num_workers
+        except ValueError:
+            return 0
+
+    def missing(nodes: list[Mapping[str, float]], have: int, want: int) -> str:
+        return (f"room for {have} of {want} CPU worker(s) within {timeout_s:.0f} s: a worker node has not "
+                "(re)joined the Ray cluster. Not resuming the run with fewer ranks than it had.")
+
+    return _wait_for(expected, "CPU worker slot(s)", count=room, missing=missing, read_nodes=read_nodes,
+                     timeout_s=timeout_s, say=say, **timing)
+
+
+def _wait_for(want: int, unit: str, *, count: Callable[[list[Mapping[str, float]]], int],
+              missing: Callable[[list[Mapping[str, float]], int, int], str],
+              read_nodes: Callable[[], list[Mapping[str, float]]], timeout_s: float, say: Callable[[str], None],
+              poll_s: float = 5.0, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> list[Mapping[str, float]]:
     deadline = clock() + timeout_s
     next_say = clock()
     while True:
         nodes = read_nodes()
-        gpus = int(sum(n.get("GPU", 0) for n in nodes))
-        if gpus >= want:
+        have = count(nodes)
+        if have >= want:
             return nodes
         left = deadline - clock()
         if left <= 0:
-            raise GpusMissingError(
-                f"{gpus} of {want} GPU(s) registered with the Ray cluster within {timeout_s:.0f} s "
-                f"({sum(1 for n in nodes if n.get('GPU', 0) >= 1)} GPU node(s)): the GPU worker pods are not "
-                "up; `kubectl -n ray get pods` shows them, and `kubectl -n ray describe pod` a Pending "
-                "pod's scheduling reason. Not training on fewer GPUs or on the CPU.")
+            raise GpusMissingError(missing(nodes, have, want))
         if clock() >= next_say:
-            say(f"waiting for {want} GPU(s): {gpus} registered; {left:.0f} s left")
+            say(f"waiting for {want} {unit}: {have} registered; {left:.0f} s left")
             next_say = clock() + every_s
         sleep(min(poll_s, max(left, 0.0)))
 
@@ -132,6 +166,9 @@ class DriverArgs:
     """Newest checkpoints kept in storage; older ones are deleted."""
     gpus: int
     """GPUs the job waits for before it trains (the stack's worker GPUs); 0: not known."""
+    workers: int
+    """CPU workers a run without GPUs waits for room for before it trains (a resubmitted run's
+    earlier world size); 0: none, the plan takes what the cluster has."""
     require_gpus: bool
     """Train on GPUs or not at all: wait for `gpus` (or at least one) instead of falling back to CPU
     workers. Set by --gpus, and by an EFA transport expectation."""
@@ -153,7 +190,10 @@ def parse_args(argv: list[str]) -> DriverArgs:
                         help="CPUs per worker (default: a GPU node's CPUs shared among its GPUs; 1 without GPUs)")
     parser.add_argument("--keep-checkpoints", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=0, help="wait for this many GPUs before training")
-    parser.add_argument("--wait-gpus-s", type=float, default=900.0, help="how long to wait for them (default 900)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="without GPUs: wait for room for this many CPU workers before training")
+    parser.add_argument("--wait-gpus-s", type=float, default=900.0,
+                        help="how long to wait for the GPUs or workers (default 900)")
     parser.add_argument("--wait-nodes-s", type=float, default=1200.0,
                         help="how long a run that lost a node waits for it to come back (default 1200)")
     ns = parser.parse_args(argv)
@@ -170,8 +210,9 @@ def parse_args(argv: list[str]) -> DriverArgs:
         raise ValueError(f"--max-failures must be >= 0, got {ns.max_failures}")
     if ns.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be >= 1, got {ns.keep_checkpoints}")
-    if ns.gpus < 0 or ns.wait_gpus_s < 0:
-        raise ValueError(f"--gpus and --wait-gpus-s must be >= 0, got {ns.gpus} and {ns.wait_gpus_s:g}")
+    if ns.gpus < 0 or ns.workers < 0 or ns.wait_gpus_s < 0:
+        raise ValueError(f"--gpus, --workers and --wait-gpus-s must be >= 0, got {ns.gpus}, {ns.workers} and "
+                         f"{ns.wait_gpus_s:g}")
     if ns.wait_nodes_s <= 0:
         raise ValueError(f"--wait-nodes-s must be > 0, got {ns.wait_nodes_s:g}")
     expects_efa = (train.get("transport") or {}).get("expect", "efa") == "efa"
@@ -183,6 +224,7 @@ def parse_args(argv: list[str]) -> DriverArgs:
         cpus_per_worker=ns.cpus_per_worker,
         keep_checkpoints=ns.keep_checkpoints,
         gpus=ns.gpus,
+        workers=ns.workers,
         require_gpus=ns.gpus > 0 or expects_efa,
         wait_gpus_s=ns.wait_gpus_s,
         wait_nodes_s=ns.wait_nodes_s,
@@ -260,8 +302,13 @@ def run(args: DriverArgs) -> int:
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
-        nodes = (wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
-                 if args.require_gpus else read_nodes())
+        if args.require_gpus:
+            nodes = wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
+        elif args.workers:
+            nodes = wait_for_cpu_workers(args.workers, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say,
+                                         cpus_per_worker=args.cpus_per_worker, poll_s=1.0, every_s=10.0)
+        else:
+            nodes = read_nodes()
         plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
         _emit({"event": "plan", "run_name": args.run_name, **asdict(plan)})
         trainer = TorchTrainer(
