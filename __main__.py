@@ -6,6 +6,7 @@ from infra import outputs
 from infra.addons import Addons, AddonsArgs
 from infra.cluster import EksCluster, EksClusterArgs
 from infra.cost import estimated_cost_per_hour
+from infra.health import NodeHealth, NodeHealthArgs
 from infra.helm_values import chart_values, chart_versions
 from infra.instance_types import PRICE_TABLE_DATE
 from infra.network import Network, NetworkArgs
@@ -34,6 +35,8 @@ gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
     root_volume_gib=cfg.gpu_root_volume_gib))
+node_health = NodeHealth("node-health", NodeHealthArgs(
+    cluster_name=cluster.cluster_name, cluster=cluster.cluster))
 addons = Addons("addons", AddonsArgs(
     provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
     node_groups=[system_nodes, gpu_nodes]))

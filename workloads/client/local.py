@@ -189,8 +189,14 @@ class LocalNodes:
             _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
 
     def kill(self, index: int) -> None:
-        """Every process of node `index` SIGKILLed at once, as when its instance is lost."""
+        """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
+        group, and the workers its raylet started (Ray puts them in process groups of their own)."""
         proc = self.procs.pop(index)
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -201,12 +207,11 @@ class LocalNodes:
         _stop(self.procs.pop(index), grace_s=self.spec.stop_grace_s)
 
     def node_of(self, pid: int) -> Optional[int]:
-        """The node whose processes include `pid`, or None."""
-        try:
-            group = os.getpgid(pid)
-        except ProcessLookupError:
-            return None
-        return next((index for index, proc in self.procs.items() if proc.pid == group), None)
+        """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
+        nodes = {proc.pid: index for index, proc in self.procs.items()}
+        while pid and pid not in nodes:
+            pid = _parent_of(pid) or 0
+        return nodes.get(pid)
 
     def restart_head(self) -> None:
         """The head lost and started again, as a head pod restarts: every process of the head is
@@ -221,6 +226,29 @@ class LocalNodes:
     def stop_all(self) -> None:
         for index in sorted(self.procs, reverse=True):
             self.stop(index)
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    """The parent of a process, from Linux's /proc; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process that descends from `root`, from Linux's /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (parent := _parent_of(int(entry.name))) is not None:
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 @contextmanager
