@@ -214,3 +214,20 @@ def test_the_start_timeout_follows_the_wait_for_a_node():
     assert parse_args(base).wait_nodes_s == 1200.0 and parse_args([*base, "--wait-nodes-s", "30"]).wait_nodes_s == 30
     with pytest.raises(ValueError, match="--wait-nodes-s must be > 0, got 0"):
         parse_args([*base, "--wait-nodes-s", "0"])
+
+
+def test_a_resumed_cpu_run_waits_until_its_worker_nodes_have_rejoined():
+    from workloads.launch.driver import wait_for_cpu_workers
+
+    clock, said = FakeClock(), []
+    head, worker = {"CPU": 0.0}, {"CPU": 1.0}
+    arrivals = {0.0: [head], 3.0: [head, worker], 6.0: [head, worker, worker]}
+    read = lambda: arrivals[max(t for t in arrivals if t <= clock.now)]  # noqa: E731
+    nodes = wait_for_cpu_workers(2, read_nodes=read, timeout_s=60, say=said.append, poll_s=1, every_s=5,
+                                 clock=clock, sleep=clock.sleep)
+    assert plan_workers(nodes).num_workers == 2 and clock.now == 6.0
+    assert said == ["waiting for 2 CPU worker slot(s): 0 registered; 60 s left",
+                    "waiting for 2 CPU worker slot(s): 1 registered; 55 s left"]
+    with pytest.raises(GpusMissingError, match=r"room for 1 of 2 CPU worker\(s\) within 10 s"):
+        wait_for_cpu_workers(2, read_nodes=lambda: [head, worker], timeout_s=10, say=lambda _: None,
+                             clock=clock, sleep=clock.sleep)

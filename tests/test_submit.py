@@ -410,3 +410,14 @@ def test_an_id_taken_by_another_run_is_skipped_and_a_cluster_that_never_answers_
     assert submit.submit_or_attach(lambda: jobs, _request("qwen-run")).job_id == "qwen-run-job2"
     with pytest.raises(cluster.UnreachableError, match="could not submit run r: Connection refused"):
         submit.submit_or_attach(lambda: _Jobs(refuse_first=99), _request("r"), sleep=lambda s: None)
+
+
+def test_a_resubmitted_run_waits_for_the_world_size_it_had_and_the_driver_is_told():
+    cpu = submit.same_world_size(_request(), {"event": "plan", "use_gpu": False, "num_workers": 2, "nodes": 2})
+    gpu = submit.same_world_size(_request(), {"event": "plan", "use_gpu": True, "num_workers": 8, "nodes": 2})
+    assert (cpu.workers, cpu.gpus) == (2, 0) and (gpu.workers, gpu.gpus) == (0, 8)
+    assert submit.same_world_size(_request(), None) == _request()
+    sub = submit.build_submission(train={}, run_name="r", storage_path="/tmp/s", max_failures=1, working_dir="/w",
+                                  expect="any", wait_nodes_s=90, workers=2)
+    args = parse_driver_args(shlex.split(sub.entrypoint)[3:])
+    assert (args.wait_nodes_s, args.workers) == (90, 2)

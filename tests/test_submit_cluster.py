@@ -146,8 +146,9 @@ class _AnswerDroppingRelay:
         if drop:
             upstream.recv(65536)  # the cluster has answered: the job exists
             self.dropped += 1
-            client.close()
-            upstream.close()
+            for end in (client, upstream):  # a shutdown, not just a close, ends the pipe's blocked recv too
+                end.shutdown(socket.SHUT_RDWR)
+                end.close()
             return
         self._pipe(upstream, client)
 
