@@ -51,6 +51,15 @@ def faults(tmp_path_factory):
             yield cluster, s3, work
 
 
+@pytest.fixture(autouse=True)
+def whole_cluster(faults):
+    """Each test starts with both worker nodes up, whatever an earlier test left down."""
+    cluster = faults[0]
+    for index in range(1, cluster.nodes.spec.nodes + 1):
+        if index not in cluster.nodes.procs:
+            cluster.nodes.start(index)
+
+
 def _plan(work: Path, **pause) -> Path:
     """The one pause of this test; markers of taken pauses are written beside the plan."""
     plan = work / "plan.json"
