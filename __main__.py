@@ -8,6 +8,7 @@ from infra import outputs
 from infra.addons import Addons, AddonsArgs
 from infra.cluster import EksCluster, EksClusterArgs
 from infra.cost import estimated_cost_per_hour
+from infra.health import NodeHealth, NodeHealthArgs
 from infra.helm_values import chart_values, chart_versions
 from infra.instance_types import PRICE_TABLE_DATE
 from infra.network import Network, NetworkArgs
@@ -44,6 +45,8 @@ gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
     root_volume_gib=cfg.gpu_root_volume_gib, reservation=cfg.gpu_reservation,
     window=gpu_window, cluster_name=cluster.cluster_name))
+node_health = NodeHealth("node-health", NodeHealthArgs(
+    cluster_name=cluster.cluster_name, cluster=cluster.cluster, version=cfg.node_monitoring_agent_version))
 addons = Addons("addons", AddonsArgs(
     provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
     system_nodes=system_nodes, gpu_nodes=gpu_nodes))

@@ -120,6 +120,10 @@ class StackConfig:
     pod_identity_agent_version: str = "v1.3.10-eksbuild.2"
     """Version of the EKS Pod Identity agent add-on (`aws eks describe-addon-versions
     --addon-name eks-pod-identity-agent --kubernetes-version <minor>` lists them)."""
+    node_monitoring_agent_version: str = "v1.4.0-eksbuild.2"
+    """Version of the EKS node monitoring agent add-on (infra/health.py); v1.3.0 or later, the first
+    whose configuration takes the `dcgmAgent` tolerations (`aws eks describe-addon-versions
+    --addon-name eks-node-monitoring-agent --kubernetes-version <minor>` lists them)."""
     kuberay_operator_chart_version: str = "1.7.0"
     """Helm chart version of kuberay-operator (must match the CRD the RayCluster is built for)."""
     api_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
@@ -507,11 +511,11 @@ def _settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
                           "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
                           _fix_cmd(k("gpu_root_volume_gib"), 200))
-    if not _EKS_ADDON_VERSION_RE.match(cfg.pod_identity_agent_version):
-        yield ConfigError(k("pod_identity_agent_version"), cfg.pod_identity_agent_version,
-                          "must pin an EKS add-on version like v1.3.10-eksbuild.2",
-                          _fix_cmd(k("pod_identity_agent_version"),
-                                   StackConfig.pod_identity_agent_version))
+    for addon in ("pod_identity_agent_version", "node_monitoring_agent_version"):
+        if not _EKS_ADDON_VERSION_RE.match(getattr(cfg, addon)):
+            yield ConfigError(k(addon), getattr(cfg, addon),
+                              f"must pin an EKS add-on version like {getattr(StackConfig, addon)}",
+                              _fix_cmd(k(addon), getattr(StackConfig, addon)))
     yield from _range_problems(cfg, "system_node_count", 1, 10, "they run a handful of small pods")
     yield from _range_problems(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
     yield from _range_problems(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")

@@ -12,6 +12,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
+from infra.health import enable_node_auto_repair
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
@@ -126,7 +127,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                                effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
             disk_size=args.root_volume_gib,
-            opts=pulumi.ResourceOptions(parent=self))
+            # Replaces a node that the monitoring agent reports unhealthy (infra/health.py).
+            opts=pulumi.ResourceOptions(parent=self, transforms=[enable_node_auto_repair]))
         self.register_outputs({})
 
 
@@ -188,4 +190,4 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         labels=dict(GPU_NODE_LABELS),
         taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                            effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
-        opts=child)
+        opts=pulumi.ResourceOptions(parent=parent, transforms=[enable_node_auto_repair]))

@@ -17,7 +17,7 @@ from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.readiness import RayWorkersReady, manifest_fingerprint
 from infra.sizing import head_pod_size, worker_pod_size
-from workloads.transport.gate import EFA_TRANSPORT_ENV
+from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
 
 RAY_CLUSTER_NAME = "ray-train"
 SERVICE_ACCOUNT = "ray-train"
@@ -47,6 +47,12 @@ def nccl_env() -> list[dict[str, str]]:
     log settings are not here: each training process sets its own (workloads/launch/ray_train.py),
     so that one place decides where the transport gate finds it."""
     return [{"name": name, "value": value} for name, value in EFA_TRANSPORT_ENV.items()]
+
+
+def node_name_env() -> dict[str, Any]:
+    """The pod's Kubernetes node, from the downward API: a failing transport gate names the node to
+    drain (workloads/transport/gate.py)."""
+    return {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
 def _shm_volume() -> dict[str, Any]:
@@ -99,7 +105,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "name": "ray-worker",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
-                "env": nccl_env(),
+                "env": [*nccl_env(), node_name_env()],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],

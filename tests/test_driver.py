@@ -148,3 +148,87 @@ def test_driver_lines_are_found_behind_ray_prefixes():
     assert parse_driver_line(line) == record
     assert parse_driver_line("[driver] not json") is None
     assert parse_driver_line("[train] {}") is None
+
+
+# --- a lost node: Ray Train retries the worker group's start without limit; the run waits, bounded ----
+
+
+def _startup_timed_out():
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+    from ray.train.v2._internal.execution.controller.state import ReschedulingState
+
+    return ReschedulingState(training_failed_error=ControllerError(WorkerGroupStartupTimeoutError(num_workers=2)))
+
+
+def test_a_run_that_lost_a_node_says_it_waits_and_resumes_when_the_node_is_back():
+    from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
+
+    from workloads.launch.ray_train import WorkerGroupWait
+
+    clock, said = FakeClock(), []
+    wait = WorkerGroupWait(limit_s=100, num_workers=2, clock=clock, say=said.append)
+    wait.after_controller_state_update(None, RunningState())
+    lost = WorkerGroupError("a worker died", {1: RuntimeError("ActorDiedError: node 127.0.0.3 died")})
+    wait.after_controller_state_update(RunningState(), RestartingState(training_failed_error=lost))
+    for _ in range(3):
+        clock.now += 20  # each start of the group waits for its resources, then times out
+        wait.after_controller_state_update(None, _startup_timed_out())
+    clock.now += 5
+    wait.after_controller_state_update(None, RunningState())
+    assert said == [
+        "waiting for a lost node: the 2 workers cannot be placed until its resources come back (on EKS the node "
+        f"group replaces the instance, KubeRay the pod); waited {t} s of 100 s" for t in (20, 40, 60)
+    ] + ["the 2 workers are placed again after 65 s; the run resumes from its latest checkpoint"]
+    # The next loss is timed from its own start.
+    wait.after_controller_state_update(None, RestartingState(training_failed_error=lost))
+    clock.now += 30
+    wait.after_controller_state_update(None, _startup_timed_out())
+    assert said[-1].endswith("waited 30 s of 100 s")
+
+
+def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason():
+    from ray.train.v2._internal.execution.controller.state import RestartingState
+
+    from workloads.launch.ray_train import NodesNotBackError, WorkerGroupWait
+
+    clock = FakeClock()
+    wait = WorkerGroupWait(limit_s=60, num_workers=8, clock=clock, say=lambda message: None)
+    wait.after_controller_state_update(None, RestartingState(training_failed_error=ControllerError(RuntimeError())))
+    clock.now += 30
+    wait.after_controller_state_update(None, _startup_timed_out())
+    clock.now += 30
+    with pytest.raises(NodesNotBackError) as err:
+        wait.after_controller_state_update(None, _startup_timed_out())
+    message = str(err.value)
+    assert message.startswith("the 8 workers could not be placed for 60 s (--wait-nodes-s 60): a lost node did not "
+                              "come back.")
+    assert "resubmitting with the same --run-name resumes from the latest checkpoint" in message
+    # What the driver prints: Ray Train raises the callback's error as the controller's failure.
+    assert failure_reason(ControllerError(err.value)) == message
+
+
+def test_the_start_timeout_follows_the_wait_for_a_node():
+    from workloads.launch.driver import start_timeout_s
+
+    assert [start_timeout_s(s) for s in (10, 120, 1200)] == [5.0, 20.0, 60.0]
+    base = ["--config-json", "{}", "--run-name", "r", "--storage-path", "/tmp/x"]
+    assert parse_args(base).wait_nodes_s == 1200.0 and parse_args([*base, "--wait-nodes-s", "30"]).wait_nodes_s == 30
+    with pytest.raises(ValueError, match="--wait-nodes-s must be > 0, got 0"):
+        parse_args([*base, "--wait-nodes-s", "0"])
+
+
+def test_a_resumed_cpu_run_waits_until_its_worker_nodes_have_rejoined():
+    from workloads.launch.driver import wait_for_cpu_workers
+
+    clock, said = FakeClock(), []
+    head, worker = {"CPU": 0.0}, {"CPU": 1.0}
+    arrivals = {0.0: [head], 3.0: [head, worker], 6.0: [head, worker, worker]}
+    read = lambda: arrivals[max(t for t in arrivals if t <= clock.now)]  # noqa: E731
+    nodes = wait_for_cpu_workers(2, read_nodes=read, timeout_s=60, say=said.append, poll_s=1, every_s=5,
+                                 clock=clock, sleep=clock.sleep)
+    assert plan_workers(nodes).num_workers == 2 and clock.now == 6.0
+    assert said == ["waiting for 2 CPU worker slot(s): 0 registered; 60 s left",
+                    "waiting for 2 CPU worker slot(s): 1 registered; 55 s left"]
+    with pytest.raises(GpusMissingError, match=r"room for 1 of 2 CPU worker\(s\) within 10 s"):
+        wait_for_cpu_workers(2, read_nodes=lambda: [head, worker], timeout_s=10, say=lambda _: None,
+                             clock=clock, sleep=clock.sleep)

@@ -6,126 +6,34 @@ interval of steps, with its data position carried across the restart."""
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import signal
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-import boto3
 import pytest
-import torch.distributed.checkpoint as dcp
-from moto.server import ThreadedMotoServer
+from fault_support import (BUCKET, attempts, bucket_keys, download, fake_s3, progress, steps_logged,
+                           train_worker_pids, wait_for)
 
 from workloads.client import submit
-from workloads.client.cluster import connect, free_port, job_client
+from workloads.client.cluster import connect, job_client
 from workloads.train.config import preset, with_overrides
 from workloads.launch.driver import parse_driver_line
 from workloads.launch.storage import resolve_storage
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
-from workloads.client.report import loop_summary, parse_prefixed, parse_train_line
+from workloads.client.report import loop_summary, parse_prefixed
 
-BUCKET, PREFIX = "checkpoints", "runs"
+PREFIX = "runs"
 STEPS, CHECKPOINT_EVERY = 24, 6
 KILL_AFTER_STEP = CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2
 """Kill once this step is logged: the first checkpoint is in the bucket and the next is not due yet."""
 WORKERS = 2
 MICRO_BATCH = 8
-WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FakeS3:
-    endpoint: str
-    client: object
-    """boto3 S3 client on the moto server."""
 
 
 @pytest.fixture()
-def fake_s3(monkeypatch):
-    """A moto S3 server on 127.0.0.1 with one bucket, and the standard AWS environment pointing at it
-    (set before the Ray nodes start, so every Ray process inherits it as pods inherit theirs)."""
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    try:
-        yield FakeS3(endpoint=endpoint, client=client)
-    finally:
-        server.stop()
-
-
-def _keys(s3: FakeS3, prefix: str) -> list[str]:
-    pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
-
-
-def _steps_logged(logs: str) -> list[int]:
-    return [int(record["step"]) for record in map(parse_train_line, logs.splitlines()) if record]
-
-
-def _wait_for(predicate, *, timeout_s: float, what: str, poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def _train_worker_pids(*, address: str, token: str) -> list[int]:
-    """The processes of the cluster's live Ray Train workers, as the State API lists them."""
-    from ray.util.state.api import StateApiClient
-    from ray.util.state.common import ListApiOptions, StateResource
-
-    client = StateApiClient(address=address, headers={"Authorization": f"Bearer {token}"})
-    filters = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
-    actors = client.list(StateResource.ACTORS, options=ListApiOptions(filters=filters), raise_on_missing_output=True)
-    return sorted(int(actor.pid) for actor in actors if actor.pid)
-
-
-def _progress(folder: Path) -> dict:
-    """The step and data position a loop checkpoint (torch.distributed.checkpoint) holds."""
-    state = {"progress": {"step": 0, "data_position": 0}}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
-    return state["progress"]
-
-
-def _download(s3: FakeS3, prefix: str, target: Path) -> Path:
-    for key in _keys(s3, prefix.rstrip("/") + "/"):
-        if key.endswith("/"):  # a folder marker
-            continue
-        path = target / Path(key).relative_to(prefix)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        s3.client.download_file(BUCKET, key, str(path))
-    return target
-
-
-def _attempts(logs: str) -> list[list[dict]]:
-    """The step records of each attempt, in order, one per step. Rank 0 prints them, and every
-    attempt has a new rank-0 process, which Ray names in the line's `(RayTrainWorker pid=N)` prefix.
-    Ray Train forwards each worker line twice, not always in order, so lines are keyed, not split
-    where the step goes back."""
-    by_process: dict[int, dict[int, dict]] = {}
-    for line in logs.splitlines():
-        record = parse_train_line(line)
-        if record is not None:
-            pid = int(WORKER_PID.search(line).group(1))
-            by_process.setdefault(pid, {})[record["step"]] = record
-    return [[steps[step] for step in sorted(steps)] for steps in by_process.values()]
+def s3(monkeypatch):
+    with fake_s3(monkeypatch) as server:
+        yield server
 
 
 def redone_losses(first: list[dict], second: list[dict], *, resumed: int) -> tuple[list[float], list[float]]:
@@ -176,7 +84,7 @@ def test_an_s3_storage_path_reaches_the_endpoint_of_the_standard_aws_environment
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # reading a checkpoint here
 def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_checkpoint(
-    fake_s3, tmp_path
+    s3, tmp_path
 ):
     train = with_overrides(preset("demo-cpu"), [
         f"steps={STEPS}", f"checkpoint_every={CHECKPOINT_EVERY}", "log_every=1", f"micro_batch={MICRO_BATCH}",
@@ -193,12 +101,12 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
 
             def checkpointed_and_past() -> bool:
                 assert not client.get_job_status(job_id).is_terminal(), client.get_job_logs(job_id)
-                steps = _steps_logged(client.get_job_logs(job_id))
-                metadata = [k for k in _keys(fake_s3, f"{PREFIX}/{run_name}/") if k.endswith("/.metadata")]
+                steps = steps_logged(client.get_job_logs(job_id))
+                metadata = [k for k in bucket_keys(s3, f"{PREFIX}/{run_name}/") if k.endswith("/.metadata")]
                 return bool(metadata) and bool(steps) and max(steps) >= KILL_AFTER_STEP
 
-            _wait_for(checkpointed_and_past, timeout_s=150, what=f"step {KILL_AFTER_STEP} and a checkpoint in S3")
-            pids = _train_worker_pids(address=cluster.address, token=cluster.token)
+            wait_for(checkpointed_and_past, timeout_s=150, what=f"step {KILL_AFTER_STEP} and a checkpoint in S3")
+            pids = train_worker_pids(address=cluster.address, token=cluster.token)
             assert len(pids) == WORKERS, pids
             os.kill(pids[-1], signal.SIGKILL)
             killed_at = time.monotonic()
@@ -208,9 +116,9 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
     wall_s = time.monotonic() - started
 
     assert str(status) == "SUCCEEDED", logs
-    attempts = _attempts(logs)
-    assert len(attempts) == 2, f"expected one restarted attempt, got {len(attempts)}:\n{logs}"
-    first, second = attempts
+    runs = attempts(logs)
+    assert len(runs) == 2, f"expected one restarted attempt, got {len(runs)}:\n{logs}"
+    first, second = runs
     first_attempt, second_attempt = [r["step"] for r in first], [r["step"] for r in second]
     summary = loop_summary(logs.splitlines())
     resumed = summary["resumed_from_step"]
@@ -229,12 +137,12 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_from_its_latest_s3_chec
 
     finished = next(r for r in map(parse_driver_line, logs.splitlines()) if r and r.get("event") == "finished")
     assert finished["checkpoint"].startswith(f"{BUCKET}/{PREFIX}/{run_name}/checkpoint_")
-    keys = _keys(fake_s3, f"{PREFIX}/{run_name}/")
+    keys = bucket_keys(s3, f"{PREFIX}/{run_name}/")
     assert any(key.endswith("/.metadata") for key in keys)
-    final = _download(fake_s3, finished["checkpoint"].split("/", 1)[1], tmp_path / "final")
+    final = download(s3, finished["checkpoint"].split("/", 1)[1], tmp_path / "final")
     # The data position went on from the checkpoint, not from zero: no sample is seen twice
     # beyond the redone steps.
-    assert _progress(final) == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
+    assert progress(final) == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
     print(f"\nfault injection: 1 worker SIGKILLed after step {last_before_kill}, resumed from step {resumed}, "
           f"{redone} step(s) redone, recovered and finished in {time.monotonic() - killed_at:.1f} s, "
           f"wall {wall_s:.1f} s, {len(keys)} objects in s3://{BUCKET}/{PREFIX}/{run_name}/")

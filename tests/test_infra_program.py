@@ -31,6 +31,8 @@ class Declared:
     typ: str
     name: str
     inputs: dict[str, Any]
+    transforms: list = field(default_factory=list)
+    """The transforms given to the resource (they reach the children of a remote component)."""
 
 
 @dataclass
@@ -105,7 +107,7 @@ class _Mocks(pulumi.runtime.Mocks):
         self.zones = zones or same_order_zones(region)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        self.run.resources.append(Declared(args.typ, args.name, dict(args.inputs)))
+        self.run.resources.append(Declared(args.typ, args.name, dict(args.inputs), list(args.transforms or [])))
         outputs = dict(args.inputs)
         if args.typ == "aws:s3/bucket:Bucket":
             outputs.update(bucket=f"{args.inputs['bucketPrefix']}abc123",
@@ -212,7 +214,7 @@ def test_every_component_has_its_own_type(program):
     components = {r.typ for r in run.resources if r.typ.startswith("ray-eks:infra:")}
     assert components == {f"ray-eks:infra:{n}" for n in (
         "Network", "EksCluster", "SystemNodeGroup", "GpuNodeGroup", "Addons",
-        "CheckpointStorage", "RayClusterDeployment")}
+        "CheckpointStorage", "RayClusterDeployment", "NodeHealth")}
 
 
 def test_network_spans_two_azs_including_the_gpu_az_with_eks_tags(program):
@@ -262,6 +264,40 @@ def test_gpu_node_group_is_efa_enabled_in_the_gpu_az(program):
                       if s.inputs["availabilityZone"] == cfg.gpu_availability_zone
                       and "kubernetes.io/role/internal-elb" in s.inputs["tags"])
     assert gpu["subnetIds"] == [f"{gpu_subnet.name}-id"]
+
+
+def _tolerates(toleration: dict, taint: dict) -> bool:
+    """Kubernetes' rule: same key (or an empty key with Exists), same effect (or none), and the value
+    equal unless the operator is Exists."""
+    effects = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+    if toleration.get("effect") not in (None, "", effects[taint["effect"]]):
+        return False
+    if toleration.get("operator") == "Exists":
+        return toleration.get("key") in (None, "", taint["key"])
+    return toleration.get("key") == taint["key"] and toleration.get("value") == taint["value"]
+
+
+def test_gpu_nodes_are_watched_by_the_monitoring_agent_and_repaired(program):
+    config, run = program
+    agent = next(a.inputs for a in run.of_type("aws:eks/addon:Addon")
+                 if a.inputs["addonName"] == "eks-node-monitoring-agent")
+    assert agent["addonVersion"] == parse_stack_config(config).node_monitoring_agent_version
+    gpu = next(g for g in run.of_type("eks:index:ManagedNodeGroup") if g.inputs.get("enableEfaSupport"))
+    # The agent's GPU health reader (dcgm-server) must land on the tainted GPU nodes.
+    (taint,) = gpu.inputs["taints"]
+    tolerations = json.loads(agent["configurationValues"])["dcgmAgent"]["tolerations"]
+    assert any(_tolerates(t, taint) for t in tolerations)
+    # pulumi-eks hides nodeRepairConfig: the GPU group's transform sets it on the node group it creates.
+    child = pulumi.ResourceTransformArgs(custom=True, type_="aws:eks/nodeGroup:NodeGroup", name="gpu-nodes",
+                                         props={"clusterName": "c", "amiType": "AL2023_x86_64_NVIDIA"},
+                                         opts=pulumi.ResourceOptions())
+    (transform,) = gpu.transforms
+    result = transform(child)
+    assert result.props == {"clusterName": "c", "amiType": "AL2023_x86_64_NVIDIA",
+                            "nodeRepairConfig": {"enabled": True}}
+    template = pulumi.ResourceTransformArgs(custom=True, type_="aws:ec2/launchTemplate:LaunchTemplate",
+                                            name="gpu-lt", props={}, opts=pulumi.ResourceOptions())
+    assert transform(template) is None
 
 
 def _system_group(run: ProgramRun) -> dict[str, Any]:
@@ -469,7 +505,8 @@ def test_the_raycluster_waits_for_the_pod_identity_association(program):
 
 def test_the_pod_identity_agent_version_is_pinned(program):
     config, run = program
-    addon = run.one("aws:eks/addon:Addon").inputs
+    addon = next(a.inputs for a in run.of_type("aws:eks/addon:Addon")
+                 if a.inputs["addonName"] == "eks-pod-identity-agent")
     assert addon["addonName"] == "eks-pod-identity-agent"
     assert addon["addonVersion"] == parse_stack_config(config).pod_identity_agent_version
 

@@ -115,7 +115,8 @@ def _worker(manifest):
 
 
 def _env(container) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"]}
+    """The container's literal environment values (not those read from the downward API)."""
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
 def test_head_has_no_gpu_runs_on_the_system_node_behind_clusterip_with_token_auth():
@@ -183,6 +184,9 @@ def test_workers_declare_the_efa_transport_and_leave_the_nccl_log_to_each_rank()
     # (workloads/launch/ray_train.py), not also here where every process of the pod would get it.
     assert env == EFA_TRANSPORT_ENV
     assert not {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"} & set(env)
+    # The pod's node, which a failing transport gate names for draining.
+    from_api = {e["name"]: e["valueFrom"] for e in spec["containers"][0]["env"] if "valueFrom" in e}
+    assert from_api == {"K8S_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}

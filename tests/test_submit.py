@@ -219,13 +219,44 @@ def test_following_picks_the_stream_up_where_a_dropped_connection_broke_it():
     assert len(said) == 2 and "WebSocket connection closed unexpectedly" in said[0]
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_following_gives_up_with_a_distinct_error_and_the_job_runs_on():
     def broken():
         return _Stream("x" * 50, breaks_after=0)
 
+    clock, said = _Clock(), []
     with pytest.raises(submit.FollowLostError, match="WebSocket connection closed"):
-        submit.follow(broken, "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True), attempts=3,
+        submit.follow(broken, "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True), patience_s=60,
+                      sleep=clock.sleep, clock=clock, say=said.append)
+    assert 60 <= clock.now < 80  # it kept trying for its patience, then gave up
+    assert said[0].endswith("reconnecting (attempt 1, for up to 60 s)")
+
+
+class _Gone(_Stream):
+    """The cluster after its head restarted: it answers, and knows no job."""
+
+    def get_job_status(self, job_id):
+        raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
+
+
+def test_a_job_the_restarted_cluster_no_longer_knows_is_gone_not_lost():
+    clients = iter([_Stream("line\n" * 20, breaks_after=30), _Gone("")])
+    with pytest.raises(submit.JobGoneError, match="job raysubmit_1 is gone from the cluster: its Ray head restarted"):
+        submit.follow(lambda: next(clients), "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True),
                       sleep=lambda s: None)
+    # An id the cluster never had is the caller's mistake, said as the Jobs API says it.
+    with pytest.raises(RuntimeError, match="does not exist"):
+        submit.follow(lambda: _Gone(""), "raysubmit_typo", submit.LogPrinter(console=Console(), quiet=True))
 
 
 def test_a_lost_connection_exits_4_with_how_to_reattach(monkeypatch, capsys):
@@ -308,3 +339,117 @@ def test_an_address_that_does_not_answer_fails_within_the_connect_timeout():
 def test_stack_and_address_together_are_refused(capsys):
     assert submit.main("list", ["--stack", "us-west-2", "--address", "http://127.0.0.1:9"]) == 2
     assert "--stack and --address both name a cluster" in capsys.readouterr().err
+
+
+# --- one job per run: submission ids derived from the run name --------------------------------
+
+
+class _Jobs:
+    """The Jobs API of one cluster as the Ray SDK presents it: ids are unique, a duplicate is refused
+    with Ray's message, an unknown id is Ray's 404. `drop_answers` loses the answer of that many
+    submissions after the cluster took them (a port-forward that drops mid-request)."""
+
+    def __init__(self, *, drop_answers: int = 0, refuse_first: int = 0) -> None:
+        self.jobs: dict[str, dict] = {}
+        self.drop_answers, self.refuse_first = drop_answers, refuse_first
+        self.submit_calls = 0
+
+    def list_jobs(self):
+        from ray.job_submission import JobDetails, JobType
+
+        return [JobDetails(type=JobType.SUBMISSION, submission_id=job_id, entrypoint="python -m ...",
+                           status=job["status"], metadata=job["metadata"], start_time=i)
+                for i, (job_id, job) in enumerate(self.jobs.items())]
+
+    def submit_job(self, *, entrypoint, runtime_env, metadata, submission_id):
+        import requests
+        from ray.job_submission import JobStatus
+
+        self.submit_calls += 1
+        if self.refuse_first:
+            self.refuse_first -= 1
+            raise requests.exceptions.ConnectionError("Connection refused")  # never reached the cluster
+        if submission_id in self.jobs:
+            raise RuntimeError(f"Request failed with status code 400: Job with submission_id {submission_id} "
+                               "already exists. Please use a different submission_id.")
+        self.jobs[submission_id] = {"status": JobStatus.RUNNING, "metadata": metadata, "entrypoint": entrypoint}
+        if self.drop_answers:
+            self.drop_answers -= 1
+            raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('Remote end "
+                                                      "closed connection without response'))")
+        return submission_id
+
+    def get_job_info(self, job_id):
+        if job_id not in self.jobs:
+            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
+        return self.list_jobs()[list(self.jobs).index(job_id)]
+
+    def finish(self, job_id: str) -> None:
+        from ray.job_submission import JobStatus
+
+        self.jobs[job_id]["status"] = JobStatus.SUCCEEDED
+
+
+def _request(run_name: str = "qwen-run") -> submit.SubmitRequest:
+    return submit.SubmitRequest(train={"steps": 2}, run_name=run_name, storage_path="s3://b/runs", max_failures=1,
+                                expect="any", quiet=True)
+
+
+def test_a_run_is_submitted_under_an_id_derived_from_its_name():
+    jobs, said = _Jobs(), []
+    submitted = submit.submit_or_attach(lambda: jobs, _request(), say=said.append)
+    assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=False, index=1)
+    assert jobs.jobs["qwen-run-job1"]["metadata"]["run_name"] == "qwen-run" and not said
+    assert submit.submission_id("my run/α", 3) == "my-run---job3"
+
+
+def test_submitting_a_run_that_is_running_attaches_to_its_job():
+    jobs = _Jobs()
+    first = submit.submit_or_attach(lambda: jobs, _request())
+    again = submit.submit_or_attach(lambda: jobs, _request())
+    assert again == submit.Submitted(job_id=first.job_id, attached=True, index=1)
+    assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 1
+
+
+def test_a_finished_run_submitted_again_gets_the_next_id():
+    jobs = _Jobs()
+    jobs.finish(submit.submit_or_attach(lambda: jobs, _request()).job_id)
+    assert submit.submit_or_attach(lambda: jobs, _request()).job_id == "qwen-run-job2"
+    # After a lost head the submitter goes on counting from the lost job's id.
+    assert submit.submit_or_attach(lambda: _Jobs(), _request(), first_index=3).job_id == "qwen-run-job3"
+
+
+def test_a_submission_whose_answer_is_lost_is_found_not_sent_twice():
+    jobs, said = _Jobs(drop_answers=1), []
+    submitted = submit.submit_or_attach(lambda: jobs, _request(), say=said.append, sleep=lambda s: None)
+    assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=True, index=1)
+    assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 1
+    assert said == ["no answer to the submission of qwen-run-job1 (('Connection aborted.', RemoteDisconnected("
+                    "'Remote end closed connection without response'))); asking the cluster whether it arrived (1/4)"]
+
+
+def test_a_submission_that_never_arrived_is_sent_again_under_the_same_id():
+    jobs = _Jobs(refuse_first=2)
+    submitted = submit.submit_or_attach(lambda: jobs, _request(), sleep=lambda s: None)
+    assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=False, index=1)
+    assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 3
+
+
+def test_an_id_taken_by_another_run_is_skipped_and_a_cluster_that_never_answers_is_exit_3():
+    jobs = _Jobs()
+    # "qwen run" and "qwen-run" share the id prefix; the other run's job is not this run's.
+    submit.submit_or_attach(lambda: jobs, _request("qwen run"))
+    assert submit.submit_or_attach(lambda: jobs, _request("qwen-run")).job_id == "qwen-run-job2"
+    with pytest.raises(cluster.UnreachableError, match="could not submit run r: Connection refused"):
+        submit.submit_or_attach(lambda: _Jobs(refuse_first=99), _request("r"), sleep=lambda s: None)
+
+
+def test_a_resubmitted_run_waits_for_the_world_size_it_had_and_the_driver_is_told():
+    cpu = submit.same_world_size(_request(), {"event": "plan", "use_gpu": False, "num_workers": 2, "nodes": 2})
+    gpu = submit.same_world_size(_request(), {"event": "plan", "use_gpu": True, "num_workers": 8, "nodes": 2})
+    assert (cpu.workers, cpu.gpus) == (2, 0) and (gpu.workers, gpu.gpus) == (0, 8)
+    assert submit.same_world_size(_request(), None) == _request()
+    sub = submit.build_submission(train={}, run_name="r", storage_path="/tmp/s", max_failures=1, working_dir="/w",
+                                  expect="any", wait_nodes_s=90, workers=2)
+    args = parse_driver_args(shlex.split(sub.entrypoint)[3:])
+    assert (args.wait_nodes_s, args.workers) == (90, 2)

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -105,6 +106,98 @@ def test_list_logs_and_stop(target, ray_cluster, tmp_path, capsys):
     assert "workloads.launch.driver" in capsys.readouterr().out
     assert submit.main("stop", ["raysubmit_nosuchjob", *target]) == 1
     assert "raysubmit_nosuchjob" in capsys.readouterr().err
+
+
+def _jobs_of(cluster, run_name: str) -> list:
+    return [job for job in _client(cluster).list_jobs() if (job.metadata or {}).get("run_name") == run_name]
+
+
+def test_submitting_a_running_run_again_attaches_to_its_job(target, ray_cluster, tmp_path, capsys):
+    run = f"attach-{tmp_path.name}"
+    argv = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--set", "steps=100000", "--run-name", run,
+            "--no-follow"]
+    assert submit.main("submit", argv) == 0
+    first = capsys.readouterr()
+    try:
+        assert first.out.strip() == f"{run}-job1"
+        assert submit.main("submit", argv) == 0
+        again = capsys.readouterr()
+        assert again.out.strip() == f"{run}-job1"
+        assert f"run {run} is already on the cluster as job {run}-job1" in again.err
+        assert [job.submission_id for job in _jobs_of(ray_cluster, run)] == [f"{run}-job1"]
+    finally:
+        submit.main("stop", [f"{run}-job1", *target])
+
+
+class _AnswerDroppingRelay:
+    """A relay to the Jobs API that passes the first job submission on to the cluster and then closes
+    the connection before the answer comes back: the job exists, the submitter never hears of it."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port, self.dropped = target_port, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        first = client.recv(65536)
+        drop = first.startswith(b"POST /api/jobs/") and not self.dropped
+        upstream.sendall(first)
+        threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+        if drop:
+            upstream.recv(65536)  # the cluster has answered: the job exists
+            self.dropped += 1
+            for end in (client, upstream):  # a shutdown, not just a close, ends the pipe's blocked recv too
+                end.shutdown(socket.SHUT_RDWR)
+                end.close()
+            return
+        self._pipe(upstream, client)
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_submission_whose_answer_is_lost_leaves_one_job(ray_cluster, tmp_path, capsys):
+    relay = _AnswerDroppingRelay(int(ray_cluster.address.rsplit(":", 1)[1]))
+    run = f"dropped-{tmp_path.name}"
+    try:
+        code = submit.main("submit", ["--address", f"http://127.0.0.1:{relay.port}", "--token", ray_cluster.token,
+                                      *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--set", "steps=100000",
+                                      "--run-name", run, "--no-follow"])
+    finally:
+        relay.close()
+    out = capsys.readouterr()
+    try:
+        assert code == 0 and relay.dropped == 1, out
+        assert out.out.strip() == f"{run}-job1"
+        assert f"no answer to the submission of {run}-job1" in out.err
+        assert "asking the cluster whether it arrived" in out.err
+        assert [job.submission_id for job in _jobs_of(ray_cluster, run)] == [f"{run}-job1"]
+    finally:
+        _client(ray_cluster).stop_job(f"{run}-job1")
 
 
 def test_a_wrong_token_is_refused(ray_cluster, capsys):
@@ -243,7 +336,7 @@ def test_a_dropped_port_forward_is_restored_while_following(fake_tools, ray_clus
     out = capsys.readouterr().out
     ticks = [line for line in out.splitlines() if line.startswith("tick-")]
     assert ticks == [f"tick-{i}" for i in range(12)], out
-    assert "lost the job's log stream" in out and "reconnecting (1/4)" in out
+    assert "lost the job's log stream" in out and "reconnecting (attempt 1, for up to 300 s)" in out
     assert len(pids_file.read_text().split()) == 2  # a second port-forward was started
 
 

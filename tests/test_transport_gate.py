@@ -3,6 +3,7 @@ real two-process gloo run where it does not apply."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,10 @@ def test_gate_fails_on_sockets_within_a_node_naming_ranks_hosts_transport_and_ba
         "transport gate failed (expect efa; ranks 0@vm, 1@vm; transports NET/Socket; all-reduce bus bandwidth "
         "3.84 GB/s (floor 2.00 GB/s, 64 MiB, 2 ranks on 1 node(s))):\n"
         "  rank 0 (vm) -> rank 1 (vm): NET/Socket within a node (expected P2P, SHM or NVLS)\n"
-        "  rank 1 (vm) -> rank 0 (vm): NET/Socket within a node (expected P2P, SHM or NVLS)"
+        "  rank 1 (vm) -> rank 0 (vm): NET/Socket within a node (expected P2P, SHM or NVLS)\n"
+        "  drain: no node stands out: ranks on the run's only node failed alike (vm), a cause they share (the "
+        "image, the job's environment, the security group) rather than one machine; `kubectl describe node` shows "
+        "the monitoring agent's conditions before any drain"
     )
 
 
@@ -143,6 +147,9 @@ def test_gate_fails_on_tcp_between_nodes(tmp_path):
         "(expected EFA: NET/Libfabric through aws-ofi-nccl)",
         "  rank 3 (ip-10-0-1-5) -> rank 4 (ip-10-0-1-6): NET/Socket between nodes "
         "(expected EFA: NET/Libfabric through aws-ofi-nccl)",
+        "  drain: no node stands out: ranks on all 2 nodes failed alike (ip-10-0-1-5, ip-10-0-1-6), a cause they "
+        "share (the image, the job's environment, the security group) rather than one machine; `kubectl describe "
+        "node` shows the monitoring agent's conditions before any drain",
     ]
 
 
@@ -154,13 +161,16 @@ def test_gate_fails_under_the_floor_with_the_right_transport(shared_dir, tmp_pat
     assert str(err.value) == (
         "transport gate failed (expect efa; ranks 0@vm, 1@vm; transports P2P/CUMEM; all-reduce bus bandwidth "
         "120.00 GB/s (floor 250.00 GB/s, 64 MiB, 2 ranks on 1 node(s))):\n"
-        "  bus bandwidth 120.00 GB/s is under the floor of 250.00 GB/s"
+        "  bus bandwidth 120.00 GB/s is under the floor of 250.00 GB/s\n"
+        "  drain: no node stands out: every rank's connections are right, and the bus bandwidth is one figure for "
+        "all of them; `kubectl describe node` shows each node's NetworkingReady and AcceleratedHardwareReady "
+        "conditions (EKS node monitoring agent)"
     )
 
 
 def test_default_floor_for_one_node_applies(shared_dir, tmp_path):
     text = (shared_dir / "fixtures/nccl/h200x2-single-node-p2p.log").read_text()
-    with pytest.raises(TransportGateError, match=r"\n  bus bandwidth 1.50 GB/s is under the floor of 2.00 GB/s$"):
+    with pytest.raises(TransportGateError, match=r"\n  bus bandwidth 1.50 GB/s is under the floor of 2.00 GB/s\n"):
         run_gate_as_rank(tmp_path, own_log=lines_of(text, "vm:671:"), peer_log=lines_of(text, "vm:672:"),
                          hosts=["vm", "vm"], busbw=1.5)
 
@@ -288,3 +298,50 @@ def test_gloo_run_says_the_gate_does_not_apply_and_ranks_stop_together(shared_di
         assert r["message"] == "transport gate does not apply to the gloo backend (it checks NCCL transports)"
     assert results[0]["error"] == results[1]["error"]
     assert "rank 0 (vm) -> rank 1 (vm): NET/Socket within a node" in results[0]["error"]
+
+
+def _efa_verdicts(*, failing_node: str | None) -> list[RankVerdict]:
+    """8 ranks on two g6.12xlarge pods; the ranks on `failing_node` found no NCCL connection in their logs
+    (the EFA device of that instance did not come up, say)."""
+    nodes = ["ip-10-0-1-5.us-west-2.compute.internal"] * 4 + ["ip-10-0-1-6.us-west-2.compute.internal"] * 4
+    pods = ["ray-train-gpu-worker-a"] * 4 + ["ray-train-gpu-worker-b"] * 4
+    verdicts = []
+    for rank, (node, pod) in enumerate(zip(nodes, pods)):
+        ok = node != failing_node
+        verdicts.append(RankVerdict(
+            rank=rank, host=pod, node=node, ok=ok, transports=("NET/Libfabric/GDRDMA",) if ok else (),
+            inter_node_links=1 if ok and rank in (3, 4) else 0,
+            problems=() if ok else (f"rank {rank} on {pod}: no NCCL connection lines in its log",)))
+    return verdicts
+
+
+def test_a_failing_gate_names_the_node_whose_ranks_alone_failed():
+    from workloads.transport.gate import combine_verdicts
+
+    bad = "ip-10-0-1-6.us-west-2.compute.internal"
+    result = combine_verdicts(GateConfig(), verdicts=_efa_verdicts(failing_node=bad), busbw_gbps=4.2,
+                              message_bytes=64 * 2**20)
+    assert not result.passed and result.drain == (bad,)
+    assert result.message.splitlines()[-1] == (
+        f"  drain: {bad} (ranks 4, 5, 6, 7 failed, the other nodes' passed): `kubectl drain {bad} "
+        "--ignore-daemonsets --delete-emptydir-data`, then terminate the instance: the node group replaces it and "
+        "the run resumes from its latest checkpoint")
+    # Without the Kubernetes node name (a local run), the host label names the machine.
+    local = [dataclasses.replace(v, node="") for v in _efa_verdicts(failing_node=bad)]
+    assert combine_verdicts(GateConfig(), verdicts=local, busbw_gbps=4.2, message_bytes=4096).drain == (
+        "ray-train-gpu-worker-b",)
+    healthy = combine_verdicts(GateConfig(), verdicts=_efa_verdicts(failing_node=None), busbw_gbps=4.2,
+                               message_bytes=4096)
+    assert healthy.passed and healthy.drain == () and "drain" not in healthy.message
+
+
+def test_the_gate_reads_the_pods_node_name(monkeypatch, tmp_path):
+    """run_transport_gate passes K8S_NODE_NAME (the downward API's spec.nodeName) into the rank's verdict."""
+    from workloads.transport import gate
+
+    seen = {}
+    monkeypatch.setenv(gate.NODE_NAME_ENV, "ip-10-0-1-5.us-west-2.compute.internal")
+    monkeypatch.setattr(gate, "check_transport", lambda cfg, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr("torch.distributed.get_backend", lambda: "nccl")
+    gate.run_transport_gate(GateConfig(), ctx=context(0, 2, tmp_path), device=torch.device("cpu"))
+    assert seen["node"] == "ip-10-0-1-5.us-west-2.compute.internal"

@@ -11,6 +11,8 @@ s3://...`, runs three times, each as a subprocess whose output and exit code are
   a-any     sockets allowed (--expect any): exit 0, the gate names 2 nodes, checkpoints in the bucket
   b-efa     --expect efa: the gate stops the job before step 1, no retry, exit 1
   c-kill    a worker's training process is SIGKILLed after a checkpoint: the run resumes from S3
+  d-node    a whole worker node (raylet, workers) is killed while a rank waits at a pause point after
+            step 9; the job says it waits for the node, which is started again: the run resumes from S3
 
 and the verifier is run on (a)'s per-rank NCCL logs, which are copied to DIR/a-any-nccl/. Needs Ray,
 moto and GPUs; DIR/summary.json holds every exit code. NVLink multicast stays off.
@@ -26,17 +28,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 BUCKET, PREFIX = "rehearsal", "runs"
 # A small model keeps checkpoints to moto quick; the job path is the point, not the throughput.
-TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b-synthetic", "--set", "model.name_or_path=tiny-qwen2", "--set", "seq_len=256",
-                  "--set", "micro_batch=8", "--set", "log_every=2", "--set", "checkpoint_every=6",
+TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b-synthetic", "--set", "model.name_or_path=tiny-qwen2",
+                  "--set", "seq_len=256", "--set", "micro_batch=8", "--set", "log_every=2",
+                  "--set", "checkpoint_every=6",
                   "--set", "warmup_steps=2", "--set", "lr=1e-3", "--set", "peak_flops=989e12"]
 KILL_AT_STEP = 10
 """(c) kills a worker once this step is logged: the checkpoint of step 6 is in the bucket, 12's is not."""
+NODE_LOSS_STEP = 9
+"""(d) loses the node of the last rank once it has reported this step (the checkpoint of step 6 is in
+the bucket)."""
 
 
 def _say(message: str) -> None:
@@ -92,6 +99,44 @@ def train_worker_pids(*, address: str, token: str) -> list[int]:
     return sorted(int(actor.pid) for actor in actors if actor.pid)
 
 
+def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, rank: int) -> dict:
+    """(d): the last rank pauses after step NODE_LOSS_STEP; its whole node is killed; once the job says
+    that it waits for the node, the node is started again. Returns what happened, with times."""
+    plan.write_text(json.dumps({"pauses": [{"point": "after-report", "run": run, "step": NODE_LOSS_STEP,
+                                            "rank": rank}]}))
+    events: dict = {}
+
+    def on_line(line: str) -> None:
+        marker = next(plan.parent.glob(f"paused-{run}-*.json"), None)
+        if marker and "killed_node" not in events:
+            pid = json.loads(marker.read_text())["pid"]
+            node = cluster.nodes.node_of(pid)
+            events.update(killed_node=node, paused_pid=pid)
+            if node is None:
+                return
+            cluster.nodes.kill(node)
+            events["killed_at"] = time.time()
+            _say(f"killed every process of worker node {node} (rank {rank}'s, pid {pid})")
+        if "waiting for a lost node" in line and "restarted_at" not in events and events.get("killed_node"):
+            events["first_wait_message_at"] = time.time()
+            # Started from another thread: the job's output must go on being read meanwhile.
+            threading.Thread(target=restart, daemon=True).start()
+
+    def restart() -> None:
+        events["restarted_at"] = time.time()
+        cluster.nodes.start(events["killed_node"])
+        events["back_at"] = time.time()
+        _say(f"worker node {events['killed_node']} is back")
+
+    code = run_logged([*base, "--expect", "any", "--run-name", run, "--max-failures", "1", "--wait-nodes-s", "600",
+                       "--set", f"steps={2 * NODE_LOSS_STEP}"], out / f"{run}.txt", on_line=on_line)
+    text = (out / f"{run}.txt").read_text()
+    resumed = [json.loads(line.split("[train-summary] ", 1)[1]) for line in text.splitlines()
+               if "[train-summary] " in line]
+    return {"exit": code, **events, "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None,
+            "placed_again": "placed again" in text}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workloads.bench.rehearsal", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -105,6 +150,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from workloads.client.cluster import free_port
     from workloads.client.local import LocalClusterSpec, local_ray_cluster
+    from workloads.launch.faults import PAUSE_PLAN_ENV
     from workloads.launch.ray_train import SCRATCH_ROOT
 
     gpus = torch.cuda.device_count()
@@ -126,6 +172,10 @@ def main(argv: Optional[list[str]] = None) -> int:
          "NCCL_HOSTID": f"rehearsal-node-{node}", "NCCL_SOCKET_IFNAME": "lo"}
         for node in range(2)) if per_node else ()
     server, s3 = start_s3(free_port())
+    # Every Ray process reads the pause plan of (d); the file is written only for (d).
+    pause_plan = out / "pause-plan.json"
+    pause_plan.unlink(missing_ok=True)
+    os.environ[PAUSE_PLAN_ENV] = str(pause_plan)
     summary: dict = {"gpus_per_node": per_node, "nodes": 2, "machine_gpus": gpus, "one_gpu_shared": shared,
                      "runs": {}}
     spec = LocalClusterSpec(nodes=2, cpus_per_node=8 * per_node or 1, gpus_per_node=per_node, worker_env=worker_env)
@@ -183,6 +233,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                        (out / f"{run}.txt").read_text().splitlines() if "[train-summary] " in line]
             summary["runs"][run] = {"exit": code, "killed": killed,
                                     "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None}
+
+            run = "d-node"
+            summary["runs"][run] = lose_a_node(cluster, base=base, run=run, plan=pause_plan, out=out,
+                                               rank=2 * per_node - 1 if per_node else 1)
     finally:
         server.stop()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

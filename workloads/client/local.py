@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional
@@ -76,6 +76,9 @@ class LocalCluster:
     """The cluster's Ray auth token."""
     temp_dir: Path
     """Ray's session folder root (logs)."""
+    nodes: "LocalNodes" = field(compare=False, repr=False)
+    """The nodes' processes: a fault-injection test stops and starts them as a lost instance, a
+    replaced pod or a restarted head would."""
 
 
 def node_ip(index: int) -> str:
@@ -112,13 +115,15 @@ def _node_env(token: str, extra: Optional[dict[str, str]] = None) -> dict[str, s
             "RAY_USAGE_STATS_ENABLED": "0", **(extra or {})}
 
 
-def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: str) -> None:
+def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: str, offset: int = 0) -> None:
+    """Wait for the node's start message in its log, after `offset` (the node's earlier starts)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if STARTED_MARK in log.read_text(errors="replace"):
+        text = log.read_text(errors="replace")[offset:]
+        if STARTED_MARK in text:
             return
         if proc.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
+            tail = "\n".join(text.strip().splitlines()[-15:])
             raise RuntimeError(f"{what} exited with {proc.returncode} while starting:\n{tail}")
         time.sleep(0.3)
     raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s (see {log})")
@@ -153,36 +158,116 @@ def _stop(proc: subprocess.Popen, *, grace_s: float) -> None:
     proc.wait()
 
 
+class LocalNodes:
+    """The `ray start --block` process of each node (0 is the head), each in its own process group,
+    which holds every process of the node: its raylet, its workers and, on the head, the GCS, the
+    dashboard and the jobs' drivers."""
+
+    def __init__(self, spec: LocalClusterSpec, *, token: str, log_dir: Path, temp_dir: Path) -> None:
+        self.spec, self.token, self.log_dir, self.temp_dir = spec, token, log_dir, temp_dir
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def log(self, index: int) -> Path:
+        return self.log_dir / ("ray-head.log" if index == 0 else f"ray-node-{index}.log")
+
+    def start(self, index: int) -> None:
+        """Start node `index` (again) on its own address and wait until it has joined."""
+        head = index == 0
+        # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
+        argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port,
+                          temp_dir=self.temp_dir, cpus=0 if head else self.spec.cpus_per_node,
+                          gpus=0 if head else self.spec.gpus_per_node)
+        extra = None if head or not self.spec.worker_env else self.spec.worker_env[index - 1]
+        log = self.log(index)
+        offset = len(log.read_text(errors="replace")) if log.exists() else 0
+        with log.open("a") as out:
+            self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
+                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 start_new_session=True)
+        _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
+                      what="the Ray head" if head else f"Ray node {index}")
+        if head:
+            _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
+
+    def kill(self, index: int) -> None:
+        """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
+        group, and the workers its raylet started (Ray puts them in process groups of their own)."""
+        proc = self.procs.pop(index)
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def stop(self, index: int) -> None:
+        _stop(self.procs.pop(index), grace_s=self.spec.stop_grace_s)
+
+    def node_of(self, pid: int) -> Optional[int]:
+        """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
+        nodes = {proc.pid: index for index, proc in self.procs.items()}
+        while pid and pid not in nodes:
+            pid = _parent_of(pid) or 0
+        return nodes.get(pid)
+
+    def restart_head(self) -> None:
+        """The head lost and started again, as a head pod restarts: every process of the head is
+        killed. Without GCS fault tolerance the worker nodes' raylets cannot rejoin a new head and
+        exit, and their pods restart: here they are stopped and started again after the head."""
+        self.kill(0)
+        for index in sorted(i for i in self.procs if i):
+            self.stop(index)
+        for index in range(self.spec.nodes + 1):
+            self.start(index)
+
+    def stop_all(self) -> None:
+        for index in sorted(self.procs, reverse=True):
+            self.stop(index)
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    """The parent of a process, from Linux's /proc; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process that descends from `root`, from Linux's /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (parent := _parent_of(int(entry.name))) is not None:
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 @contextmanager
 def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[LocalCluster]:
     """A Ray head that offers nothing to training workers plus `spec.nodes` worker nodes, all on
     127.0.0.1, stopped (every process) on exit."""
-    token = secrets.token_hex(32)
-    gcs_port, dashboard_port = free_port(), free_port()
-    procs: list[subprocess.Popen] = []
     log_dir.mkdir(parents=True, exist_ok=True)
     # Ray puts Unix sockets under the temp dir: keep its path short.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-local-", dir="/tmp"))
+    nodes = LocalNodes(spec, token=secrets.token_hex(32), log_dir=log_dir, temp_dir=temp_dir)
     try:
         for index in range(spec.nodes + 1):
-            head = index == 0
-            log = log_dir / ("ray-head.log" if head else f"ray-node-{index}.log")
-            # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
-            argv = _node_argv(index=index, gcs_port=gcs_port, dashboard_port=dashboard_port, temp_dir=temp_dir,
-                              cpus=0 if head else spec.cpus_per_node, gpus=0 if head else spec.gpus_per_node)
-            extra = None if head or not spec.worker_env else spec.worker_env[index - 1]
-            with log.open("w") as out:
-                procs.append(subprocess.Popen(argv, env=_node_env(token, extra), stdout=out,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
-            _wait_started(procs[-1], log, timeout_s=spec.start_timeout_s,
-                          what="the Ray head" if head else f"Ray node {index}")
-            if head:
-                _wait_http(f"http://127.0.0.1:{dashboard_port}/api/version", timeout_s=spec.start_timeout_s)
-        yield LocalCluster(address=f"http://127.0.0.1:{dashboard_port}", token=token, temp_dir=temp_dir)
+            nodes.start(index)
+        yield LocalCluster(address=f"http://127.0.0.1:{nodes.dashboard_port}", token=nodes.token,
+                           temp_dir=temp_dir, nodes=nodes)
     finally:
-        for proc in reversed(procs):
-            _stop(proc, grace_s=spec.stop_grace_s)
+        nodes.stop_all()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -4,6 +4,12 @@
 EKS (`--expect efa`, the default with --stack) gets the EFA transport env and the GPU-only packages
 in its runtime_env; a CPU run installs nothing at job start.
 
+A run has one job on a cluster at a time: its submission id is derived from the run name, so
+`submit` of a run whose job is already running attaches to that job, and a submission whose answer
+was lost is looked up before it is sent again. While following, a dropped connection is restored;
+a job that the cluster lost with a restarted head is submitted again (`--resubmits`), and resumes
+from its latest checkpoint.
+
 Exit codes: 0 the job succeeded (its ranks ran on the nodes the driver planned and, on GPUs, its
 NCCL connections passed the transport check); 1 it failed, was stopped, or failed a check; 2 bad
 input; 3 the cluster could not be reached or refused the token; 4 the connection was lost while
@@ -15,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import re
 import shlex
 import shutil
 import sys
@@ -84,12 +92,16 @@ def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: boo
 
 def build_submission(*, train: dict, run_name: str, storage_path: str, max_failures: int,
                      working_dir: str, expect: Literal["efa", "any"], gpus: int = 0,
-                     install: bool = True) -> Submission:
+                     install: bool = True, wait_nodes_s: Optional[float] = None, workers: int = 0) -> Submission:
     """The Jobs API request: the driver command, a pinned runtime_env and searchable metadata."""
     driver_args = ["python", "-m", "workloads.launch.driver", "--config-json", json.dumps(train, separators=(",", ":")),
                    "--run-name", run_name, "--storage-path", storage_path, "--max-failures", str(max_failures)]
     if gpus:
         driver_args += ["--gpus", str(gpus)]
+    if wait_nodes_s is not None:
+        driver_args += ["--wait-nodes-s", f"{wait_nodes_s:g}"]
+    if workers:
+        driver_args += ["--workers", str(workers)]
     return Submission(
         entrypoint=shlex.join(driver_args),
         runtime_env=runtime_env(working_dir=working_dir, expect=expect, install=install),
@@ -120,6 +132,8 @@ class LogPrinter:
         self.quiet = quiet
         self.total_steps = total_steps
         self._partial = ""
+        self.plan: Optional[dict] = None
+        """The driver's plan record, once the job has logged it."""
         # Ray Train forwards each worker line to the job logs twice; show a record once.
         self._last_shown: Optional[str] = None
 
@@ -148,13 +162,14 @@ class LogPrinter:
             return
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
+            self.plan = plan
             kind = "GPU" if plan["use_gpu"] else "CPU"
             self.console.print(f"[bold cyan]job[/] {plan['num_workers']} {kind} workers on {plan['nodes']} node(s), "
                                f"run {plan['run_name']}")
             return
-        waiting = line.find(DRIVER_PREFIX + "waiting")
-        if waiting >= 0:
-            self.console.print(f"[bold cyan]job[/] {line[waiting + len(DRIVER_PREFIX):]}")
+        said = line.find(DRIVER_PREFIX)
+        if said >= 0 and plan is None:  # a message of the driver, not one of its records
+            self.console.print(f"[bold cyan]job[/] {line[said + len(DRIVER_PREFIX):]}")
             return
         if not self.quiet:
             self.console.out(line, highlight=False)
@@ -170,19 +185,35 @@ class LogPrinter:
 
 
 class FollowLostError(Exception):
-    """Following a job failed `attempts` times in a row (a dropped port-forward, say); the job runs on."""
+    """Following a job failed for longer than the patience allowed (a port-forward that cannot be
+    restored, say); the job runs on."""
 
 
-async def _tail(client, job_id: str, printer: LogPrinter, *, skip: int) -> int:
-    """Feed the job's log to printer, leaving out its first `skip` characters (already shown:
-    the Jobs API streams a log from its start); returns the characters streamed."""
+class JobGoneError(Exception):
+    """The cluster no longer knows a job it was running: its head restarted, and a head without GCS
+    fault tolerance keeps no job, actor or node across a restart (the checkpoints in S3 remain)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} is gone from the cluster: its Ray head restarted and kept no job")
+        self.job_id = job_id
+
+
+@dataclass
+class _Shown:
+    chars: int = 0
+    """How much of the job's log the printer has had."""
+
+
+async def _tail(client, job_id: str, printer: LogPrinter, shown: _Shown) -> None:
+    """Feed the job's log to printer, leaving out what it has had already (the Jobs API streams a
+    log from its start)."""
     seen = 0
     async for chunk in client.tail_job_logs(job_id):
-        fresh = chunk[max(0, skip - seen):]
+        fresh = chunk[max(0, shown.chars - seen):]
         seen += len(chunk)
         if fresh:
             printer.feed(fresh)
-    return seen
+            shown.chars = seen
 
 
 def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
@@ -193,34 +224,51 @@ def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
         time.sleep(poll_s)
 
 
-def follow(client_factory: Callable[[], object], job_id: str, printer: LogPrinter, *, attempts: int = 5,
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What the Jobs SDK raises when the way to the cluster breaks (a dropped port-forward, a head
+    that restarts): its RuntimeErrors, requests' and aiohttp's connection errors."""
+    import aiohttp
+
+    return (RuntimeError, OSError, UnreachableError, aiohttp.ClientError)
+
+
+def follow(client_factory: Callable[[], object], job_id: str, printer: LogPrinter, *, patience_s: float = 300.0,
            backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
-           say: Callable[[str], None] = lambda message: None):
+           clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = lambda message: None):
     """Stream the job's logs through printer until it ends; returns its terminal JobStatus.
 
     The log stream can break while the job runs on (the SDK's "WebSocket connection closed
-    unexpectedly" when a port-forward drops): a fresh client from `client_factory` (which may
-    restart the port-forward) picks the stream up where it broke, `attempts` times in a row at
-    most, then FollowLostError."""
-    shown, failures = 0, 0
+    unexpectedly" when a port-forward drops, a head that restarts): fresh clients from
+    `client_factory` (which may restart the port-forward) pick the stream up where it broke, for
+    `patience_s` at most, then FollowLostError. When the cluster answers again but no longer knows the
+    job, JobGoneError."""
+    shown, attempt = _Shown(), 0
+    lost_at: Optional[float] = None
+    shown_when_lost = 0
     client = client_factory()
+    client.get_job_status(job_id)  # a job id the cluster never had is the caller's mistake
     while True:
         try:
-            shown = max(shown, asyncio.run(_tail(client, job_id, printer, skip=shown)))
+            if lost_at is not None:
+                client.get_job_status(job_id)  # the cluster answers: does it still have the job?
+            asyncio.run(_tail(client, job_id, printer, shown))
             status = wait_terminal(client, job_id)
             printer.flush()
             return status
-        except (RuntimeError, OSError, ConnectionError, UnreachableError) as exc:
+        except _connection_errors() as exc:
             if "does not exist" in str(exc):
-                raise
-            failures += 1
-            if failures >= attempts:
-                raise FollowLostError(first_line(str(exc))) from None
-            say(f"lost the job's log stream ({first_line(str(exc))}); reconnecting ({failures}/{attempts - 1})")
-            sleep(backoff_s * failures)
+                raise JobGoneError(job_id) from None
+            if lost_at is None or shown.chars > shown_when_lost:  # lost anew, after some progress
+                lost_at, shown_when_lost, attempt = clock(), shown.chars, 0
+            if clock() - lost_at >= patience_s:
+                raise FollowLostError(first_line(str(exc)) or type(exc).__name__) from None
+            attempt += 1
+            say(f"lost the job's log stream ({first_line(str(exc)) or type(exc).__name__}); reconnecting "
+                f"(attempt {attempt}, for up to {patience_s:.0f} s)")
+            sleep(min(backoff_s * attempt, 15.0))
             try:
                 client = client_factory()
-            except (UnreachableError, RuntimeError, OSError) as again:
+            except _connection_errors() as again:
                 say(f"could not reconnect yet: {first_line(str(again))}")
 
 
@@ -342,30 +390,150 @@ class SubmitRequest:
     """Install GPU_PACKAGES into a GPU job's runtime_env (off for clusters that cannot reach PyPI)."""
     files: tuple[tuple[str, Path], ...] = ()
     """Local files and folders uploaded with the job: (place in its working_dir, local path)."""
+    wait_nodes_s: Optional[float] = None
+    """How long the job waits for a lost node to come back (None: the driver's default)."""
+    resubmits: int = 3
+    """How many times a job that the cluster lost with its head is submitted again."""
+    workers: int = 0
+    """CPU workers a run without GPUs waits for (set on a resubmission: the world size it had)."""
 
 
-def submit_job(client, request: SubmitRequest) -> str:
+def submit_job(client, request: SubmitRequest, *, submission_id: Optional[str] = None) -> str:
     """Upload the staged package with the driver command; returns the job's submission id."""
     with staged_package(request.files) as working_dir:
         submission = build_submission(train=request.train, run_name=request.run_name,
                                       storage_path=request.storage_path, max_failures=request.max_failures,
                                       working_dir=str(working_dir), expect=request.expect, gpus=request.gpus,
-                                      install=request.install)
+                                      install=request.install, wait_nodes_s=request.wait_nodes_s,
+                                      workers=request.workers)
         return client.submit_job(entrypoint=submission.entrypoint, runtime_env=submission.runtime_env,
-                                 metadata=submission.metadata)
+                                 metadata=submission.metadata, submission_id=submission_id)
+
+
+def _id_prefix(run_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", run_name) + "-job"
+
+
+def submission_id(run_name: str, index: int) -> str:
+    """The Jobs API submission id of the `index`-th job of a run on a cluster. Derived from the run
+    name, so that a submitter finds its run's job again after a lost answer or connection."""
+    return f"{_id_prefix(run_name)}{index}"
+
+
+def _index_in(job_id: str, run_name: str) -> Optional[int]:
+    prefix = _id_prefix(run_name)
+    rest = job_id[len(prefix):] if job_id.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    job_id: str
+    attached: bool
+    """The run's job was on the cluster already: running, or created by a request whose answer
+    was lost. No second job was started."""
+    index: int
+    """Its place among the run's jobs on this cluster (the `jobN` of its id)."""
+
+
+def submit_or_attach(new_client: Callable[[], object], request: SubmitRequest, *, first_index: int = 1,
+                     attempts: int = 5, backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+                     say: Callable[[str], None] = lambda message: None) -> Submitted:
+    """The run's job on the cluster: the one already running (attached), else a new one under the
+    next submission id of the run. A submission whose answer is lost to a network error is looked
+    up by its id before it is sent again, so that one run never has two jobs."""
+    client = new_client()
+    run = request.run_name
+    jobs = [job for job in client.list_jobs() if (job.metadata or {}).get("run_name") == run]
+    live = sorted((job for job in jobs if not job.status.is_terminal()), key=lambda job: job.start_time or 0)
+    if live:
+        job_id = live[-1].submission_id
+        return Submitted(job_id=job_id, attached=True, index=_index_in(job_id, run) or first_index)
+    taken = [i for i in (_index_in(job.submission_id or "", run) for job in jobs) if i is not None]
+    index = max([first_index, *(i + 1 for i in taken)])
+    sent: set[str] = set()
+    failures = 0
+    while True:
+        job_id = submission_id(run, index)
+        resend = job_id in sent  # an earlier request for this id got no answer
+        try:
+            if resend and _job_exists(client, job_id):
+                return Submitted(job_id=job_id, attached=True, index=index)
+            sent.add(job_id)
+            submit_job(client, request, submission_id=job_id)
+            return Submitted(job_id=job_id, attached=False, index=index)
+        except _connection_errors() as exc:
+            if "already exists" in str(exc):
+                if resend:  # that earlier request arrived after all
+                    return Submitted(job_id=job_id, attached=True, index=index)
+                other = client.get_job_info(job_id)
+                if (other.metadata or {}).get("run_name") == run and not other.status.is_terminal():
+                    return Submitted(job_id=job_id, attached=True, index=index)
+                index += 1  # another submitter's job took the id since the list was read
+                continue
+            if isinstance(exc, RuntimeError) and not isinstance(exc, UnreachableError):
+                raise  # the cluster answered and refused the job
+            failures += 1
+            if failures >= attempts:
+                raise UnreachableError(f"could not submit run {run}: {first_line(str(exc))}") from None
+            say(f"no answer to the submission of {job_id} ({first_line(str(exc)) or type(exc).__name__}); "
+                f"asking the cluster whether it arrived ({failures}/{attempts - 1})")
+            sleep(backoff_s * failures)
+            try:
+                client = new_client()
+            except _connection_errors() as again:
+                say(f"could not reconnect yet: {first_line(str(again))}")
+
+
+def _job_exists(client, job_id: str) -> bool:
+    try:
+        client.get_job_info(job_id)
+    except RuntimeError as exc:
+        if "does not exist" in str(exc):
+            return False
+        raise
+    return True
+
+
+def same_world_size(request: SubmitRequest, plan: Optional[dict]) -> SubmitRequest:
+    """The request of a run submitted again: its job waits for as many GPUs or CPU workers as its
+    lost job had planned, so that it does not resume on the part of the cluster that is back first
+    (the worker pods rejoin a restarted head after it)."""
+    if plan is None:
+        return request
+    if plan["use_gpu"]:
+        return dataclasses.replace(request, gpus=max(request.gpus, int(plan["num_workers"])))
+    return dataclasses.replace(request, workers=int(plan["num_workers"]))
 
 
 def submit_and_follow(conn: Connection, request: SubmitRequest, *, console: Console,
                       on_submitted: Callable[[str], None] = lambda job_id: None) -> JobOutcome:
-    """Submit the driver, follow it to the end and judge it. KeyboardInterrupt propagates;
-    `on_submitted` has had the job id by then."""
-    client = job_client(conn)
-    job_id = submit_job(client, request)
-    on_submitted(job_id)
-    console.print(f"[bold cyan]job[/] submitted {job_id} to {conn.address} (run {request.run_name})")
-    printer = LogPrinter(console=console, quiet=request.quiet, total_steps=request.train.get("steps"))
-    status = follow(client_factory(conn), job_id, printer, say=lambda m: console.print(f"[yellow]{m}[/]"))
-    return finish(job_client(conn, address=conn.current_address()), job_id, status, expect=request.expect)
+    """Submit the driver (or attach to the run's job already on the cluster), follow it to the end
+    and judge it. A job that the cluster loses with its head is submitted again, up to
+    `request.resubmits` times: under the same run name it resumes from its latest checkpoint.
+    KeyboardInterrupt propagates; `on_submitted` has had each job id by then."""
+    new_client = client_factory(conn)
+    say = lambda message: console.print(f"[yellow]{message}[/]")  # noqa: E731
+    index, resubmitted = 1, 0
+    while True:
+        submitted = submit_or_attach(new_client, request, first_index=index, say=say)
+        on_submitted(submitted.job_id)
+        verb = "attached to" if submitted.attached else "submitted"
+        console.print(f"[bold cyan]job[/] {verb} {submitted.job_id} on {conn.address} (run {request.run_name})")
+        printer = LogPrinter(console=console, quiet=request.quiet, total_steps=request.train.get("steps"))
+        try:
+            status = follow(new_client, submitted.job_id, printer, say=say)
+        except JobGoneError as gone:
+            if resubmitted >= request.resubmits:
+                raise
+            resubmitted += 1
+            index = submitted.index + 1
+            request = same_world_size(request, printer.plan)
+            say(f"{gone}; submitting run {request.run_name} again ({resubmitted} of {request.resubmits}), "
+                "to resume from its latest checkpoint")
+            continue
+        return finish(job_client(conn, address=conn.current_address()), submitted.job_id, status,
+                      expect=request.expect)
 
 
 # --- the commands -------------------------------------------------------------------------------
@@ -399,7 +567,14 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
                             help="override a config field, e.g. --set steps=20 (repeatable)")
         parser.add_argument("--run-name", help="Ray Train run name; reuse one to resume that run")
         parser.add_argument("--storage-path", help="Ray Train storage (default: the stack's checkpoint bucket)")
-        parser.add_argument("--max-failures", type=int, default=1, help="worker-group restarts (default: 1)")
+        parser.add_argument("--max-failures", type=int, default=1,
+                            help="worker-group restarts after a lost worker or node (default: 1)")
+        parser.add_argument("--wait-nodes-s", type=float,
+                            help="how long the job waits for a lost node to come back before it fails "
+                            "(default: 1200)")
+        parser.add_argument("--resubmits", type=int, default=3,
+                            help="times the run is submitted again when the cluster loses its job with a "
+                            "restarted head (default: 3)")
         parser.add_argument("--gpus", type=int, help="GPUs the job waits for before training "
                             "(default: the stack's rayWorkerGpus output; with --address, none)")
         parser.add_argument("--offline", action="store_true",
@@ -447,6 +622,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
+    if args.wait_nodes_s is not None and args.wait_nodes_s <= 0:
+        raise ValueError(f"--wait-nodes-s must be > 0, got {args.wait_nodes_s:g}")
+    if args.resubmits < 0:
+        raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
         preset_name = args.preset or preset_for_gpu(conn.gpu_memory_gib)
         train, files = files_for_job(_train_config(args, expect=expect, preset_name=preset_name),
@@ -462,20 +641,28 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         gpus = args.gpus if args.gpus is not None else conn.ray_worker_gpus or 0
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
-                                install=not args.offline, files=files)
+                                install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
+                                resubmits=args.resubmits)
         if args.no_follow:
-            print(submit_job(job_client(conn), request))
+            submitted = submit_or_attach(client_factory(conn), request, say=lambda m: print(m, file=sys.stderr))
+            if submitted.attached:
+                print(f"run {run_name} is already on the cluster as job {submitted.job_id}", file=sys.stderr)
+            print(submitted.job_id)
             return EXIT_OK
-        submitted: list[str] = []
+        job_ids: list[str] = []
         try:
-            outcome = submit_and_follow(conn, request, console=console, on_submitted=submitted.append)
+            outcome = submit_and_follow(conn, request, console=console, on_submitted=job_ids.append)
         except KeyboardInterrupt:
-            if submitted:
-                console.print(reattach_hint(submitted[0], conn.target_args))
+            if job_ids:
+                console.print(reattach_hint(job_ids[-1], conn.target_args))
             return EXIT_INTERRUPTED
         except FollowLostError as exc:
-            console.print(reattach_hint(submitted[0], conn.target_args, why=f"lost the connection ({exc})"))
+            console.print(reattach_hint(job_ids[-1], conn.target_args, why=f"lost the connection ({exc})"))
             return EXIT_DETACHED
+        except JobGoneError as exc:
+            console.print(f"[bold red]{exc}[/], {request.resubmits} time(s): giving up. Submitting again with "
+                          f"--run-name {run_name} resumes the run from its latest checkpoint")
+            return EXIT_FAILED
     report_outcome(outcome, console)
     return outcome.exit_code
 
@@ -495,6 +682,10 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
         except FollowLostError as exc:
             console.print(reattach_hint(args.job_id, conn.target_args, why=f"lost the connection ({exc})"))
             return EXIT_DETACHED
+        except JobGoneError as exc:
+            console.print(f"[bold red]{exc}[/]: submitting its run again under the same --run-name resumes it "
+                          "from its latest checkpoint")
+            return EXIT_FAILED
     console.print(f"job {args.job_id} {status}")
     return EXIT_OK if str(status) == "SUCCEEDED" else EXIT_FAILED
 

@@ -5,8 +5,10 @@ nodes' resources (one worker per GPU, or one per CPU slot when the cluster has n
 command runs on 1 or N nodes; a job that expects GPUs (`--gpus N`, or an EFA transport) first waits
 for them, saying what is missing, and fails rather than train on fewer or on the CPU. Then it starts
 a TorchTrainer whose run is named, stored and retried as asked. Starting a run again under the same
-name and storage resumes it from its latest checkpoint. A check that fails before step 1 (the
-transport gate, the storage write check) stops the run without a retry. A failed run exits non-zero
+name and storage resumes it from its latest checkpoint. A run that loses a node waits for it to come
+back (`--wait-nodes-s`), saying so in its log, and then fails with the reason rather than wait for
+ever. A check that fails before step 1 (the transport gate, the storage write check) stops the run
+without a retry. A failed run exits non-zero
 with the reason on its last line.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -76,7 +79,8 @@ def plan_workers(nodes: list[Mapping[str, float]], *, cpus_per_worker: Optional[
 
 
 class GpusMissingError(RuntimeError):
-    """The GPUs the job expects did not register with the Ray cluster in time."""
+    """The GPUs (or, without GPUs, the CPU workers) the job waits for did not register with the Ray
+    cluster in time."""
 
 
 def wait_for_gpus(
@@ -93,23 +97,56 @@ def wait_for_gpus(
     """Wait until the cluster's alive nodes hold at least `expected` GPUs (at least 1 when
     `expected` is 0, the count unknown), saying what is missing every `every_s`; returns the nodes.
     Never downgrades: GpusMissingError after `timeout_s`."""
-    want = max(1, expected)
+
+    def missing(nodes: list[Mapping[str, float]], have: int, want: int) -> str:
+        return (f"{have} of {want} GPU(s) registered with the Ray cluster within {timeout_s:.0f} s "
+                f"({sum(1 for n in nodes if n.get('GPU', 0) >= 1)} GPU node(s)): the GPU worker pods are not "
+                "up; `kubectl -n ray get pods` shows them, and `kubectl -n ray describe pod` a Pending "
+                "pod's scheduling reason. Not training on fewer GPUs or on the CPU.")
+
+    return _wait_for(max(1, expected), "GPU(s)", count=lambda nodes: int(sum(n.get("GPU", 0) for n in nodes)),
+                     missing=missing, read_nodes=read_nodes, timeout_s=timeout_s, say=say, poll_s=poll_s,
+                     every_s=every_s, clock=clock, sleep=sleep)
+
+
+def wait_for_cpu_workers(expected: int, *, read_nodes: Callable[[], list[Mapping[str, float]]], timeout_s: float,
+                         say: Callable[[str], None], cpus_per_worker: Optional[float] = None,
+                         **timing) -> list[Mapping[str, float]]:
+    """Wait until a cluster without GPUs has room for `expected` CPU workers (a resubmitted run's
+    earlier world size, while its worker nodes rejoin a restarted head); GpusMissingError after
+    `timeout_s`, rather than resume the run with fewer ranks."""
+
+    def room(nodes: list[Mapping[str, float]]) -> int:
+        try:
+            return plan_workers(nodes, cpus_per_worker=cpus_per_worker).num_workers
+        except ValueError:
+            return 0
+
+    def missing(nodes: list[Mapping[str, float]], have: int, want: int) -> str:
+        return (f"room for {have} of {want} CPU worker(s) within {timeout_s:.0f} s: a worker node has not "
+                "(re)joined the Ray cluster. Not resuming the run with fewer ranks than it had.")
+
+    return _wait_for(expected, "CPU worker slot(s)", count=room, missing=missing, read_nodes=read_nodes,
+                     timeout_s=timeout_s, say=say, **timing)
+
+
+def _wait_for(want: int, unit: str, *, count: Callable[[list[Mapping[str, float]]], int],
+              missing: Callable[[list[Mapping[str, float]], int, int], str],
+              read_nodes: Callable[[], list[Mapping[str, float]]], timeout_s: float, say: Callable[[str], None],
+              poll_s: float = 5.0, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> list[Mapping[str, float]]:
     deadline = clock() + timeout_s
     next_say = clock()
     while True:
         nodes = read_nodes()
-        gpus = int(sum(n.get("GPU", 0) for n in nodes))
-        if gpus >= want:
+        have = count(nodes)
+        if have >= want:
             return nodes
         left = deadline - clock()
         if left <= 0:
-            raise GpusMissingError(
-                f"{gpus} of {want} GPU(s) registered with the Ray cluster within {timeout_s:.0f} s "
-                f"({sum(1 for n in nodes if n.get('GPU', 0) >= 1)} GPU node(s)): the GPU worker pods are not "
-                "up; `kubectl -n ray get pods` shows them, and `kubectl -n ray describe pod` a Pending "
-                "pod's scheduling reason. Not training on fewer GPUs or on the CPU.")
+            raise GpusMissingError(missing(nodes, have, want))
         if clock() >= next_say:
-            say(f"waiting for {want} GPU(s): {gpus} registered; {left:.0f} s left")
+            say(f"waiting for {want} {unit}: {have} registered; {left:.0f} s left")
             next_say = clock() + every_s
         sleep(min(poll_s, max(left, 0.0)))
 
@@ -130,11 +167,17 @@ class DriverArgs:
     """Newest checkpoints kept in storage; older ones are deleted."""
     gpus: int
     """GPUs the job waits for before it trains (the stack's worker GPUs); 0: not known."""
+    workers: int
+    """CPU workers a run without GPUs waits for room for before it trains (a resubmitted run's
+    earlier world size); 0: none, the plan takes what the cluster has."""
     require_gpus: bool
     """Train on GPUs or not at all: wait for `gpus` (or at least one) instead of falling back to CPU
     workers. Set by --gpus, and by an EFA transport expectation."""
     wait_gpus_s: float
     """How long to wait for the GPUs before failing."""
+    wait_nodes_s: float
+    """How long a run that lost a node waits for it to come back before failing (on EKS the node group
+    starts a new instance and KubeRay a new pod on it: boot, image pull and Ray start take minutes)."""
 
 
 def parse_args(argv: list[str]) -> DriverArgs:
@@ -148,7 +191,12 @@ def parse_args(argv: list[str]) -> DriverArgs:
                         help="CPUs per worker (default: a GPU node's CPUs shared among its GPUs; 1 without GPUs)")
     parser.add_argument("--keep-checkpoints", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=0, help="wait for this many GPUs before training")
-    parser.add_argument("--wait-gpus-s", type=float, default=900.0, help="how long to wait for them (default 900)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="without GPUs: wait for room for this many CPU workers before training")
+    parser.add_argument("--wait-gpus-s", type=float, default=900.0,
+                        help="how long to wait for the GPUs or workers (default 900)")
+    parser.add_argument("--wait-nodes-s", type=float, default=1200.0,
+                        help="how long a run that lost a node waits for it to come back (default 1200)")
     ns = parser.parse_args(argv)
     try:
         train = json.loads(ns.config_json)
@@ -163,8 +211,11 @@ def parse_args(argv: list[str]) -> DriverArgs:
         raise ValueError(f"--max-failures must be >= 0, got {ns.max_failures}")
     if ns.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be >= 1, got {ns.keep_checkpoints}")
-    if ns.gpus < 0 or ns.wait_gpus_s < 0:
-        raise ValueError(f"--gpus and --wait-gpus-s must be >= 0, got {ns.gpus} and {ns.wait_gpus_s:g}")
+    if ns.gpus < 0 or ns.workers < 0 or ns.wait_gpus_s < 0:
+        raise ValueError(f"--gpus, --workers and --wait-gpus-s must be >= 0, got {ns.gpus}, {ns.workers} and "
+                         f"{ns.wait_gpus_s:g}")
+    if ns.wait_nodes_s <= 0:
+        raise ValueError(f"--wait-nodes-s must be > 0, got {ns.wait_nodes_s:g}")
     expects_efa = (train.get("transport") or {}).get("expect", "efa") == "efa"
     return DriverArgs(
         train=train,
@@ -174,8 +225,10 @@ def parse_args(argv: list[str]) -> DriverArgs:
         cpus_per_worker=ns.cpus_per_worker,
         keep_checkpoints=ns.keep_checkpoints,
         gpus=ns.gpus,
+        workers=ns.workers,
         require_gpus=ns.gpus > 0 or expects_efa,
         wait_gpus_s=ns.wait_gpus_s,
+        wait_nodes_s=ns.wait_nodes_s,
     )
 
 
@@ -223,23 +276,40 @@ def _say(message: str) -> None:
     print(f"{DRIVER_PREFIX}{message}", flush=True)
 
 
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+"""Ray Train's wait for a worker group's resources before it retries the start (default 60 s)."""
+
+
+def start_timeout_s(wait_nodes_s: float) -> float:
+    """How long each start of the worker group waits for its resources: a sixth of the whole wait
+    for a lost node, between 5 and 60 s, so that the job's log says how the wait goes at that pace."""
+    return min(60.0, max(5.0, wait_nodes_s / 6))
+
+
 def run(args: DriverArgs) -> int:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from workloads.launch.ray_train import PreflightRecorder, train_worker
+    from workloads.launch.ray_train import PreflightRecorder, WorkerGroupWait, train_worker
     from workloads.launch.storage import resolve_storage
     from workloads.train.config import TrainConfig
 
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
     preflight_file = Path(tempfile.mkdtemp(prefix="preflight-")) / "failed.txt"
+    # Read by Ray Train's controller, which inherits the variables it knows from this process.
+    os.environ.setdefault(START_TIMEOUT_ENV, f"{start_timeout_s(args.wait_nodes_s):g}")
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
-        nodes = (wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
-                 if args.require_gpus else read_nodes())
+        if args.require_gpus:
+            nodes = wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
+        elif args.workers:
+            nodes = wait_for_cpu_workers(args.workers, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say,
+                                         cpus_per_worker=args.cpus_per_worker, poll_s=1.0, every_s=10.0)
+        else:
+            nodes = read_nodes()
         plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
         _emit({"event": "plan", "run_name": args.run_name, **asdict(plan)})
         trainer = TorchTrainer(
@@ -256,7 +326,8 @@ def run(args: DriverArgs) -> int:
                 storage_filesystem=storage_filesystem,
                 failure_config=FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
-                callbacks=[PreflightRecorder(str(preflight_file))],
+                callbacks=[PreflightRecorder(str(preflight_file)),
+                           WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers)],
             ),
         )
         try:

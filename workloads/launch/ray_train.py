@@ -7,7 +7,10 @@ becomes a local folder of `ray.train.get_checkpoint()`, which Ray Train sets aft
 restart or when a run of the same name is started again on the same storage. Before training, every
 worker proves it can write to the run's storage; a check that fails before step 1 (that one or the
 loop's transport gate) ends the run on every rank without an error, so that Ray Train does not
-retry what would fail again, and the driver reports it.
+retry what would fail again, and the driver reports it. Rank 0 then removes from storage the
+checkpoints an earlier attempt left half-written (workloads/launch/checkpoints.py). The upload and the
+end of each report are pause points for fault-injection tests (workloads/launch/faults.py, inert
+unless its environment variable is set).
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import ray.train
 from filelock import FileLock
+# Ray Train's controller hooks (a DeveloperAPI of the pinned Ray): the only way to see its retries.
+from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from workloads.context import PREFLIGHT_FAILED_KEY, PreflightError, TrainContext
+from workloads.launch.checkpoints import remove_unregistered
+from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
 from workloads.transport.gate import nccl_log_env
 
@@ -31,13 +39,21 @@ SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 
 
 def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
+    ray_ctx = ray.train.get_context()
+    where = dict(run=ray_ctx.get_experiment_name(), step=metrics.get("step"), rank=ray_ctx.get_world_rank())
     if checkpoint_dir is None:
         ray.train.report(metrics)
-        return
-    # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
-    # per checkpoint on a node's root volume would end in disk-pressure eviction.
-    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
-                     delete_local_checkpoint_after_upload=True)
+    else:
+        def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+            # Ray's own upload, after the point where a test can stop this rank with its shard unsent.
+            pause_point("checkpoint-upload", **where)
+            return ray_ctx.get_storage().persist_current_checkpoint(checkpoint, dir_name)
+
+        # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
+        # per checkpoint on a node's root volume would end in disk-pressure eviction.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
+                         delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
+    pause_point("after-report", **where)
 
 
 def restore_once_per_node(checkpoint, *, restore_root: Path) -> Path:
@@ -107,6 +123,68 @@ class PreflightRecorder(ray.train.UserCallback):
             Path(self.path).write_text(failed)
 
 
+class NodesNotBackError(RuntimeError):
+    """The worker group could not be placed again within the wait: a lost node did not come back."""
+
+
+def _say_from_controller(message: str) -> None:
+    # The controller's stdout reaches the job logs; the submitter shows `[driver] waiting` lines.
+    print(f"[driver] {message}", flush=True)
+
+
+class WorkerGroupWait(ControllerCallback):
+    """Runs in Ray Train's controller. When a node is lost, Ray Train restarts the worker group; while
+    the node's resources are missing, each start times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S)
+    and is retried without limit (`FailureConfig.controller_failure_limit` is -1): a run that waits
+    in silence, for ever. This says in the job's log, at every retry, that the run is waiting for a
+    node and for how long, says when the group is placed again, and fails the run with the reason
+    once it has waited `limit_s`."""
+
+    def __init__(self, *, limit_s: float, num_workers: int, clock: Callable[[], float] = time.monotonic,
+                 say: Callable[[str], None] = _say_from_controller) -> None:
+        self.limit_s = limit_s
+        self.num_workers = num_workers
+        self.clock = clock
+        self.say = say
+        self.waiting_since: Optional[float] = None
+        """When the worker group stopped running (a restart began, or the first start failed)."""
+        self.announced = False
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        from ray.train.v2._internal.execution.controller.state import (
+            ReschedulingState,
+            RestartingState,
+            RunningState,
+        )
+
+        if isinstance(current_state, (RestartingState, ReschedulingState)) and self.waiting_since is None:
+            self.waiting_since = self.clock()
+        if isinstance(current_state, ReschedulingState):
+            self.start_failed()
+        elif isinstance(current_state, RunningState):
+            if self.announced:
+                self.say(f"the {self.num_workers} workers are placed again after {self.waited_s():.0f} s; the run "
+                         "resumes from its latest checkpoint")
+            self.waiting_since, self.announced = None, False
+
+    def waited_s(self) -> float:
+        return 0.0 if self.waiting_since is None else self.clock() - self.waiting_since
+
+    def start_failed(self) -> None:
+        """A start of the worker group timed out: its resources (a node's) are missing."""
+        waited = self.waited_s()
+        if waited >= self.limit_s:
+            raise NodesNotBackError(
+                f"the {self.num_workers} workers could not be placed for {waited:.0f} s (--wait-nodes-s "
+                f"{self.limit_s:.0f}): a lost node did not come back. `kubectl -n ray get pods` and `kubectl get "
+                "nodes` show what is missing; resubmitting with the same --run-name resumes from the latest "
+                "checkpoint")
+        self.announced = True
+        self.say(f"waiting for a lost node: the {self.num_workers} workers cannot be placed until its resources "
+                 f"come back (on EKS the node group replaces the instance, KubeRay the pod); waited {waited:.0f} s "
+                 f"of {self.limit_s:.0f} s")
+
+
 def echo_nccl_logs(log_dir: Path) -> None:
     """Print this rank's NCCL log files so they reach the job logs (the submitter's offline gate)."""
     for path in sorted(log_dir.glob("*")):
@@ -143,6 +221,13 @@ def storage_uri(storage) -> str:
     return path if type_name == "local" else f"{type_name}://{path}"
 
 
+def remove_local_checkpoints(scratch_dir: Path) -> None:
+    """Delete this rank's checkpoint folders in flight from an earlier attempt (a rank killed during a
+    save leaves one on the node's disk; persisted ones are already deleted after their upload)."""
+    for stale in scratch_dir.glob("checkpoint-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def train_worker(config: dict) -> None:
     """`train_loop_per_worker` of the TorchTrainer: config is {"train": TrainConfig.to_dict()}."""
     from workloads.train.config import TrainConfig
@@ -157,9 +242,16 @@ def train_worker(config: dict) -> None:
     nccl_dir.mkdir(exist_ok=True)
     for stale in nccl_dir.glob("*"):  # from an earlier attempt of this run
         stale.unlink()
+    remove_local_checkpoints(ctx.scratch_dir)
     os.environ.update(nccl_log_env(log_dir=nccl_dir))
     try:
         check_storage_on_every_rank(ctx)
+        if ctx.rank == 0:
+            # No rank of this attempt has reached its first checkpoint yet: what is unregistered
+            # now was left by a rank that died while writing it.
+            storage = ray.train.get_context().get_storage()
+            remove_unregistered(storage.storage_filesystem, storage.experiment_fs_path,
+                                say=lambda message: print(f"[checkpoints] {message}", flush=True))
         train(cfg, ctx)
     except PreflightError as exc:
         # Raised on every rank together; each returns after one report, as Ray Train requires.

@@ -37,6 +37,9 @@ INTER_NODE_FLOOR_GBPS = 1.0
 NCCL_LOG_NAME = "nccl.%h.%p.log"
 POD_INTERFACE = "eth0"
 """The EKS pod's VPC CNI interface."""
+NODE_NAME_ENV = "K8S_NODE_NAME"
+"""The Kubernetes node a Ray worker pod runs on (the downward API's spec.nodeName, set on the pods by
+infra/raycluster.py): the node a failing gate names for draining."""
 
 EFA_TRANSPORT_ENV: dict[str, str] = {
     # libfabric would otherwise take the first provider that answers (tcp works everywhere), and
@@ -98,6 +101,13 @@ class RankVerdict:
     inter_node_links: int = 0
     """Links this rank logged to a rank on another host."""
     log_file: str = ""
+    node: str = ""
+    """The Kubernetes node of this rank's pod, where known (K8S_NODE_NAME)."""
+
+    @property
+    def machine(self) -> str:
+        """The machine to act on: the Kubernetes node, else the host label."""
+        return self.node or self.host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +121,9 @@ class GateResult:
     floor_gbps: Optional[float] = None
     nodes: int = 0
     verdicts: tuple[RankVerdict, ...] = field(default=())
+    drain: tuple[str, ...] = ()
+    """The nodes whose ranks alone failed: the ones to drain and replace. Empty when the failure
+    names no node (every node failed alike, one node only, or bandwidth alone)."""
 
 
 def nccl_log_env(*, log_dir: str | os.PathLike[str]) -> dict[str, str]:
@@ -156,6 +169,7 @@ def judge_rank(
     log_text: str,
     rank_hosts: dict[int, str],
     log_file: str = "",
+    node: str = "",
 ) -> RankVerdict:
     """Judge the connections `rank` made, from its own NCCL log and every rank's host.
 
@@ -176,8 +190,34 @@ def judge_rank(
         problems = verdict.problems + tuple(f"rank {rank} on {host}: {gap}" for gap in verdict.gaps)
     return RankVerdict(
         rank=rank, host=host, ok=not problems, problems=problems, transports=transports,
-        inter_node_links=inter, log_file=log_file,
+        inter_node_links=inter, log_file=log_file, node=node,
     )
+
+
+def nodes_to_drain(verdicts: list[RankVerdict]) -> tuple[tuple[str, ...], str]:
+    """Which machines a failed gate points at, and the advice line. A machine stands out when some of
+    its ranks failed while every rank of another machine passed; when every machine failed alike, the
+    cause is one they share (the image, the job's environment, the security group), and draining one
+    would not help."""
+    by_machine: dict[str, list[RankVerdict]] = {}
+    for verdict in verdicts:
+        by_machine.setdefault(verdict.machine, []).append(verdict)
+    failing = [m for m, ranks in by_machine.items() if not all(v.ok for v in ranks)]
+    if not failing:
+        return (), ("drain: no node stands out: every rank's connections are right, and the bus bandwidth is one "
+                    "figure for all of them; `kubectl describe node` shows each node's NetworkingReady and "
+                    "AcceleratedHardwareReady conditions (EKS node monitoring agent)")
+    if len(failing) == len(by_machine):
+        where = "the run's only node" if len(by_machine) == 1 else f"all {len(by_machine)} nodes"
+        return (), (f"drain: no node stands out: ranks on {where} failed alike ({', '.join(failing)}), a cause "
+                    "they share (the image, the job's environment, the security group) rather than one "
+                    "machine; `kubectl describe node` shows the monitoring agent's conditions before any drain")
+    advice = "; ".join(
+        f"{machine} (ranks {', '.join(str(v.rank) for v in by_machine[machine] if not v.ok)} failed, the other "
+        f"nodes' passed)" for machine in failing)
+    commands = " && ".join(f"kubectl drain {m} --ignore-daemonsets --delete-emptydir-data" for m in failing)
+    return tuple(failing), (f"drain: {advice}: `{commands}`, then terminate the instance: the node group "
+                            "replaces it and the run resumes from its latest checkpoint")
 
 
 def combine_verdicts(
@@ -201,11 +241,12 @@ def combine_verdicts(
         failures.append(f"bus bandwidth {busbw_gbps:.2f} GB/s is under the floor of {floor:.2f} GB/s")
     common = dict(busbw_gbps=busbw_gbps, floor_gbps=floor, nodes=nodes, verdicts=tuple(verdicts))
     if failures:
+        drain, advice = nodes_to_drain(verdicts)
         message = (
             f"transport gate failed (expect {cfg.expect}; ranks {placement}; transports {used}; {bw}):\n  "
-            + "\n  ".join(failures)
+            + "\n  ".join([*failures, advice])
         )
-        return GateResult(applies=True, passed=False, message=message, **common)
+        return GateResult(applies=True, passed=False, message=message, drain=drain, **common)
     message = f"transport gate passed (expect {cfg.expect}; ranks {placement}; transports {used}; {bw})"
     return GateResult(applies=True, passed=True, message=message, **common)
 
@@ -232,6 +273,7 @@ def check_transport(
     all_gather: Callable[[Any], list[Any]],
     hostname: str,
     host_id: Optional[str] = None,
+    node: str = "",
 ) -> GateResult:
     """The gate proper, with its collaborators passed in: `measure(device=, message_bytes=)` runs the
     all-reduces and returns bus GB/s (the same figure on every rank), `all_gather(obj)` returns every
@@ -241,13 +283,14 @@ def check_transport(
     host = rank_hosts[ctx.rank]
     if log_path is None:
         own = RankVerdict(
-            rank=ctx.rank, host=host, ok=False,
+            rank=ctx.rank, host=host, ok=False, node=node,
             problems=(f"rank {ctx.rank} on {host}: NCCL_DEBUG_FILE is not set, so its NCCL log cannot be "
                       "read (the launcher must set workloads.transport.gate.nccl_log_env)",),
         )
     else:
         text = _read_when_connected(log_path, wait_s=cfg.log_wait_s)
-        own = judge_rank(cfg, rank=ctx.rank, host=host, log_text=text, rank_hosts=rank_hosts, log_file=str(log_path))
+        own = judge_rank(cfg, rank=ctx.rank, host=host, log_text=text, rank_hosts=rank_hosts, log_file=str(log_path),
+                         node=node)
     result = combine_verdicts(cfg, verdicts=list(all_gather(own)), busbw_gbps=busbw, message_bytes=cfg.message_bytes)
     if not result.passed:
         raise TransportGateError(result.message)
@@ -287,4 +330,5 @@ def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.d
     return check_transport(
         cfg, ctx=ctx, device=device, measure=measure_busbw, log_path=log_path,
         all_gather=all_gather, hostname=hostname, host_id=os.environ.get("NCCL_HOSTID"),
+        node=os.environ.get(NODE_NAME_ENV, ""),
     )

@@ -1,0 +1,136 @@
+"""What the fault-injection tests on a local Ray cluster share: an S3 API (a moto server) that every
+Ray process reaches through the standard AWS environment, and readers of the job's log lines and of
+the checkpoints in the bucket."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import boto3
+import pytest
+import torch.distributed.checkpoint as dcp
+from moto.server import ThreadedMotoServer
+
+from workloads.client.cluster import free_port
+from workloads.client.report import parse_train_line
+
+BUCKET = "checkpoints"
+WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeS3:
+    endpoint: str
+    client: object
+    """boto3 S3 client on the moto server."""
+
+
+@contextmanager
+def fake_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
+    """A moto S3 server on 127.0.0.1 with one bucket, and the standard AWS environment pointing at it
+    (set before the Ray nodes start, so every Ray process inherits it as pods inherit theirs)."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    try:
+        yield FakeS3(endpoint=endpoint, client=client)
+    finally:
+        server.stop()
+
+
+def bucket_keys(s3: FakeS3, prefix: str) -> list[str]:
+    pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+
+def checkpoint_folders(s3: FakeS3, run_prefix: str) -> dict[str, set[str]]:
+    """The run's checkpoint folders in the bucket and the files each holds."""
+    folders: dict[str, set[str]] = {}
+    for key in bucket_keys(s3, run_prefix.rstrip("/") + "/"):
+        parts = key[len(run_prefix.rstrip("/")) + 1:].split("/")
+        if len(parts) == 2 and parts[0].startswith("checkpoint_") and parts[1]:
+            folders.setdefault(parts[0], set()).add(parts[1])
+    return folders
+
+
+def download(s3: FakeS3, prefix: str, target: Path) -> Path:
+    for key in bucket_keys(s3, prefix.rstrip("/") + "/"):
+        if key.endswith("/"):  # a folder marker
+            continue
+        path = target / Path(key).relative_to(prefix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        s3.client.download_file(BUCKET, key, str(path))
+    return target
+
+
+def progress(folder: Path) -> dict:
+    """The step and data position a loop checkpoint (torch.distributed.checkpoint) holds."""
+    state = {"progress": {"step": 0, "data_position": 0}}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    return state["progress"]
+
+
+def steps_logged(logs: str) -> list[int]:
+    return [int(record["step"]) for record in map(parse_train_line, logs.splitlines()) if record]
+
+
+def attempts(logs: str) -> list[list[dict]]:
+    """The step records of each attempt, in order, one per step. Rank 0 prints them, and every
+    attempt has a new rank-0 process, which Ray names in the line's `(RayTrainWorker pid=N)` prefix.
+    Ray Train forwards each worker line twice, not always in order, so lines are keyed, not split
+    where the step goes back."""
+    by_process: dict[int, dict[int, dict]] = {}
+    for line in logs.splitlines():
+        record = parse_train_line(line)
+        if record is not None:
+            pid = int(WORKER_PID.search(line).group(1))
+            by_process.setdefault(pid, {})[record["step"]] = record
+    return [[steps[step] for step in sorted(steps)] for steps in by_process.values()]
+
+
+def wait_for(predicate, *, timeout_s: float, what: str, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def paused(plan: Path, *, run: str, timeout_s: float) -> dict:
+    """The marker of the run's pause that the plan lists (which process paused), once it is taken."""
+    def marker():
+        found = sorted(plan.parent.glob(f"paused-{run}-*.json"))
+        return json.loads(found[0].read_text()) if found else None
+
+    return wait_for(marker, timeout_s=timeout_s, what=f"a process of run {run} to pause as {plan} says")
+
+
+def train_worker_pids(*, address: str, token: str) -> list[int]:
+    """The processes of the cluster's live Ray Train workers, as the State API lists them."""
+    from ray.util.state.api import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
+
+    client = StateApiClient(address=address, headers={"Authorization": f"Bearer {token}"})
+    filters = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
+    actors = client.list(StateResource.ACTORS, options=ListApiOptions(filters=filters), raise_on_missing_output=True)
+    return sorted(int(actor.pid) for actor in actors if actor.pid)
