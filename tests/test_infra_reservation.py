@@ -16,6 +16,7 @@ from moto import mock_aws
 from capacity.stackfile import PLACEMENT_KEYS, RESERVATION_KEYS, plan_update, write
 from infra import outputs
 from infra.config import ConfigError, GpuReservation, parse_stack_config, read_stack_values
+from infra.health import enable_node_auto_repair
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.reservation import (ReservationEnded, after_destroy, efa_network_interfaces,
                                idle_usd_per_hour, launch_window)
@@ -237,6 +238,9 @@ def test_held_odcr_is_the_launch_templates_target_without_a_placement_group(tmp_
                         "instanceTypes"):
         assert conflicting not in group
     assert group["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
+    # Reserved nodes are repaired too: the transform reaches the node group pulumi-eks creates.
+    (declared,) = [g for g in run.of_type("eks:index:ManagedNodeGroup") if g.inputs is group]
+    assert declared.transforms == [enable_node_auto_repair]
     out = run.outputs[outputs.GPU_RESERVATION]
     assert out["id"] == "cr-0123456789abcdef0" and out["idleUsdPerHour"] == 9.2
     assert "leaves On-Demand Capacity Reservation" in out["afterDestroy"]
