@@ -7,7 +7,8 @@
 #                                      (NCCL_HOSTID each, sockets on loopback) and the one-host baseline
 #   docs/gpu/record.sh rehearsal OUT   the job path with Ray in the EKS cluster's shape: a GPU-less head,
 #                                      two worker nodes (NCCL_HOSTID each), moto S3, the user's submit
-#                                      command three times (needs Ray and moto: docs/gpu/wheels.sh)
+#                                      command four times (needs Ray and moto: docs/gpu/wheels.sh);
+#                                      `--cases d-node` runs one of them
 #   docs/gpu/record.sh load OUT    a full-size Qwen2.5-1.5B folder made here (random weights), loaded into
 #                                  FSDP2 shards, trained (tokens/s at micro-batch 16), exported, reloaded
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -100,7 +101,8 @@ topology)
   run python3 -m workloads.bench.topology --out "$out/topology" "$@" 2>&1 | tee "$out/topology.txt"
   ;;
 rehearsal)
-  run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" 2>&1 | tee "$out/rehearsal.txt"
+  shift 2
+  run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" "$@" 2>&1 | tee "$out/rehearsal.txt"
   ;;
 *) echo "usage: $0 gate|nccl|bench|topology|rehearsal|load OUT" >&2; exit 2 ;;
 esac

@@ -12,7 +12,7 @@ s3://...`, runs three times, each as a subprocess whose output and exit code are
   b-efa     --expect efa: the gate stops the job before step 1, no retry, exit 1
   c-kill    a worker's training process is SIGKILLed after a checkpoint: the run resumes from S3
   d-node    a whole worker node (raylet, workers) is killed while a rank waits at a pause point after
-            step 9; the job says it waits for the node, which is started again: the run resumes from S3
+            step 10; the job says it waits for the node, which is started again: the run resumes from S3
 
 and the verifier is run on (a)'s per-rank NCCL logs, which are copied to DIR/a-any-nccl/. Needs Ray,
 moto and GPUs; DIR/summary.json holds every exit code. NVLink multicast stays off.
@@ -39,11 +39,12 @@ TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b-synthetic", "--set", "model.name_or_
                   "--set", "seq_len=256", "--set", "micro_batch=8", "--set", "log_every=2",
                   "--set", "checkpoint_every=6",
                   "--set", "warmup_steps=2", "--set", "lr=1e-3", "--set", "peak_flops=989e12"]
+CASES = ("a-any", "b-efa", "c-kill", "d-node")
 KILL_AT_STEP = 10
 """(c) kills a worker once this step is logged: the checkpoint of step 6 is in the bucket, 12's is not."""
-NODE_LOSS_STEP = 9
+NODE_LOSS_STEP = 10
 """(d) loses the node of the last rank once it has reported this step (the checkpoint of step 6 is in
-the bucket)."""
+the bucket). A pause is taken only at a reported step: a multiple of log_every (2) or checkpoint_every."""
 
 
 def _say(message: str) -> None:
@@ -99,6 +100,59 @@ def train_worker_pids(*, address: str, token: str) -> list[int]:
     return sorted(int(actor.pid) for actor in actors if actor.pid)
 
 
+def sockets_allowed(base: list[str], *, s3, out: Path) -> dict:
+    """(a): sockets allowed; the per-rank NCCL logs are copied out and verified both ways."""
+    from workloads.launch.ray_train import SCRATCH_ROOT
+
+    run = "a-any"
+    code = run_logged([*base, "--expect", "any", "--run-name", run], out / f"{run}.txt")
+    nccl = out / f"{run}-nccl"
+    nccl.mkdir(exist_ok=True)
+    for log in sorted((SCRATCH_ROOT / run).glob("rank-*/nccl/*.log")):
+        shutil.copy(log, nccl / log.name)
+    keys = bucket_keys(s3, f"{PREFIX}/{run}/")
+    result = {"exit": code, "checkpoints": sorted({k.split("/")[2] for k in keys if "/checkpoint_" in k})}
+    for expect in ("any", "efa"):
+        argv = [sys.executable, "-m", "workloads", "verify-transport", *map(str, sorted(nccl.glob("*.log"))),
+                "--expect", expect, "--nodes", "2"]
+        result[f"verify_{expect}"] = run_logged(argv, out / f"{run}-verify-{expect}.txt")
+    return result
+
+
+def efa_expected(base: list[str], *, out: Path) -> dict:
+    """(b): EFA expected where there is none: the gate stops the job before step 1, without a retry."""
+    run = "b-efa"
+    code = run_logged([*base, "--expect", "efa", "--run-name", run, "--max-failures", "2"], out / f"{run}.txt")
+    text = (out / f"{run}.txt").read_text()
+    return {"exit": code, "trained_a_step": "train step" in text,
+            "gate_failed_lines": text.count("transport gate failed")}
+
+
+def kill_a_worker(cluster, *, base: list[str], s3, out: Path, steps: int) -> dict:
+    """(c): a training worker SIGKILLed midway between checkpoints, once one is in the bucket (Ray
+    Train registers a checkpoint a moment after the ranks report it, so a kill right at a save can
+    find none registered yet)."""
+    run = "c-kill"
+    killed: dict = {}
+
+    def kill_after_checkpoint(line: str) -> None:
+        words = line.split()
+        if killed or words[:2] != ["train", "step"] or int(words[2].split("/")[0]) < KILL_AT_STEP:
+            return
+        if not any(k.endswith("/.metadata") for k in bucket_keys(s3, f"{PREFIX}/{run}/")):
+            return
+        pids = train_worker_pids(address=cluster.address, token=cluster.token)
+        os.kill(pids[-1], signal.SIGKILL)
+        killed.update(pid=pids[-1], after=line.strip(), at=time.time())
+        _say(f"SIGKILLed training worker {pids[-1]} after: {line.strip()}")
+
+    code = run_logged([*base, "--expect", "any", "--run-name", run, "--max-failures", "1", "--set", f"steps={steps}"],
+                      out / f"{run}.txt", on_line=kill_after_checkpoint)
+    resumed = [json.loads(line.split("[train-summary] ", 1)[1]) for line in
+               (out / f"{run}.txt").read_text().splitlines() if "[train-summary] " in line]
+    return {"exit": code, "killed": killed, "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None}
+
+
 def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, rank: int) -> dict:
     """(d): the last rank pauses after step NODE_LOSS_STEP; its whole node is killed; once the job says
     that it waits for the node, the node is started again. Returns what happened, with times."""
@@ -128,12 +182,13 @@ def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, ra
         events["back_at"] = time.time()
         _say(f"worker node {events['killed_node']} is back")
 
-    code = run_logged([*base, "--expect", "any", "--run-name", run, "--max-failures", "1", "--wait-nodes-s", "600",
+    code = run_logged([*base, "--expect", "any", "--run-name", run, "--max-failures", "1", "--wait-nodes-s", "180",
                        "--set", f"steps={2 * NODE_LOSS_STEP}"], out / f"{run}.txt", on_line=on_line)
     text = (out / f"{run}.txt").read_text()
     resumed = [json.loads(line.split("[train-summary] ", 1)[1]) for line in text.splitlines()
                if "[train-summary] " in line]
-    return {"exit": code, **events, "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None,
+    return {"exit": code, **events, "node_killed": "killed_at" in events,
+            "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None,
             "placed_again": "placed again" in text}
 
 
@@ -142,16 +197,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpus-per-node", type=int, default=0, help="default: half the GPUs of this machine")
     parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"which of {', '.join(CASES)} to run, comma-separated (default: all)")
     parser.add_argument("--cpus-only", action="store_true",
                         help="check the harness without GPUs: (a) and (c) on CPU workers (gloo, no gate), no (b)")
     args = parser.parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown or not cases:
+        parser.error(f"--cases: {', '.join(unknown) or 'none given'}: choose from {', '.join(CASES)}")
 
     import torch
 
     from workloads.client.cluster import free_port
     from workloads.client.local import LocalClusterSpec, local_ray_cluster
     from workloads.launch.faults import PAUSE_PLAN_ENV
-    from workloads.launch.ray_train import SCRATCH_ROOT
 
     gpus = torch.cuda.device_count()
     # One GPU is shared by both nodes: NCCL refuses two ranks on one GPU only within a host
@@ -176,6 +236,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     pause_plan = out / "pause-plan.json"
     pause_plan.unlink(missing_ok=True)
     os.environ[PAUSE_PLAN_ENV] = str(pause_plan)
+    if "d-node" in cases:
+        # A lost raylet is declared dead after 5 failed health checks 0.5 s apart, not Ray's ~30 s.
+        os.environ.update({"RAY_health_check_period_ms": "500", "RAY_health_check_initial_delay_ms": "1000"})
     summary: dict = {"gpus_per_node": per_node, "nodes": 2, "machine_gpus": gpus, "one_gpu_shared": shared,
                      "runs": {}}
     spec = LocalClusterSpec(nodes=2, cpus_per_node=8 * per_node or 1, gpus_per_node=per_node, worker_env=worker_env)
@@ -188,55 +251,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.cpus_only:
                 base += ["--set", "mixed_precision=false", "--set", "compile=false"]
 
-            run = "a-any"
-            code = run_logged([*base, "--expect", "any", "--run-name", run], out / f"{run}.txt")
-            nccl = out / f"{run}-nccl"
-            nccl.mkdir(exist_ok=True)
-            for log in sorted((SCRATCH_ROOT / run).glob("rank-*/nccl/*.log")):
-                shutil.copy(log, nccl / log.name)
-            keys = bucket_keys(s3, f"{PREFIX}/{run}/")
-            summary["runs"][run] = {"exit": code, "checkpoints": sorted({k.split("/")[2] for k in keys
-                                                                           if "/checkpoint_" in k})}
-            for expect in ("any", "efa"):
-                argv = [sys.executable, "-m", "workloads", "verify-transport", *map(str, sorted(nccl.glob("*.log"))),
-                        "--expect", expect, "--nodes", "2"]
-                summary["runs"][run][f"verify_{expect}"] = run_logged(argv, out / f"{run}-verify-{expect}.txt")
-
-            run = "b-efa"
-            if not args.cpus_only:
-                code = run_logged([*base, "--expect", "efa", "--run-name", run, "--max-failures", "2"],
-                                  out / f"{run}.txt")
-                text = (out / f"{run}.txt").read_text()
-                summary["runs"][run] = {"exit": code, "trained_a_step": "train step" in text,
-                                        "gate_failed_lines": text.count("transport gate failed")}
-
-            run = "c-kill"
-            killed: dict = {}
-
-            def kill_after_checkpoint(line: str) -> None:
-                # Midway between checkpoints, once one is in the bucket: Ray Train registers a
-                # checkpoint a moment after the ranks report it, so a kill right at a save can
-                # find none registered yet.
-                words = line.split()
-                if killed or words[:2] != ["train", "step"] or int(words[2].split("/")[0]) < KILL_AT_STEP:
-                    return
-                if not any(k.endswith("/.metadata") for k in bucket_keys(s3, f"{PREFIX}/{run}/")):
-                    return
-                pids = train_worker_pids(address=cluster.address, token=cluster.token)
-                os.kill(pids[-1], signal.SIGKILL)
-                killed.update(pid=pids[-1], after=line.strip(), at=time.time())
-                _say(f"SIGKILLed training worker {pids[-1]} after: {line.strip()}")
-
-            code = run_logged([*base, "--expect", "any", "--run-name", run, "--max-failures", "1",
-                               "--set", f"steps={2 * args.steps}"], out / f"{run}.txt", on_line=kill_after_checkpoint)
-            resumed = [json.loads(line.split("[train-summary] ", 1)[1]) for line in
-                       (out / f"{run}.txt").read_text().splitlines() if "[train-summary] " in line]
-            summary["runs"][run] = {"exit": code, "killed": killed,
-                                    "resumed_from_step": resumed[-1]["resumed_from_step"] if resumed else None}
-
-            run = "d-node"
-            summary["runs"][run] = lose_a_node(cluster, base=base, run=run, plan=pause_plan, out=out,
-                                               rank=2 * per_node - 1 if per_node else 1)
+            if "a-any" in cases:
+                summary["runs"]["a-any"] = sockets_allowed(base, s3=s3, out=out)
+            if "b-efa" in cases and not args.cpus_only:
+                summary["runs"]["b-efa"] = efa_expected(base, out=out)
+            if "c-kill" in cases:
+                summary["runs"]["c-kill"] = kill_a_worker(cluster, base=base, s3=s3, out=out, steps=2 * args.steps)
+            if "d-node" in cases:
+                summary["runs"]["d-node"] = lose_a_node(cluster, base=base, run="d-node", plan=pause_plan, out=out,
+                                                        rank=2 * per_node - 1 if per_node else 1)
     finally:
         server.stop()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
