@@ -26,6 +26,7 @@ from workloads.train.data import batches, build_data
 from workloads.train.loop import (
     build_model,
     load_weights,
+    mesh_plan,
     model_metadata,
     save_checkpoint,
     shard_model,
@@ -53,14 +54,14 @@ def trained(tmp_path_factory):
     dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
     try:
         data = build_data(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path=str(base))
-        model, _ = build_model(cfg, device=CPU, pretrained=base)
-        model = shard_model(model, cfg, ctx=ctx, device=CPU)
+        model, shape = build_model(cfg, device=CPU, pretrained=base)
+        model = shard_model(model, cfg, plan=mesh_plan(cfg, ctx=ctx, device=CPU, n_params=shape.n_params), device=CPU)
         load_weights(model, base, ctx=ctx, device=CPU, fetch_s=0.0)
         metadata = model_metadata(cfg, config=model_config(cfg.model, pretrained=base), pretrained=base, data=data)
         optimizer = build_optimizer(model, cfg, device=CPU)
         stream = batches(data.train, position=0, micro_batch=4, rank=0, world_size=1)
         for step in range(1, 5):
-            train_step(model, optimizer, next(stream), lr=1e-2, grad_clip=1.0)
+            train_step(model, optimizer, [next(stream)], lr=1e-2, grad_clip=1.0)
             if step % 2 == 0:
                 save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=4 * step,
                                 metadata=metadata, export_weights=step == 4)
