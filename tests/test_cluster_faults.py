@@ -122,10 +122,11 @@ def test_a_rank_killed_while_the_checkpoint_is_written_resumes_from_the_last_com
     kept = checkpoint_folders(s3, f"{PREFIX}/{run}")
     assert broken not in kept and len(kept) == 2  # --keep-checkpoints 2, each complete
     assert all(files == {".metadata", "__0_0.distcp", "__1_0.distcp"} for files in kept.values())
-    assert _final_checkpoint(s3, logs, tmp_path / "final") == {"step": STEPS,
-                                                               "data_position": STEPS * MICRO_BATCH * WORKERS}
+    final = _final_checkpoint(s3, logs, tmp_path / "final")
+    assert final == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
     print(f"\nsave kill: rank 1 SIGKILLed during step 4's checkpoint, {broken} removed, resumed from step 2, "
-          f"2 steps redone, kill to end {time.monotonic() - killed_at:.1f} s, wall {time.monotonic() - started:.1f} s")
+          f"2 steps redone, final step {final['step']} at data position {final['data_position']}, "
+          f"kill to end {time.monotonic() - killed_at:.1f} s, wall {time.monotonic() - started:.1f} s")
 
 
 def test_a_lost_worker_node_is_waited_for_and_the_run_resumes_when_it_is_back(faults, tmp_path):
@@ -152,10 +153,11 @@ def test_a_lost_worker_node_is_waited_for_and_the_run_resumes_when_it_is_back(fa
     assert str(status) == "SUCCEEDED", logs
     _check_resumed(logs, resumed_from=4, last_before=5)
     assert "workers are placed again after" in logs
-    assert _final_checkpoint(s3, logs, tmp_path / "final") == {"step": STEPS,
-                                                               "data_position": STEPS * MICRO_BATCH * WORKERS}
+    final = _final_checkpoint(s3, logs, tmp_path / "final")
+    assert final == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
     print(f"\nnode loss: node {node} killed after step 5, first wait message after {waited_at - killed_at:.1f} s, "
           f"node back {back_at - killed_at:.1f} s after the kill, resumed from step 4, 1 step redone, "
+          f"final step {final['step']} at data position {final['data_position']}, "
           f"end {time.monotonic() - back_at:.1f} s after it was back, wall {time.monotonic() - started:.1f} s")
 
 
@@ -228,8 +230,9 @@ def test_a_restarted_head_loses_the_job_and_the_submitter_resubmits_the_run(faul
     summary = loop_summary(logs.splitlines())
     assert summary["resumed_from_step"] == 4 and summary["steps_done"] == STEPS - 4
     assert steps_logged(logs)[0] == 5
-    assert _final_checkpoint(s3, logs, tmp_path / "final") == {"step": STEPS,
-                                                               "data_position": STEPS * MICRO_BATCH * WORKERS}
+    final = _final_checkpoint(s3, logs, tmp_path / "final")
+    assert final == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
     print(f"\nhead loss: head restarted after step 5 (down {restarted['up'] - restarted['at']:.1f} s), run "
-          f"resubmitted and resumed from step 4, 1 step redone, restart to end {ended - restarted['at']:.1f} s, "
+          f"resubmitted and resumed from step 4, 1 step redone, final step {final['step']} at data position "
+          f"{final['data_position']}, restart to end {ended - restarted['at']:.1f} s, "
           f"wall {ended - started:.1f} s")
