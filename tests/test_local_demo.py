@@ -117,5 +117,5 @@ def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
     assert "the local Ray cluster was stopped" in out
     (run_dir,) = tmp_path.iterdir()
     assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
-    assert "Running entrypoint for job raysubmit_" in (run_dir / "job.log").read_text()
+    assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
     _assert_all_stopped(groups)

@@ -542,9 +542,13 @@ def test_the_cli_interrupted_mid_reservation_exits_130_and_leaves_nothing(proxy,
            "AWS_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            "AWS_MAX_ATTEMPTS": "1", "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(repo_root)}
+    # Started as from a terminal, whatever this process's SIGINT disposition is: a child inherits an
+    # ignored SIGINT (a run started in the background), and Python then installs no KeyboardInterrupt
+    # handler, so the signal would be lost.
     proc = subprocess.Popen([sys.executable, "-m", "capacity", "probe", "--regions", REGION,
                              "--reserve", "--dry-run"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proxy.held.wait(timeout=60), "the CLI never reached the reservation call"
         proc.send_signal(SIGNALS[sig])

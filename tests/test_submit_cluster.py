@@ -47,7 +47,7 @@ def _client(cluster) -> JobSubmissionClient:
 
 
 def _job_id(output: str) -> str:
-    return re.search(r"submitted (raysubmit_\w+)", output).group(1)
+    return re.search(r"job submitted (\S+) on ", output).group(1)
 
 
 def test_submit_follows_the_run_to_success_and_a_resubmitted_run_resumes(target, tmp_path, capsys):
@@ -90,7 +90,7 @@ def test_a_failing_run_exits_1_with_the_reason_on_the_last_line(target, tmp_path
             "--set", f"model.name_or_path={empty_model}"]
     assert submit.main("submit", argv) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"job raysubmit_\w+ FAILED: error: training failed: rank [01]: .*no-model-here", out), out
+    assert re.search(r"job \S+-job1 FAILED: error: training failed: rank [01]: .*no-model-here", out), out
 
 
 def test_list_logs_and_stop(target, ray_cluster, tmp_path, capsys):

@@ -311,11 +311,13 @@ def job_client(conn: Connection, *, address: Optional[str] = None):
         logging.getLogger(name).setLevel(logging.WARNING)
 
     headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else None
-    check_reachable(conn.address)
+    # The address asked for: after a dropped port-forward, the restored one's new local port.
+    address = address or conn.address
+    check_reachable(address)
     try:
-        return JobSubmissionClient(address or conn.address, headers=headers)
+        return JobSubmissionClient(address, headers=headers)
     except (ConnectionError, RuntimeError) as exc:
-        raise UnreachableError(f"no Ray Jobs API at {address or conn.address}: {first_line(str(exc))}") from None
+        raise UnreachableError(f"no Ray Jobs API at {address}: {first_line(str(exc))}") from None
 
 
 def client_factory(conn: Connection) -> Callable[[], object]:
