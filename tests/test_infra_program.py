@@ -16,6 +16,7 @@ import pulumi
 import pytest
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
+from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.sync_await import _sync_await
 
 from capacity.stackfile import PLACEMENT_KEYS, plan_update, write
@@ -90,6 +91,22 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         response = super().RegisterResource(request)
         self.run.dependencies[response.urn] = set(request.dependencies)
         return response
+
+    # Without resource references the program sends a referenced resource as its URN or ID, as
+    # the engine's state records it. With them, the mock monitor rebuilds each referenced resource
+    # on its executor thread, whose `getResource` task lands in Pulumi's global list of RPCs on
+    # that thread's own event loop; the program's loop awaiting it before it ends fails with
+    # "attached to a different loop" (it did, now and then, in full test runs).
+    def GetDeploymentInfo(self, request):
+        info = super().GetDeploymentInfo(request)
+        features = [f for f in info.supportedFeatures
+                    if f != resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES]
+        return resource_pb2.DeploymentInfo(supportedFeatures=features)
+
+    def SupportsFeature(self, request):
+        if request.id == "resourceReferences":
+            return type("SupportsFeatureResponse", (), {"hasSupport": False})
+        return super().SupportsFeature(request)
 
 
 class _WarningsLogger(logging.Logger):
