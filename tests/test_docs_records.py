@@ -89,6 +89,65 @@ def test_the_worker_loss_table_is_the_recorded_runs():
     assert f"Runs survived: {len(recorded)} of {len(recorded)}" in section
 
 
+# One line per fault, as tests/test_cluster_faults.py prints it, and the table row it makes:
+# (fault, resumed from step, steps redone, final step, data position, times, wall).
+FAULT_LINES = {
+    "save kill": (re.compile(
+        r"save kill: .*, resumed from step (\d+), (\d+) steps redone, final step (\d+) at data position (\d+), "
+        r"kill to end ([\d.]+) s, wall ([\d.]+) s"),
+        lambda g: (g[0], g[1], g[2], g[3], f"kill to end {g[4]} s", f"{g[5]} s")),
+    "node loss": (re.compile(
+        r"node loss: node \d+ killed after step \d+, first wait message after ([\d.]+) s, node back ([\d.]+) s "
+        r"after the kill, resumed from step (\d+), (\d+) step redone, final step (\d+) at data position (\d+), "
+        r"end ([\d.]+) s after it was back, wall ([\d.]+) s"),
+        lambda g: (g[2], g[3], g[4], g[5], f"wait said after {g[0]} s, back after {g[1]} s, end {g[6]} s later",
+                   f"{g[7]} s")),
+    "node gone": (re.compile(r"node gone: node \d+ killed after step \d+, job failed ([\d.]+) s later"),
+                  lambda g: ("-", "-", "-", "-", f"failed {g[0]} s after the kill", "-")),
+    "head loss": (re.compile(
+        r"head loss: head restarted after step \d+ \(down ([\d.]+) s\), run resubmitted and resumed from step "
+        r"(\d+), (\d+) step redone, final step (\d+) at data position (\d+), restart to end ([\d.]+) s, "
+        r"wall ([\d.]+) s"),
+        lambda g: (g[1], g[2], g[3], g[4], f"down {g[0]} s, restart to end {g[5]} s", f"{g[6]} s")),
+}
+
+
+def _fault_rows(record: str) -> list[tuple[str, ...]]:
+    rows, run = [], None
+    for line in record.splitlines():
+        if re.fullmatch(r"run \d+:", line):
+            run = line[4:-1]
+        fault = line.split(":", 1)[0]
+        if fault in FAULT_LINES:
+            pattern, row = FAULT_LINES[fault]
+            match = pattern.fullmatch(line)
+            assert match, line
+            rows.append((run, fault, *row(match.groups())))
+    return rows
+
+
+def test_the_fault_table_is_the_recorded_runs():
+    record = (DOCS / "cpu" / "2026-12-01-cluster-faults" / "runs.txt").read_text()
+    assert not re.search(r"\d+ failed|^(FAILED|ERROR) ", record, re.MULTILINE)
+    runs = re.findall(r"^run \d+:$", record, re.MULTILINE)
+    assert len(runs) == 3 and len(re.findall(r"^4 passed(, \d+ warnings)? in ", record, re.MULTILINE)) == len(runs)
+    recorded = _fault_rows(record)
+    assert len(recorded) == 4 * len(runs)
+    section = (DOCS / "RELIABILITY.md").read_text().split("## 2. ", 1)[1].split("\n## ", 1)[0]
+    table = [
+        tuple(cell.strip() for cell in line.strip("|").split("|"))
+        for line in section.splitlines()
+        if re.match(r"^\| \d+ \| [a-z]+ [a-z]+ \|", line)
+    ]
+    assert table == recorded
+    assert f"Runs that ended as they should: {len(runs)} of {len(runs)}" in section
+
+
+def test_a_fault_line_that_changed_its_wording_is_not_skipped():
+    with pytest.raises(AssertionError, match="node loss: node 2 killed"):
+        _fault_rows("run 1:\nnode loss: node 2 killed after step 5, and then something else")
+
+
 def _verdicts(name: str) -> dict[str, str]:
     """Mutant name -> mutmut's verdict symbol, from one recorded run."""
     lines = (DOCS / "cpu" / "2026-12-01-mutmut" / name).read_text().splitlines()
