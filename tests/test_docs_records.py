@@ -4,6 +4,7 @@ fails here."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -146,6 +147,24 @@ def test_the_fault_table_is_the_recorded_runs():
 def test_a_fault_line_that_changed_its_wording_is_not_skipped():
     with pytest.raises(AssertionError, match="node loss: node 2 killed"):
         _fault_rows("run 1:\nnode loss: node 2 killed after step 5, and then something else")
+
+
+def test_the_one_h200_topology_table_is_the_recorded_bench():
+    bench = json.loads((GPU_RECORDS / "2026-12-01-h200-topology" / "topology" / "bench.json").read_text())
+    runs = {r["label"]: r for r in bench["figures"] if r["phase"] == "emulated"}
+    predicted = {p["label"]: p for p in bench["model"]["predictions"]}
+    recorded = [
+        (f"`{label}`", f"{runs[label]['step_s']:.3f}", f"{runs[label]['tokens_per_s_per_gpu']:,.0f}",
+         f"{runs[label]['communication']['exposed_s']:.3f}",
+         f"{predicted[label]['predicted_step_s']:.3f} ({predicted[label]['error']:+.0%})")
+        for label in ("auto", "flat", "hsdp-fp32")
+    ]
+    section = (DOCS / "PERFORMANCE.md").read_text().split("**Recorded on one H200", 1)[1].split("\n### ", 1)[0]
+    table = [tuple(cell.strip() for cell in line.strip("|").split("|")) for line in section.splitlines()
+             if line.startswith("| `")]
+    assert [(row[0].split()[0], *row[1:]) for row in table] == recorded
+    (ratio,) = [c["ratio"] for c in bench["comparisons"] if c["label"].startswith("auto vs flat")]
+    assert f"`auto` vs `flat` {ratio:.2f}x" in section
 
 
 def _verdicts(name: str) -> dict[str, str]:
