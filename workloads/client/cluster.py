@@ -9,6 +9,7 @@ RAY_AUTH_TOKEN.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Collection, Iterator, Optional
 
 
 class UnreachableError(RuntimeError):
@@ -141,9 +142,22 @@ def read_ray_token(*, kubeconfig: Path, namespace: str, secret: str, key: str) -
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, *, besides: Collection[int] = ()) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now, none of them in `besides` (ports chosen
+    earlier that nothing listens on yet). They are held open together while chosen: a port asked
+    for after the previous one's socket closed can be that same port again, and Ray refuses to start
+    a node whose components were given one port twice."""
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            if sock.getsockname()[1] not in besides:
+                ports.append(sock.getsockname()[1])
+        return ports
 
 
 def wait_for_port(port: int, *, timeout_s: float, alive: Callable[[], bool]) -> bool:

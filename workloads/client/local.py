@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 from rich.console import Console
 
 from workloads.client import demo, submit
-from workloads.client.cluster import connect, first_line, free_port
+from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import resolved_for_local_run
 from workloads.client.report import clean_log, format_summary, loop_summary, summarize, write_report
 
@@ -94,14 +94,14 @@ def _node_argv(*, index: int, gcs_port: int, dashboard_port: int, temp_dir: Path
     ray = str(beside) if beside.is_file() else shutil.which("ray")
     if ray is None:
         raise RuntimeError(f"the ray CLI is not installed beside {sys.executable} or on PATH; run `make venv`")
-    free = free_port
+    agent, agent_grpc, metrics, runtime_env, client = free_ports(5, besides=(gcs_port, dashboard_port))
     argv = [ray, "start", "--block", "--disable-usage-stats", f"--node-ip-address={node_ip(index)}",
-            f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--dashboard-agent-listen-port={free()}",
-            f"--dashboard-agent-grpc-port={free()}", f"--metrics-export-port={free()}",
-            f"--runtime-env-agent-port={free()}"]
+            f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env}"]
     if index == 0:
         return argv + ["--head", f"--port={gcs_port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                       f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={free()}",
+                       f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client}",
                        f"--temp-dir={temp_dir}"]
     # All nodes of this machine share the head's log folder, which the head's log monitor
     # already forwards to drivers; a second monitor would forward every worker line again.
@@ -165,7 +165,7 @@ class LocalNodes:
 
     def __init__(self, spec: LocalClusterSpec, *, token: str, log_dir: Path, temp_dir: Path) -> None:
         self.spec, self.token, self.log_dir, self.temp_dir = spec, token, log_dir, temp_dir
-        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        self.gcs_port, self.dashboard_port = free_ports(2)
         self.procs: dict[int, subprocess.Popen] = {}
 
     def log(self, index: int) -> Path:
