@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import torch.multiprocessing as mp
 from test_data_jsonl import write_corpus
 from transformers import AutoModelForCausalLM
 
+from workloads.client.cluster import free_port
 from workloads.context import DATA_PREFIX, LOAD_PREFIX
 from workloads.model_io.export import consolidate
 from workloads.model_io.toy import toy_conversations, write_chat_jsonl, write_toy_model
@@ -124,12 +124,6 @@ def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
             (root / f"{name}-rank{rank}.json").write_text(json.dumps(record))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

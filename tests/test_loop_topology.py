@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
+from workloads.client.cluster import free_port
 from workloads.context import TrainContext
 from workloads.train.config import TrainConfig, preset, with_overrides
 from workloads.train.data import batches, build_data
@@ -200,12 +200,6 @@ def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
         (root / f"grads-rank{rank}.json").write_text(json.dumps({"diff": diff**0.5, "norm": norm**0.5}))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

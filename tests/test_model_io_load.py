@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +20,7 @@ import torch.multiprocessing as mp
 from moto_s3 import moto_s3  # noqa: F401  (a fixture)
 from safetensors.torch import load_file
 
+from workloads.client.cluster import free_port
 from workloads.model_io.architectures import named_architecture
 from workloads.model_io.sources import LOG_PREFIX, fetch_model
 
@@ -28,12 +28,6 @@ WORLD_SIZE = 2
 BUCKET = "models"
 # 509 rows do not split evenly over two ranks: the shards' row offsets matter.
 VOCAB = 509
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from workloads.bench.topology_report import EMULATED, ONE_HOST, build_document, format_document
+from workloads.client.cluster import free_port
 from workloads.train.config import TrainConfig, preset, with_overrides
 
 TIME_LIMIT_S = 540
@@ -242,14 +243,6 @@ def run_phase(spec: Spec, phase: str, out_json: Path) -> int:
 
 
 # --- the driver -----------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(layout: Layout) -> dict[str, str]:
