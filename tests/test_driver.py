@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_clock import FakeClock
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from workloads.launch.driver import (
@@ -63,17 +64,6 @@ def test_a_cluster_without_room_for_one_worker_is_a_clear_error():
         plan_workers([{"CPU": 0.5}])
     with pytest.raises(ValueError, match="positive"):
         plan_workers([{"CPU": 4.0}], cpus_per_worker=0)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def test_the_driver_waits_for_the_gpus_it_expects_with_a_countdown():

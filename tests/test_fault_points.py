@@ -9,25 +9,15 @@ import re
 from pathlib import Path
 
 import pytest
+from fake_clock import FakeClock
 
 from infra.config import load_stack_config
 from infra.raycluster import build_raycluster
+
 from workloads.client import submit
 from workloads.launch.faults import PAUSE_PLAN_ENV, POINTS, pause_point
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now, self.sleeps = 0.0, 0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps += 1
-        self.now += seconds
 
 
 def _plan(tmp_path: Path, *pauses: dict) -> dict[str, str]:
@@ -40,7 +30,7 @@ def _plan(tmp_path: Path, *pauses: dict) -> dict[str, str]:
 def test_without_the_variable_a_point_does_nothing(point, tmp_path, monkeypatch):
     monkeypatch.delenv(PAUSE_PLAN_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    clock = _Clock()
+    clock = FakeClock()
     assert pause_point(point, run="r", step=4, rank=1, sleep=clock.sleep, clock=clock) is None
     assert clock.sleeps == 0 and list(tmp_path.iterdir()) == []
 
@@ -61,7 +51,7 @@ def test_nothing_in_the_project_sets_the_variable_and_one_module_reads_it():
 
 def test_a_listed_point_pauses_once_and_names_the_process_to_kill(tmp_path, capsys):
     env = _plan(tmp_path, {"point": "checkpoint-upload", "run": "r", "step": 4, "rank": 1, "max_s": 3})
-    clock = _Clock()
+    clock = FakeClock()
     marker = pause_point("checkpoint-upload", run="r", step=4, rank=1, environ=env, sleep=clock.sleep, clock=clock)
     assert marker == tmp_path / "paused-r-checkpoint-upload-step4-rank1.json"
     assert json.loads(marker.read_text())["pid"] == os.getpid()
@@ -69,7 +59,7 @@ def test_a_listed_point_pauses_once_and_names_the_process_to_kill(tmp_path, caps
     assert "rank 1 of run r paused at checkpoint-upload of step 4" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["plan.json", marker.name])
     # The resumed run reaches the same point again: it goes through.
-    again = _Clock()
+    again = FakeClock()
     assert pause_point("checkpoint-upload", run="r", step=4, rank=1, environ=env, sleep=again.sleep,
                        clock=again) is None
     assert again.sleeps == 0
@@ -79,7 +69,7 @@ def test_a_listed_point_pauses_once_and_names_the_process_to_kill(tmp_path, caps
                                    dict(run="r", step=4, rank=0), dict(run="r", step=None, rank=1)])
 def test_other_runs_steps_and_ranks_go_through(where, tmp_path):
     env = _plan(tmp_path, {"point": "after-report", "run": "r", "step": 4, "rank": 1})
-    clock = _Clock()
+    clock = FakeClock()
     assert pause_point("after-report", environ=env, sleep=clock.sleep, clock=clock, **where) is None
     assert pause_point("checkpoint-upload", run="r", step=4, rank=1, environ=env, sleep=clock.sleep,
                        clock=clock) is None

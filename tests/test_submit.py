@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from fake_clock import FakeClock
 from ray.runtime_env import RuntimeEnv
 from rich.console import Console
 
@@ -219,22 +220,11 @@ def test_following_picks_the_stream_up_where_a_dropped_connection_broke_it():
     assert len(said) == 2 and "WebSocket connection closed unexpectedly" in said[0]
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_following_gives_up_with_a_distinct_error_and_the_job_runs_on():
     def broken():
         return _Stream("x" * 50, breaks_after=0)
 
-    clock, said = _Clock(), []
+    clock, said = FakeClock(), []
     with pytest.raises(submit.FollowLostError, match="WebSocket connection closed"):
         submit.follow(broken, "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True), patience_s=60,
                       sleep=clock.sleep, clock=clock, say=said.append)
