@@ -151,6 +151,11 @@ def _stop(proc: subprocess.Popen, *, grace_s: float) -> None:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
+    _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of the node's process group, and reap its `ray start`."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -199,11 +204,7 @@ class LocalNodes:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        _kill_group(proc)
 
     def stop(self, index: int) -> None:
         _stop(self.procs.pop(index), grace_s=self.spec.stop_grace_s)
