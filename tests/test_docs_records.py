@@ -64,6 +64,17 @@ def test_every_nccl_log_a_gpu_transcript_reads_is_committed():
     assert sorted(named - committed) == []
 
 
+def _section(doc: str, start: str, end: str = "\n## ") -> str:
+    """The text of docs/`doc` from `start` to the next `end`."""
+    return (DOCS / doc).read_text().split(start, 1)[1].split(end, 1)[0]
+
+
+def _table_rows(section: str, row: str) -> list[tuple[str, ...]]:
+    """The cells of the Markdown table rows of `section` that match the regular expression `row`."""
+    return [tuple(cell.strip() for cell in line.strip("|").split("|"))
+            for line in section.splitlines() if re.match(row, line)]
+
+
 WORKER_LOSS_RUN = re.compile(
     r"^fault injection: 1 worker SIGKILLed after step (\d+), resumed from step (\d+), (\d+) step\(s\) redone, "
     r"recovered and finished in ([\d.]+) s, wall ([\d.]+) s, .*\n(\d+) passed in ([\d.]+)s",
@@ -79,13 +90,8 @@ def test_the_worker_loss_table_is_the_recorded_runs():
         for i, (killed, resumed, redone, kill_s, wall_s, _, pytest_s) in enumerate(
             WORKER_LOSS_RUN.findall(record), start=1)
     ]
-    section = (DOCS / "RELIABILITY.md").read_text().split("## 1. Worker loss", 1)[1].split("\n## ", 1)[0]
-    table = [
-        tuple(cell.strip() for cell in line.strip("|").split("|"))
-        for line in section.splitlines()
-        if re.match(r"^\| \d+ \|", line)
-    ]
-    assert len(recorded) == 5 and table == recorded
+    section = _section("RELIABILITY.md", "## 1. Worker loss")
+    assert len(recorded) == 5 and _table_rows(section, r"\| \d+ \|") == recorded
     assert f"Faults injected: {len(recorded)} " in section
     assert f"Runs survived: {len(recorded)} of {len(recorded)}" in section
 
@@ -134,13 +140,8 @@ def test_the_fault_table_is_the_recorded_runs():
     assert len(runs) == 3 and len(re.findall(r"^4 passed(, \d+ warnings)? in ", record, re.MULTILINE)) == len(runs)
     recorded = _fault_rows(record)
     assert len(recorded) == 4 * len(runs)
-    section = (DOCS / "RELIABILITY.md").read_text().split("## 2. ", 1)[1].split("\n## ", 1)[0]
-    table = [
-        tuple(cell.strip() for cell in line.strip("|").split("|"))
-        for line in section.splitlines()
-        if re.match(r"^\| \d+ \| [a-z]+ [a-z]+ \|", line)
-    ]
-    assert table == recorded
+    section = _section("RELIABILITY.md", "## 2. ")
+    assert _table_rows(section, r"\| \d+ \| [a-z]+ [a-z]+ \|") == recorded
     assert f"Runs that ended as they should: {len(runs)} of {len(runs)}" in section
 
 
@@ -159,10 +160,8 @@ def test_the_one_h200_topology_table_is_the_recorded_bench():
          f"{predicted[label]['predicted_step_s']:.3f} ({predicted[label]['error']:+.0%})")
         for label in ("auto", "flat", "hsdp-fp32")
     ]
-    section = (DOCS / "PERFORMANCE.md").read_text().split("**Recorded on one H200", 1)[1].split("\n### ", 1)[0]
-    table = [tuple(cell.strip() for cell in line.strip("|").split("|")) for line in section.splitlines()
-             if line.startswith("| `")]
-    assert [(row[0].split()[0], *row[1:]) for row in table] == recorded
+    section = _section("PERFORMANCE.md", "**Recorded on one H200", "\n### ")
+    assert [(row[0].split()[0], *row[1:]) for row in _table_rows(section, r"\| `")] == recorded
     (ratio,) = [c["ratio"] for c in bench["comparisons"] if c["label"].startswith("auto vs flat")]
     assert f"`auto` vs `flat` {ratio:.2f}x" in section
 
