@@ -56,7 +56,7 @@ EFA_TRANSPORT_ENV: dict[str, str] = {
 }
 """The network transport of multi-node GPU runs on EKS, declared rather than left to NCCL's silent
 fallback to TCP sockets. Set on the Ray worker pods (infra/raycluster.py) and again in the job's
-runtime_env (workloads/client/submit.py)."""
+runtime_env (workloads/client/submission.py)."""
 
 
 class TransportGateError(PreflightError):

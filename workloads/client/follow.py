@@ -1,0 +1,174 @@
+"""Following a submitted job: its log printed as progress, a dropped connection restored, a job the
+cluster lost with its head told apart from a lost connection."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from rich.console import Console
+
+from workloads.client.cluster import UnreachableError, first_line
+from workloads.client.report import format_record, parse_prefixed, parse_train_line
+from workloads.context import GATE_PREFIX
+from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
+
+class LogPrinter:
+    """Feeds log chunks in, prints progress lines (and, unless quiet, every other line)."""
+
+    def __init__(self, *, console: Console, quiet: bool, total_steps: Optional[int] = None) -> None:
+        self._gate_prefix = GATE_PREFIX
+        self.console = console
+        self.quiet = quiet
+        self.total_steps = total_steps
+        self._partial = ""
+        self.plan: Optional[dict] = None
+        """The driver's plan record, once the job has logged it."""
+        # Ray Train forwards each worker line to the job logs twice; show a record once.
+        self._last_shown: Optional[str] = None
+
+    def feed(self, chunk: str) -> None:
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self.line(line)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.line(self._partial)
+            self._partial = ""
+
+    def line(self, line: str) -> None:
+        if self._is_repeat(line):
+            return
+        record = parse_train_line(line)
+        if record is not None:
+            self.console.print(f"[bold cyan]train[/] {format_record(record, total_steps=self.total_steps)}")
+            return
+        gate = parse_prefixed(line, self._gate_prefix)
+        if gate is not None:
+            style = "red" if not gate.get("passed") else "green" if gate.get("applies") else "dim"
+            self.console.print(f"[bold cyan]gate[/] [{style}]{gate.get('message', '')}[/]")
+            return
+        plan = parse_driver_line(line)
+        if plan is not None and plan.get("event") == "plan":
+            self.plan = plan
+            kind = "GPU" if plan["use_gpu"] else "CPU"
+            self.console.print(f"[bold cyan]job[/] {plan['num_workers']} {kind} workers on {plan['nodes']} node(s), "
+                               f"run {plan['run_name']}")
+            return
+        said = line.find(DRIVER_PREFIX)
+        if said >= 0 and plan is None:  # a message of the driver, not one of its records
+            self.console.print(f"[bold cyan]job[/] {line[said + len(DRIVER_PREFIX):]}")
+            return
+        if not self.quiet:
+            self.console.out(line, highlight=False)
+
+    def _is_repeat(self, line: str) -> bool:
+        keyed = parse_train_line(line) is not None or self._gate_prefix in line
+        if not keyed:
+            return False
+        if line == self._last_shown:
+            return True
+        self._last_shown = line
+        return False
+
+
+class FollowLostError(Exception):
+    """Following a job failed for longer than the patience allowed (a port-forward that cannot be
+    restored, say); the job runs on."""
+
+
+class JobGoneError(Exception):
+    """The cluster no longer knows a job it was running: its head restarted, and a head without GCS
+    fault tolerance keeps no job, actor or node across a restart (the checkpoints in S3 remain)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} is gone from the cluster: its Ray head restarted and kept no job")
+        self.job_id = job_id
+
+
+@dataclass
+class _Shown:
+    chars: int = 0
+    """How much of the job's log the printer has had."""
+
+
+async def _tail(client, job_id: str, printer: LogPrinter, shown: _Shown) -> None:
+    """Feed the job's log to printer, leaving out what it has had already (the Jobs API streams a
+    log from its start)."""
+    seen = 0
+    async for chunk in client.tail_job_logs(job_id):
+        fresh = chunk[max(0, shown.chars - seen):]
+        seen += len(chunk)
+        if fresh:
+            printer.feed(fresh)
+            shown.chars = seen
+
+
+def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
+    while True:
+        status = client.get_job_status(job_id)
+        if status.is_terminal():
+            return status
+        time.sleep(poll_s)
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """What the Jobs SDK raises when the way to the cluster breaks (a dropped port-forward, a head
+    that restarts): its RuntimeErrors, requests' and aiohttp's connection errors."""
+    import aiohttp
+
+    return (RuntimeError, OSError, UnreachableError, aiohttp.ClientError)
+
+
+def follow(client_factory: Callable[[], object], job_id: str, printer: LogPrinter, *, patience_s: float = 300.0,
+           backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+           clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = lambda message: None):
+    """Stream the job's logs through printer until it ends; returns its terminal JobStatus.
+
+    The log stream can break while the job runs on (the SDK's "WebSocket connection closed
+    unexpectedly" when a port-forward drops, a head that restarts): fresh clients from
+    `client_factory` (which may restart the port-forward) pick the stream up where it broke, for
+    `patience_s` at most, then FollowLostError. When the cluster answers again but no longer knows the
+    job, JobGoneError."""
+    shown, attempt = _Shown(), 0
+    lost_at: Optional[float] = None
+    shown_when_lost = 0
+    client = client_factory()
+    client.get_job_status(job_id)  # a job id the cluster never had is the caller's mistake
+    while True:
+        try:
+            if lost_at is not None:
+                client.get_job_status(job_id)  # the cluster answers: does it still have the job?
+            asyncio.run(_tail(client, job_id, printer, shown))
+            status = wait_terminal(client, job_id)
+            printer.flush()
+            return status
+        except connection_errors() as exc:
+            if "does not exist" in str(exc):
+                raise JobGoneError(job_id) from None
+            if lost_at is None or shown.chars > shown_when_lost:  # lost anew, after some progress
+                lost_at, shown_when_lost, attempt = clock(), shown.chars, 0
+            if clock() - lost_at >= patience_s:
+                raise FollowLostError(first_line(str(exc)) or type(exc).__name__) from None
+            attempt += 1
+            say(f"lost the job's log stream ({first_line(str(exc)) or type(exc).__name__}); reconnecting "
+                f"(attempt {attempt}, for up to {patience_s:.0f} s)")
+            sleep(min(backoff_s * attempt, 15.0))
+            try:
+                client = client_factory()
+            except connection_errors() as again:
+                say(f"could not reconnect yet: {first_line(str(again))}")
+
+
+
+def reattach_hint(job_id: str, target_args: tuple[str, ...], *, why: str = "stopped following") -> str:
+    target = shlex.join(target_args)
+    return (f"{why}; job {job_id} keeps running.\n"
+            f"  reattach: python -m workloads logs --follow {job_id} {target}\n"
+            f"  stop:     python -m workloads stop {job_id} {target}")
+

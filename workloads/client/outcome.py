@@ -1,0 +1,105 @@
+"""A finished job judged: its status, then the placement and transport checks of a succeeded job,
+and the exit code the commands return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from rich.console import Console
+
+from workloads.client.report import loop_summary, train_records
+from workloads.launch.driver import parse_driver_line
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateOutcome:
+    applies: bool
+    passed: bool
+    message: str
+    name: str = "transport"
+    """Which post-run check this is ("placement" or "transport")."""
+
+
+def _plan(logs: str) -> Optional[dict]:
+    return next((p for p in map(parse_driver_line, logs.splitlines()) if p and p.get("event") == "plan"), None)
+
+
+def placement_check(logs: str) -> GateOutcome:
+    """The ranks trained on the nodes the driver planned for (its node count is what the
+    transport check expects): the loop's summary counts the nodes its ranks ran on."""
+    plan, summary = _plan(logs), loop_summary(logs.splitlines())
+    if plan is None or summary is None or "nodes" not in summary:
+        return GateOutcome(applies=False, passed=True, name="placement",
+                           message="placement check skipped: the job logged no plan or no summary")
+    planned, trained = int(plan["nodes"]), int(summary["nodes"])
+    if planned != trained:
+        return GateOutcome(applies=True, passed=False, name="placement",
+                           message=f"placement check failed: the driver planned {planned} node(s), "
+                                   f"the ranks trained on {trained}")
+    return GateOutcome(applies=True, passed=True, name="placement",
+                       message=f"placement check passed: {summary.get('world_size', '?')} ranks trained on "
+                               f"{trained} node(s), as planned")
+
+
+def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
+    """The second gate: NCCL's connections as the job logs show them, judged offline."""
+    from workloads.transport import verify
+
+    plan = _plan(logs)
+    if plan is None:
+        return GateOutcome(applies=False, passed=True,
+                           message="transport check skipped: the job never sized its workers")
+    if not plan["use_gpu"]:
+        return GateOutcome(applies=False, passed=True,
+                           message="transport check does not apply: CPU workers talk over gloo, not NCCL")
+    verdict = verify.verify_transport(logs, expect=expect, nodes=plan["nodes"])
+    return GateOutcome(applies=True, passed=verdict.status == verify.Status.PASS,
+                       message=verify.render(verdict))
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOutcome:
+    job_id: str
+    status: str
+    """The job's terminal status (SUCCEEDED, FAILED, STOPPED)."""
+    records: list[dict] = field(default_factory=list)
+    """Every `[train]` step record in the job's logs."""
+    reason: str = ""
+    """Why the job did not succeed: the last line of its logs, or the Jobs API's message."""
+    checks: tuple[GateOutcome, ...] = ()
+    """The post-run checks of a succeeded job: placement, then transport."""
+    logs: str = field(default="", repr=False)
+    """The job's whole log."""
+
+    @property
+    def exit_code(self) -> int:
+        passed = self.status == "SUCCEEDED" and all(check.passed for check in self.checks)
+        return EXIT_OK if passed else EXIT_FAILED
+
+
+def finish(client, job_id: str, status, *, expect: Literal["efa", "any"]) -> JobOutcome:
+    logs = client.get_job_logs(job_id)
+    records = train_records(logs.splitlines())
+    if str(status) != "SUCCEEDED":
+        last = next((line.strip() for line in reversed(logs.splitlines()) if line.strip()), "")
+        message = client.get_job_info(job_id).message or ""
+        return JobOutcome(job_id=job_id, status=str(status), records=records, reason=last or message, logs=logs)
+    return JobOutcome(job_id=job_id, status=str(status), records=records, logs=logs,
+                      checks=(placement_check(logs), transport_check(logs, expect=expect)))
+
+
+def report_outcome(outcome: JobOutcome, console: Console) -> None:
+    if outcome.status != "SUCCEEDED":
+        console.print(f"[bold red]job {outcome.job_id} {outcome.status}[/]: {outcome.reason}", highlight=False)
+        return
+    for check in outcome.checks:
+        style = "bold red" if not check.passed else "green" if check.applies else "dim"
+        console.print(f"[{style}]{check.message}[/]", highlight=False)
+    failed = [check.name for check in outcome.checks if not check.passed]
+    verdict = ("[bold green]SUCCEEDED[/]" if outcome.exit_code == EXIT_OK
+               else f"[bold red]FAILED the {' and '.join(failed)} check[/]")
+    console.print(f"job {outcome.job_id} {verdict}")
+
