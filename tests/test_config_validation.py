@@ -4,6 +4,7 @@ one-line error naming the key, the value and the fix."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,7 @@ def test_every_field_has_its_stack_file_key_and_a_docstring():
     assert sorted(KNOWN_KEYS) == sorted(STACK_FILE_KEYS.values())
     # The keys of the committed stack file are all known ones.
     assert set(read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")) <= set(STACK_FILE_KEYS.values())
-    source = (REPO_ROOT / "infra" / "config.py").read_text()
+    source = Path(inspect.getsourcefile(StackConfig)).read_text()
     for field in fields:
         block = source.split(f"    {field.name}: ", 1)[1].split("\n", 2)
         assert block[1].strip().startswith('"""'), f"{field.name} has no docstring"

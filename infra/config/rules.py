@@ -1,0 +1,164 @@
+"""The validation rules of every setting but the reservation: placement, versions, images, names
+and ranges. Each yields ConfigErrors; none makes a cloud call."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Iterator
+
+from infra.config.errors import ConfigError, fix_cmd
+from infra.config.schema import DEFAULT_RAY_IMAGE, StackConfig, config_key
+from infra.instance_types import GPU_INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
+
+_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_AZ_ID_RE = re.compile(r"^[a-z]{3,4}\d-az\d+$")
+_K8S_VERSION_RE = re.compile(r"^1\.(\d+)$")
+_SEMVER_RE = re.compile(r"^v?\d+\.\d+\.\d+$")
+# A pinned image: a tag like v1.1 / 2.58.0 / train-ml-cuda-v1.1 (ends in a version), or a digest.
+_PINNED_TAG_RE = re.compile(r"^[\w.-]*v?\d+(\.\d+)+$")
+_DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+# IAM roles and users only: EKS access entries refuse STS session principals (assumed-role ARNs).
+_ARN_RE = re.compile(r"^arn:aws[\w-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_ASSUMED_ROLE_RE = re.compile(r"^arn:(aws[\w-]*):sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
+_EKS_ADDON_VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")
+_BUCKET_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}$")
+_ACCOUNT_RE = re.compile(r"^\d{12}$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# EKS gives each minor about 14 months of standard support, then bills extended support at 6x the
+# control-plane price. This is the window the program was last checked against; move it with the
+# EKS release calendar (a minor that has left standard support is refused, not silently upgraded).
+SUPPORTED_KUBERNETES_MINORS = range(32, 36)
+
+
+
+def az_id_prefix(region: str) -> str:
+    """The region part of its AZ IDs (usw2 in usw2-az1): the country code, a letter per part of
+    the name (two for northeast and the like), the number; every region follows the scheme."""
+    country, *parts, number = region.split("-")
+    return country + "".join(_DIRECTION_LETTERS.get(part, part[:1]) for part in parts) + number
+
+
+_DIRECTION_LETTERS = {"northeast": "ne", "northwest": "nw", "southeast": "se", "southwest": "sw"}
+
+
+def placement_problems(cfg: StackConfig, *, skip: set[str]) -> Iterator[ConfigError]:
+    k = config_key
+    region_ok = k("region") not in skip and bool(_REGION_RE.match(cfg.region))
+    if k("region") not in skip and not region_ok:
+        yield ConfigError(k("region"), cfg.region, "is not an AWS region name",
+                          fix_cmd(k("region"), "<region>"))
+    if region_ok and (not cfg.gpu_availability_zone.startswith(cfg.region) or not re.fullmatch(
+            r"[a-z]", cfg.gpu_availability_zone[len(cfg.region):] or "-")):
+        yield ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,
+                          f"is not an availability zone of {cfg.region}",
+                          f"run `python -m capacity probe --stack <stack> --regions {cfg.region}`"
+                          " to pick one")
+    if not _AZ_ID_RE.match(cfg.gpu_availability_zone_id):
+        yield ConfigError(k("gpu_availability_zone_id"), cfg.gpu_availability_zone_id,
+                          "is not an AZ ID like usw2-az1",
+                          "run `python -m capacity probe` to write the AZ name and ID together")
+    elif region_ok and not cfg.gpu_availability_zone_id.startswith(az_id_prefix(cfg.region) + "-"):
+        yield ConfigError(k("gpu_availability_zone_id"), cfg.gpu_availability_zone_id,
+                          f"is an AZ ID of another region ({cfg.region}'s start with "
+                          f"{az_id_prefix(cfg.region)}-)",
+                          f"run `python -m capacity probe --stack <stack> --regions {cfg.region}` "
+                          "to write the AZ name and ID together")
+    if cfg.gpu_instance_type not in GPU_INSTANCE_TYPES:
+        yield ConfigError(k("gpu_instance_type"), cfg.gpu_instance_type,
+                          "is not a known EFA-capable GPU instance type",
+                          f"use one of {', '.join(GPU_INSTANCE_TYPES)} (or add it to "
+                          "infra/instance_types.py)")
+    if cfg.gpu_node_count < 1:
+        yield ConfigError(k("gpu_node_count"), cfg.gpu_node_count, "must be at least 1",
+                          fix_cmd(k("gpu_node_count"), 2))
+
+
+def range_problems(cfg: StackConfig, name: str, low: int, high: int, why: str) -> Iterator[ConfigError]:
+    value = getattr(cfg, name)
+    if not low <= value <= high:
+        yield ConfigError(config_key(name), value, f"must be between {low} and {high} ({why})",
+                          fix_cmd(config_key(name), getattr(StackConfig, name)))
+
+
+def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
+    k = config_key
+    if cfg.system_instance_type not in SYSTEM_INSTANCE_TYPES:
+        yield ConfigError(k("system_instance_type"), cfg.system_instance_type,
+                          "is not a known non-GPU instance type",
+                          f"use one of {', '.join(SYSTEM_INSTANCE_TYPES)}")
+    m = _K8S_VERSION_RE.match(cfg.kubernetes_version)
+    if not m or int(m.group(1)) not in SUPPORTED_KUBERNETES_MINORS:
+        ok = ", ".join(f"1.{v}" for v in SUPPORTED_KUBERNETES_MINORS)
+        yield ConfigError(k("kubernetes_version"), cfg.kubernetes_version,
+                          f"must be a minor version in EKS standard support ({ok})",
+                          fix_cmd(k("kubernetes_version"), f"1.{SUPPORTED_KUBERNETES_MINORS[-1]}"))
+    yield from image_problems(cfg.ray_image)
+    if not _SEMVER_RE.match(cfg.ray_version) or cfg.ray_version.startswith("v"):
+        yield ConfigError(k("ray_version"), cfg.ray_version, "must be a Ray release like 2.58.0",
+                          fix_cmd(k("ray_version"), "2.58.0"))
+    for name in ("nvidia_device_plugin_chart_version", "efa_device_plugin_chart_version",
+                 "kuberay_operator_chart_version"):
+        value = getattr(cfg, name)
+        if not _SEMVER_RE.match(value):
+            yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
+                              fix_cmd(k(name), getattr(StackConfig, name, None) or "1.0.0"))
+    if not cfg.api_access_cidrs:
+        yield ConfigError(k("api_access_cidrs"), list(cfg.api_access_cidrs),
+                          "must list at least one CIDR allowed to reach the EKS API",
+                          f"pulumi config set --path '{k('api_access_cidrs')}[0]' 203.0.113.0/24")
+    for cidr in cfg.api_access_cidrs:
+        try:
+            ipaddress.IPv4Network(cidr, strict=True)
+        except ValueError as exc:
+            yield ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
+                              "write it like 203.0.113.0/24")
+    for arn in cfg.admin_principal_arns:
+        session = _ASSUMED_ROLE_RE.match(arn)
+        if session:
+            partition, account, role = session.groups()
+            yield ConfigError(k("admin_principal_arns"), arn,
+                              "is an STS session, which EKS access entries refuse",
+                              f"list the role itself: arn:{partition}:iam::{account}:role/{role}"
+                              " (with its path, if it has one)")
+        elif not _ARN_RE.match(arn):
+            yield ConfigError(k("admin_principal_arns"), arn, "is not an IAM role or user ARN",
+                              "write it like arn:aws:iam::123456789012:role/Admin")
+    if not _BUCKET_PREFIX_RE.match(cfg.checkpoint_bucket_prefix):
+        yield ConfigError(k("checkpoint_bucket_prefix"), cfg.checkpoint_bucket_prefix,
+                          "must be 2-39 lowercase letters, digits or dashes (S3 naming)",
+                          fix_cmd(k("checkpoint_bucket_prefix"), "ray-checkpoints"))
+    if not _DNS_LABEL_RE.match(cfg.ray_namespace):
+        yield ConfigError(k("ray_namespace"), cfg.ray_namespace,
+                          "must be a Kubernetes namespace name (a DNS label)",
+                          fix_cmd(k("ray_namespace"), "ray"))
+    if not 100 <= cfg.gpu_root_volume_gib <= 16384:
+        yield ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
+                          "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
+                          fix_cmd(k("gpu_root_volume_gib"), 200))
+    for addon in ("pod_identity_agent_version", "node_monitoring_agent_version"):
+        if not _EKS_ADDON_VERSION_RE.match(getattr(cfg, addon)):
+            yield ConfigError(k(addon), getattr(cfg, addon),
+                              f"must pin an EKS add-on version like {getattr(StackConfig, addon)}",
+                              fix_cmd(k(addon), getattr(StackConfig, addon)))
+    yield from range_problems(cfg, "system_node_count", 1, 10, "they run a handful of small pods")
+    yield from range_problems(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
+    yield from range_problems(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")
+    yield from range_problems(cfg, "workers_ready_timeout_minutes", 0, 180, "0 does not wait")
+    if not _ACCOUNT_RE.match(cfg.eks_image_registry_account):
+        yield ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
+                          "must be a 12-digit AWS account ID",
+                          fix_cmd(k("eks_image_registry_account"), "602401143452"))
+
+
+def image_problems(image: str) -> Iterator[ConfigError]:
+    key = config_key("ray_image")
+    if _DIGEST_RE.search(image):
+        return
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        yield ConfigError(key, image, "has no tag, so it is not pinned",
+                          f"pin a version tag or digest, e.g. {DEFAULT_RAY_IMAGE}")
+    if tag == "latest" or not _PINNED_TAG_RE.match(tag):
+        yield ConfigError(key, image, f"tag {tag!r} is not a version (vX.Y) or a digest",
+                          f"pin a version tag or digest, e.g. {DEFAULT_RAY_IMAGE}")
