@@ -1,4 +1,4 @@
-"""The pulumi-policy wrappers around rules.py: which rule runs on which resource type.
+"""The pulumi-policy wrappers around rules/: which rule runs on which resource type.
 
 A wrapper turns the engine's properties into plain data (UNKNOWN where a value is not known during
 preview), calls the rule and reports each message. Every policy but one is mandatory: a violation

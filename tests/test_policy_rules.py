@@ -1,4 +1,4 @@
-"""The policy pack's rules (policy/rules.py) on compliant resources and on each violation.
+"""The policy pack's rules (policy/rules/) on compliant resources and on each violation.
 
 Compliant shapes are what the program declares: the RayCluster from infra.raycluster's builder for
 the committed stack, the Helm releases from infra.helm_values, node labels and taints from

@@ -1,0 +1,104 @@
+"""Capacity reservations and Capacity Blocks: a launch template that targets one launches what it
+holds, where it holds it."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from .resources import (CAPACITY_BLOCK, CAPACITY_RESERVATION, LAUNCH_TEMPLATE, NODE_GROUP, SUBNET, UNKNOWN,
+                        StackResource, StackViolation, as_list, referenced, referenced_all, value_at)
+
+
+def reservation_target(template: Mapping[str, Any]) -> Any:
+    """The capacity reservation ID a launch template targets (UNKNOWN during preview when it
+    comes from another resource), or None when it targets none."""
+    spec = template.get("capacityReservationSpecification")
+    if spec is UNKNOWN:
+        return UNKNOWN
+    target = value_at(spec, "capacityReservationTarget")
+    if target is UNKNOWN:
+        return UNKNOWN
+    rid = value_at(target, "capacityReservationId")
+    return rid if rid not in (None, "") else None
+
+
+def _targeted_reservations(template: StackResource,
+                           reservations: Sequence[StackResource]) -> list[StackResource]:
+    """The reservation resources a template targets: through the engine's property dependencies,
+    else by a known ID equal to the reservation's."""
+    urns = set(template.property_dependencies.get("capacityReservationSpecification", ()))
+    found = [r for r in reservations if r.urn in urns]
+    rid = reservation_target(template.props)
+    return found or [r for r in reservations if isinstance(rid, str) and r.props.get("id") == rid]
+
+
+def _is_block(template: Mapping[str, Any], reservation: StackResource) -> bool:
+    return (reservation.type == CAPACITY_BLOCK
+            or reservation.props.get("reservationType") == "capacity-block"
+            or value_at(template, "instanceMarketOptions", "marketType") == "capacity-block")
+
+
+def _known_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def capacity_reservation_violations(resources: Sequence[StackResource]) -> list[StackViolation]:
+    """A launch template that targets a capacity reservation launches what the reservation holds:
+    its instance type (on the template and on every node group using it) and its AZ (of every
+    subnet of those node groups). The reservation's own resource (read from EC2) is the truth; a
+    Capacity Block also needs market type capacity-block and node group capacity type
+    CAPACITY_BLOCK."""
+    templates = [r for r in resources if r.type == LAUNCH_TEMPLATE]
+    reservations = [r for r in resources if r.type in (CAPACITY_RESERVATION, CAPACITY_BLOCK)]
+    groups = [r for r in resources if r.type == NODE_GROUP]
+    subnets = [r for r in resources if r.type == SUBNET]
+    out: list[StackViolation] = []
+    for lt in templates:
+        rid = reservation_target(lt.props)
+        if rid is None:
+            continue
+        targeted = _targeted_reservations(lt, reservations)
+        if not targeted:
+            shown = rid if isinstance(rid, str) else "(known at deploy time)"
+            out.append(StackViolation(lt.urn, f"launch template targets capacity reservation "
+                                      f"{shown}, which this stack does not read from EC2, so "
+                                      "its instance type and AZ cannot be checked"))
+            continue
+        users = [ng for ng in groups if referenced(ng, "launchTemplate", [lt], ("id", "name"))]
+        for res in targeted:
+            out.extend(_reservation_mismatches(lt, res, users, subnets))
+    return out
+
+
+def _reservation_mismatches(lt: StackResource, res: StackResource, users: list[StackResource],
+                            subnets: Sequence[StackResource]) -> list[StackViolation]:
+    block = _is_block(lt.props, res)
+    what = "Capacity Block" if block else "capacity reservation"
+    rid = _known_str(res.props.get("id")) or res.urn.rsplit("::", 1)[-1]
+    want_type = _known_str(res.props.get("instanceType"))
+    want_zone = _known_str(res.props.get("availabilityZone"))
+    out: list[StackViolation] = []
+    lt_type = _known_str(lt.props.get("instanceType"))
+    if want_type and lt_type and lt_type != want_type:
+        out.append(StackViolation(lt.urn, f"launch template launches {lt_type} into {what} {rid}, "
+                                  f"which holds {want_type}: no instance would launch"))
+    if block and value_at(lt.props, "instanceMarketOptions", "marketType") not in (
+            "capacity-block", UNKNOWN):
+        out.append(StackViolation(lt.urn, f"launch template targets {what} {rid} without "
+                                  "instanceMarketOptions.marketType capacity-block"))
+    for ng in users:
+        types = [t for t in as_list(ng.props.get("instanceTypes")) if _known_str(t)]
+        for t in types:
+            if want_type and t != want_type:
+                out.append(StackViolation(ng.urn, f"node group runs {t} in {what} {rid}, which "
+                                          f"holds {want_type}"))
+        capacity_type = ng.props.get("capacityType")
+        if block and capacity_type not in ("CAPACITY_BLOCK", UNKNOWN):
+            out.append(StackViolation(ng.urn, f"node group launches into {what} {rid} with "
+                                      f"capacityType {capacity_type!r}, not CAPACITY_BLOCK"))
+        for subnet in referenced_all(ng, "subnetIds", subnets):
+            zone = _known_str(subnet.props.get("availabilityZone"))
+            if want_zone and zone and zone != want_zone:
+                out.append(StackViolation(ng.urn, f"node group's subnet is in {zone}, but {what} "
+                                          f"{rid} is in {want_zone}: no instance would launch"))
+    return out
