@@ -10,6 +10,7 @@ inputs they register.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -248,6 +249,10 @@ def registered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
     from infra.storage import CheckpointStorage, CheckpointStorageArgs
 
     recorder = _Recorder()
+    # Pulumi's mocks make their futures on the thread's current event loop. Give them one: the
+    # tests that ran before in this process may have left none (asyncio.run does), and which tests
+    # those are depends on how xdist shares the modules out.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi.runtime.set_mocks(recorder, project="ray-eks", stack="us-west-2", preview=False)
     cfg = load_stack_config("us-west-2", REPO_ROOT)
 
