@@ -13,11 +13,30 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+RAY_TEST_ENV = {
+    # Ray Train's controller takes a worker's report only when it polls the workers, every 2 s by
+    # default, and a worker holds at most one report: a run that reports every step trains a step
+    # per 2 s. Polled often, the tests' short runs take the time their steps take.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    # The head's dashboard starts nine modules, a Python process each, and fails when one is not up
+    # within 30 s: on two cores that also run other tests, a (re)started head has missed that.
+    "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "120",
+}
+"""Ray settings of every Ray process the tests start (inherited from this process's environment)."""
 SHARED_DIR = Path(os.environ.get("SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
 
 def running_under_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_test_env():
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in RAY_TEST_ENV.items():
+            env.setenv(name, value)
+        yield
 
 
 @pytest.fixture(scope="session")
