@@ -31,18 +31,6 @@ def running_under_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under xdist (`--dist loadgroup`, pyproject's addopts) a module's tests go to one worker, so
-    that its module-scoped fixtures are built once. Modules that name an xdist group keep it: those
-    that start local Ray clusters are all in "local-ray-cluster", so that they run one after another
-    in one worker (no two clusters share the machine's cores and loopback addresses) while the other
-    worker runs the rest of the suite."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def ray_test_env():
     with pytest.MonkeyPatch.context() as env:

@@ -29,8 +29,7 @@ from workloads.launch.driver import parse_driver_line
 from workloads.launch.faults import PAUSE_PLAN_ENV
 from workloads.train.config import preset, with_overrides
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-ray-cluster"),  # conftest.py says why
-              pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
 
 PREFIX = "runs"
 STEPS, CHECKPOINT_EVERY, MICRO_BATCH, WORKERS = 8, 2, 2, 2

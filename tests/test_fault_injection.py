@@ -22,8 +22,6 @@ from workloads.launch.storage import resolve_storage
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.client.report import loop_summary, parse_prefixed
 
-pytestmark = pytest.mark.xdist_group("local-ray-cluster")  # conftest.py says why
-
 PREFIX = "runs"
 STEPS, CHECKPOINT_EVERY = 24, 6
 KILL_AFTER_STEP = CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-ray-cluster")]  # conftest.py says why
+pytestmark = pytest.mark.slow
 
 
 def _pgid(pid: int):

@@ -63,18 +63,10 @@ def test_ports_asked_for_one_by_one_can_repeat_and_ports_asked_for_together_cann
 @pytest.mark.parametrize("index", [0, 1])
 def test_every_component_of_a_node_gets_its_own_port(kernel, index):
     gcs_port, dashboard_port = cluster.free_ports(2)
-    (ports,) = local._component_ports(1, besides=(gcs_port, dashboard_port))
-    argv = local._node_argv(index=index, gcs_port=gcs_port, dashboard_port=dashboard_port, ports=ports,
+    argv = local._node_argv(index=index, gcs_port=gcs_port, dashboard_port=dashboard_port,
                             temp_dir=Path("/tmp/ray"), cpus=1)
     ports = [int(m) for arg in argv for m in re.findall(r"^--[\w-]*port=(\d+)$", arg)]
     ports += [int(arg.rsplit(":", 1)[1]) for arg in argv if arg.startswith("--address=")]
     assert len(ports) == (7 if index == 0 else 5), argv  # head: 4 agents, GCS, dashboard, client
     assert len(set(ports)) == len(ports), argv
     assert gcs_port in ports
-
-
-def test_nodes_that_start_together_get_ports_apart_from_each_other_and_the_head(kernel):
-    gcs_port, dashboard_port = cluster.free_ports(2)
-    first, second = local._component_ports(2, besides=(gcs_port, dashboard_port))
-    assert len(first) == len(second) == local.COMPONENT_PORTS
-    assert len({*first, *second, gcs_port, dashboard_port}) == 2 * local.COMPONENT_PORTS + 2

@@ -20,7 +20,7 @@ from workloads.client import submit
 from workloads.client.cluster import free_port
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-ray-cluster")]  # conftest.py says why
+pytestmark = pytest.mark.slow
 
 BUCKET = "checkpoints"
 TINY_RUN = ["--preset", "demo-cpu", "--set", "micro_batch=2", "--set", "seq_len=32", "--set", "steps=4",

@@ -24,7 +24,7 @@ from workloads.client import submit
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.launch.ray_train import SCRATCH_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-ray-cluster")]  # conftest.py says why
+pytestmark = pytest.mark.slow
 
 TINY_RUN = ["--preset", "demo-cpu", "--set", "micro_batch=2", "--set", "seq_len=32", "--set", "warmup_steps=1",
             "--set", "log_every=2", "--set", "checkpoint_every=2", "--quiet"]

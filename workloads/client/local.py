@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Collection, Iterator, Optional
+from typing import Iterator, Optional
 
 from rich.console import Console
 
@@ -88,25 +88,13 @@ def node_ip(index: int) -> str:
     return f"127.0.0.{index + 1}"
 
 
-COMPONENT_PORTS = 5
-"""Ports each node's `ray start` is given (dashboard agent and its gRPC, metrics export, runtime env
-agent, and on the head the Ray client server)."""
-
-
-def _component_ports(nodes: int, *, besides: Collection[int]) -> list[tuple[int, ...]]:
-    """The component ports of each of `nodes` nodes that start together: all distinct, none in
-    `besides` (the head's GCS and dashboard ports), as no node has bound its own yet."""
-    ports = free_ports(COMPONENT_PORTS * nodes, besides=besides)
-    return [tuple(ports[i:i + COMPONENT_PORTS]) for i in range(0, len(ports), COMPONENT_PORTS)]
-
-
-def _node_argv(*, index: int, gcs_port: int, dashboard_port: int, ports: tuple[int, ...], temp_dir: Path,
-               cpus: int, gpus: int = 0) -> list[str]:
+def _node_argv(*, index: int, gcs_port: int, dashboard_port: int, temp_dir: Path, cpus: int,
+               gpus: int = 0) -> list[str]:
     beside = Path(sys.executable).with_name("ray")
     ray = str(beside) if beside.is_file() else shutil.which("ray")
     if ray is None:
         raise RuntimeError(f"the ray CLI is not installed beside {sys.executable} or on PATH; run `make venv`")
-    agent, agent_grpc, metrics, runtime_env, client = ports
+    agent, agent_grpc, metrics, runtime_env, client = free_ports(5, besides=(gcs_port, dashboard_port))
     argv = [ray, "start", "--block", "--disable-usage-stats", f"--node-ip-address={node_ip(index)}",
             f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--dashboard-agent-listen-port={agent}",
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
@@ -154,20 +142,16 @@ def _wait_http(url: str, *, timeout_s: float) -> None:
     raise RuntimeError(f"the Ray dashboard did not answer at {url} within {timeout_s:.0f} s")
 
 
-def _stop(procs: list[subprocess.Popen], *, grace_s: float) -> None:
-    """SIGTERM each node's `ray start --block` (it stops its children), give them `grace_s`
-    together, then kill what is left of their process groups."""
-    running = [proc for proc in procs if proc.poll() is None]
-    for proc in running:
+def _stop(proc: subprocess.Popen, *, grace_s: float) -> None:
+    """SIGTERM the node's `ray start --block` (it stops its children), then kill what is left of
+    its process group."""
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in running:
         try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    for proc in procs:
-        _kill_group(proc)
+    _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -192,25 +176,11 @@ class LocalNodes:
     def log(self, index: int) -> Path:
         return self.log_dir / ("ray-head.log" if index == 0 else f"ray-node-{index}.log")
 
-    def start(self, *indexes: int) -> None:
-        """Start nodes `indexes` (again), each on its own address, and wait until each has joined.
-        They start together: a `ray start` spends seconds waiting for its components. Worker nodes
-        join the head, which must be up before them."""
-        ports = _component_ports(len(indexes), besides=(self.gcs_port, self.dashboard_port))
-        offsets = {index: self._launch(index, ports=node_ports) for index, node_ports in zip(indexes, ports)}
-        for index, offset in offsets.items():
-            _wait_started(self.procs[index], self.log(index), timeout_s=self.spec.start_timeout_s, offset=offset,
-                          what="the Ray head" if index == 0 else f"Ray node {index}")
-            if index == 0:
-                _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version",
-                           timeout_s=self.spec.start_timeout_s)
-
-    def _launch(self, index: int, *, ports: tuple[int, ...]) -> int:
-        """Start node `index`'s `ray start`; returns where its output begins in its log (which
-        holds the node's earlier starts too)."""
+    def start(self, index: int) -> None:
+        """Start node `index` (again) on its own address and wait until it has joined."""
         head = index == 0
         # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
-        argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port, ports=ports,
+        argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port,
                           temp_dir=self.temp_dir, cpus=0 if head else self.spec.cpus_per_node,
                           gpus=0 if head else self.spec.gpus_per_node)
         extra = None if head or not self.spec.worker_env else self.spec.worker_env[index - 1]
@@ -220,7 +190,10 @@ class LocalNodes:
             self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                  start_new_session=True)
-        return offset
+        _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
+                      what="the Ray head" if head else f"Ray node {index}")
+        if head:
+            _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
@@ -233,13 +206,8 @@ class LocalNodes:
                 pass
         _kill_group(proc)
 
-    def stop(self, *indexes: int) -> None:
-        """Stop nodes `indexes` together."""
-        _stop([self.procs.pop(index) for index in indexes], grace_s=self.spec.stop_grace_s)
-
-    def workers(self) -> list[int]:
-        """The worker nodes that run now."""
-        return sorted(index for index in self.procs if index)
+    def stop(self, index: int) -> None:
+        _stop(self.procs.pop(index), grace_s=self.spec.stop_grace_s)
 
     def node_of(self, pid: int) -> Optional[int]:
         """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
@@ -253,15 +221,14 @@ class LocalNodes:
         killed. Without GCS fault tolerance the worker nodes' raylets cannot rejoin a new head and
         exit, and their pods restart: here they are stopped and started again after the head."""
         self.kill(0)
-        self.stop(*self.workers())
-        self.start(0)
-        self.start(*range(1, self.spec.nodes + 1))
+        for index in sorted(i for i in self.procs if i):
+            self.stop(index)
+        for index in range(self.spec.nodes + 1):
+            self.start(index)
 
     def stop_all(self) -> None:
-        """The worker nodes together, then the head they joined."""
-        self.stop(*self.workers())
-        if 0 in self.procs:
-            self.stop(0)
+        for index in sorted(self.procs, reverse=True):
+            self.stop(index)
 
 
 def _parent_of(pid: int) -> Optional[int]:
@@ -296,8 +263,8 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[Loca
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-local-", dir="/tmp"))
     nodes = LocalNodes(spec, token=secrets.token_hex(32), log_dir=log_dir, temp_dir=temp_dir)
     try:
-        nodes.start(0)
-        nodes.start(*range(1, spec.nodes + 1))
+        for index in range(spec.nodes + 1):
+            nodes.start(index)
         yield LocalCluster(address=f"http://127.0.0.1:{nodes.dashboard_port}", token=nodes.token,
                            temp_dir=temp_dir, nodes=nodes)
     finally:
