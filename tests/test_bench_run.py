@@ -72,6 +72,30 @@ def test_an_out_of_memory_is_recorded_and_the_sweep_goes_on(one_rank, tmp_path):
     assert "OOM" in document.table()
 
 
+def test_generated_chats_run_beside_synthetic_tokens_and_count_only_example_tokens(one_rank, tmp_path):
+    settings = BenchSettings(preset="demo-cpu", seq_len=512, steps=3, warmup=1, micro_batches=(2,), matmul_size=0,
+                             out=tmp_path, data=("synthetic", "chats"), overrides=("grad_accum_steps=2",))
+    lines: list[str] = []
+    run_benchmark(settings, runtime=one_rank, scratch_dir=tmp_path, say=lines.append)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    # The reference does not keep packed samples apart: it runs on synthetic tokens only.
+    assert [(r["strategy"], r["micro_batch"], r["status"]) for r in written["runs"]] == [
+        ("reference", 2, "ok"), ("tuned", 2, "ok"), ("tuned-chats", 2, "ok"),
+    ]
+    synthetic, chats = written["runs"][1], written["runs"][2]
+    assert synthetic["tokens_per_step_per_gpu"] == 2 * 2 * 512  # micro-batch x micro-steps x seq_len
+    chat_summary = chats["loop_metrics"][-1]["summary"]
+    assert chat_summary["data"]["chats"] > 0 and 0 < chat_summary["padding_share"] < 0.2
+    # Throughput counts the positions that hold examples, not the padding.
+    assert chats["tokens_per_step_per_gpu"] == round(chat_summary["example_tokens_per_step"]) < 2 * 2 * 512
+    labels = [c["label"] for c in written["comparisons"]]
+    assert "chat vs synthetic, same micro-batch 2" in labels
+    ratio = next(c["ratio"] for c in written["comparisons"] if c["label"].startswith("chat vs synthetic"))
+    rates = [f["tokens_per_s_per_gpu"] for f in written["figures"]]
+    assert ratio == pytest.approx(rates[2] / rates[1])
+    assert written["chats"]["answer_share"] > 0.7 and any("generated chats" in line for line in lines)
+
+
 def test_a_profiled_window_writes_each_runs_operators(one_rank, tmp_path):
     settings = BenchSettings(preset="demo-cpu", seq_len=32, steps=4, warmup=1, micro_batches=(2,),
                              matmul_size=0, out=tmp_path, profile_steps=(2, 3))

@@ -11,7 +11,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from workloads.train import checkpoint
 from workloads.train.config import preset
 from workloads.train.data import SyntheticSource, batches
-from workloads.train.loop import build_model, train_step
+from workloads.train.loop import build_model
+from workloads.train.step import train_step
 from workloads.train.optim import build_optimizer
 from workloads.train.parallel import parallelize
 

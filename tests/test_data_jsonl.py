@@ -3,6 +3,7 @@ ranks, resume. Chat encoding and packing: tests/test_data_chat.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -59,12 +60,14 @@ def test_jsonl_text_is_tokenized_and_each_document_ends_with_eos(corpus):
     data = load_records_data(DataConfig(kind="jsonl", path=str(jsonl), eval_fraction=0.0, shuffle=False),
                              seq_len=16, seed=0, vocab_size=512, tokenizer_name=str(tokenizer_dir))
     texts = [r.text for r in read_records([jsonl])]
-    first = data.train.sample(0)
-    expected = [2 + WORDS.index(w) for w in texts[0].split()] + [1]  # ids: <unk>=0, <eos>=1, words from 2
-    n = len(expected) - 1
-    assert first.input_ids[:n].tolist() == expected[:-1] and first.labels[:n].tolist() == expected[1:]
-    assert first.position_ids[:n].tolist() == list(range(n)) and first.position_ids[n] == 0  # the next document
     rows = data.train.rows
+    # Every sequence of every row (a run of position ids from 0) as (inputs, labels).
+    sequences = []
+    for ids, labels, positions in zip(rows.input_ids.tolist(), rows.labels.tolist(), rows.position_ids.tolist()):
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+        sequences += [(ids[a:b], labels[a:b]) for a, b in itertools.pairwise(starts)]
+    expected = [2 + WORDS.index(w) for w in texts[0].split()] + [1]  # ids: <unk>=0, <eos>=1, words from 2
+    assert (expected[:-1], expected[1:]) in sequences  # the first document, whole, in a sequence of its own
     assert int((rows.labels != -100).sum()) == data.stats["label_tokens"] == sum(len(t.split()) for t in texts)
     assert data.stats["records"] == len(texts) and data.eval is None and data.tokenizer is not None
 
@@ -131,7 +134,8 @@ def test_missing_or_empty_data_is_a_clear_error(tmp_path):
 
 
 def _rows(values: torch.Tensor) -> PackedRows:
-    return PackedRows(input_ids=values, labels=values, position_ids=torch.zeros_like(values))
+    return PackedRows(input_ids=values, labels=values, position_ids=torch.zeros_like(values),
+                      lengths=torch.full((len(values),), values.shape[-1]))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -30,10 +30,10 @@ from workloads.train.loop import (
     model_metadata,
     save_checkpoint,
     shard_model,
-    train_step,
 )
 from workloads.train.model import model_config
 from workloads.train.optim import build_optimizer
+from workloads.train.step import train_step
 
 BUCKET = "runs"
 CPU = torch.device("cpu")

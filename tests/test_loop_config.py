@@ -143,5 +143,20 @@ def test_config_export_dtypes_are_the_exporters():
 def test_the_24gb_preset_is_the_same_fine_tune_in_smaller_steps():
     full, small = preset("qwen2.5-1.5b").to_dict(), preset("qwen2.5-1.5b-24gb").to_dict()
     changed = {k for k in full if full[k] != small[k]}
-    assert changed == {"micro_batch", "reshard_after_forward", "peak_flops"}
+    assert changed == {"micro_batch", "grad_accum_steps", "reshard_after_forward", "peak_flops"}
     assert small["micro_batch"] < full["micro_batch"] and small["reshard_after_forward"] is True
+
+
+def test_both_gpu_presets_train_the_same_rows_per_step_and_the_step_time_model_describes_it():
+    """On the default cluster (2 nodes x 4 GPUs) both presets train 128 rows per optimizer step,
+    so they share a learning rate and cover the data in the same steps; the step-time model's
+    default strategies for 2x g6.12xlarge are the 24 GB preset's micro-steps."""
+    from workloads.bench.step_time import cluster_strategies
+
+    gpus = 2 * 4
+    full, small = preset("qwen2.5-1.5b"), preset("qwen2.5-1.5b-24gb")
+    assert full.samples_per_rank_per_step * gpus == small.samples_per_rank_per_step * gpus == 128
+    assert small.grad_accum_steps > 1  # each micro-step reduces in-node; only the last crosses nodes
+    for strategy in cluster_strategies():
+        assert (strategy.micro_batch, strategy.grad_accum_steps, strategy.seq_len) == (
+            small.micro_batch, small.grad_accum_steps, small.seq_len)

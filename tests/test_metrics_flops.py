@@ -8,6 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2ForCausalLM
 
+from workloads.train.data import Batch, Sample
 from workloads.train.loop import Throughput
 from workloads.train.metrics import (H100_BF16_DENSE_FLOPS, device_mfu, flops_per_token, mfu, peak_memory_gib,
                                      tokens_per_s)
@@ -73,9 +74,9 @@ def test_mfu_is_reported_on_a_cuda_device():
 
 
 def test_tokens_per_s():
-    assert tokens_per_s(steps=10, micro_batch=16, seq_len=2048, seconds=8.0) == 40_960.0
-    assert tokens_per_s(steps=1, micro_batch=1, seq_len=1000, seconds=0.5) == 2_000.0  # a window under 1 s
-    assert tokens_per_s(steps=0, micro_batch=16, seq_len=2048, seconds=0.0) == 0.0
+    assert tokens_per_s(tokens=10 * 16 * 2048, seconds=8.0) == 40_960.0
+    assert tokens_per_s(tokens=1000, seconds=0.5) == 2_000.0  # a window under 1 s
+    assert tokens_per_s(tokens=0, seconds=0.0) == 0.0
 
 
 def test_peak_memory_on_cpu_is_the_resident_set():
@@ -101,7 +102,29 @@ def test_the_throughput_mean_leaves_out_the_warm_up_window():
     assert Throughput().mean() is None
 
 
-def test_a_throughput_window_counts_the_tokens_of_its_steps(monkeypatch):
+def test_a_throughput_window_counts_example_tokens_not_padding(monkeypatch):
     monkeypatch.setattr("workloads.train.loop.time.perf_counter", lambda: 102.0)
-    throughput = Throughput(started=100.0, steps=5)
-    assert throughput.close_window(micro_batch=8, seq_len=2048) == 5 * 8 * 2048 / 2.0
+    throughput = Throughput(started=100.0)
+    ids = torch.zeros(8, 2048, dtype=torch.int64)
+    # Two steps of two micro-batches of 8 rows; the packed ones hold 15,000 example positions of 16,384.
+    for _ in range(2):
+        throughput.add([Batch(input_ids=ids, labels=ids, example_tokens=8 * 2048),
+                        Batch(input_ids=ids, labels=ids, example_tokens=15_000)])
+    assert throughput.close_window() == 2 * (8 * 2048 + 15_000) / 2.0
+    assert throughput.close_window(tokens=1_000.0) == 500.0  # the mean over ranks, when the loop has it
+    assert throughput.padding_share() == round(1 - (8 * 2048 + 15_000) / (2 * 8 * 2048), 4)
+    throughput.restart()
+    assert (throughput.tokens, throughput.positions) == (0, 0)
+    assert throughput.padding_share() == round(1 - (8 * 2048 + 15_000) / (2 * 8 * 2048), 4)  # over the run
+
+
+def test_a_batch_counts_its_example_tokens_and_finds_its_sequences():
+    packed = [Sample(input_ids=torch.zeros(6, dtype=torch.int64), labels=torch.zeros(6, dtype=torch.int64),
+                     position_ids=torch.tensor(p), example_tokens=n)
+              for p, n in (([0, 1, 2, 3, 0, 1], 6), ([0, 1, 2, 0, 1, 2], 3))]
+    batch = Batch.stack(packed)
+    assert batch.example_tokens == 9
+    assert batch.cu_seqlens.tolist() == [0, 4, 6, 9, 12]
+    assert batch.attention()["max_length_q"] == 6
+    synthetic = Batch.stack([Sample(input_ids=torch.zeros(6, dtype=torch.int64), labels=torch.zeros(6))] * 3)
+    assert (synthetic.example_tokens, synthetic.cu_seqlens, synthetic.attention()) == (18, None, {})

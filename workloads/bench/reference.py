@@ -12,6 +12,7 @@ they train.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -34,7 +35,9 @@ def reference_dtype(device: torch.device) -> torch.dtype:
 
 
 def train_reference(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> StrategyResult:
-    lm = build_causal_lm(cfg.model, device=device, seed=cfg.seed).to(reference_dtype(device))
+    # transformers' own sdpa, as the sample uses it (the loop's `varlen` backend is the project's).
+    model_cfg = dataclasses.replace(cfg.model, attn_implementation="sdpa")
+    lm = build_causal_lm(model_cfg, device=device, seed=cfg.seed).to(reference_dtype(device))
     model = FullyShardedDataParallel(
         lm,
         auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=WRAP_MIN_PARAMS),

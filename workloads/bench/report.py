@@ -156,6 +156,17 @@ def comparisons(figures: Sequence[RunFigures], *, baseline: str, candidate: str)
     return result
 
 
+def chat_comparisons(figures: Sequence[RunFigures], *, synthetic: str, chats: str) -> list[Comparison]:
+    """The loop on chats over the loop on synthetic tokens, at each micro-batch both ran."""
+    rates = {(f.strategy, f.micro_batch): f.tokens_per_s_per_gpu for f in figures if f.tokens_per_s_per_gpu}
+    return [
+        Comparison(label=f"chat vs synthetic, same micro-batch {mb}", reference_micro_batch=mb,
+                   tuned_micro_batch=mb, ratio=rates[(chats, mb)] / rates[(synthetic, mb)])
+        for mb in sorted({mb for _, mb in rates}, reverse=True)
+        if (synthetic, mb) in rates and (chats, mb) in rates
+    ]
+
+
 def _cell(value: object, spec: str = "") -> str:
     if value is None:
         return "-"
@@ -186,6 +197,10 @@ def format_table(figures: Sequence[RunFigures], comps: Sequence[Comparison]) -> 
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for comp in comps:
+        if comp.label.startswith("chat vs synthetic"):
+            lines.append(f"tuned on chats / on synthetic tokens, {comp.label.removeprefix('chat vs synthetic, ')}: "
+                         f"{comp.ratio:.3f}x")
+            continue
         lines.append(
             f"tuned/reference, {comp.label}: {comp.ratio:.3f}x "
             f"(reference mb {comp.reference_micro_batch}, tuned mb {comp.tuned_micro_batch})"

@@ -1,7 +1,11 @@
 """`python -m workloads.bench`: the reference strategy and the project's loop, side by side.
 
 Both run in one process-group run, one after the other, at each micro-batch of a sweep, on the same
-model shape, initial weights, data, sequence length and step count. The harness times both the
+model shape, initial weights, data, sequence length and step count. With `--data synthetic,chats`
+the loop also trains on generated chats (workloads/bench/chats.py: the job users run, packed rows
+with labels on the answers only) at each micro-batch, as run "tuned-chats"; its tokens/s count
+example tokens, not padding, and a "chat vs synthetic" comparison gives its ratio to "tuned". The
+reference does not keep packed samples apart, so it runs on synthetic tokens only. The harness times both the
 same way from outside: a global optimizer step hook records a CUDA event after every
 `optimizer.step()`, so nothing in either strategy waits for the host to measure it. A device
 out-of-memory is caught per run and recorded as "OOM".
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import math
 import os
 import platform
 import statistics
@@ -27,6 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from workloads.train import metrics
+from workloads.bench.chats import describe, write_chat_data
 from workloads.bench.matmul import MatmulRate, measure_matmul
 from workloads.bench.reference import train_reference
 from workloads.bench.report import (
@@ -34,6 +40,7 @@ from workloads.bench.report import (
     OOM,
     RunFigures,
     RunResult,
+    chat_comparisons,
     comparisons,
     format_table,
     run_figures,
@@ -51,12 +58,17 @@ from workloads.bench.runtime import (
 from workloads.bench.strategy import Strategy, StrategyResult
 from workloads.bench.profile import StepWindowProfiler
 from workloads.bench.timing import StepClock
-from workloads.train.config import ModelConfig, TrainConfig, preset
+from workloads.train.config import DataConfig, ModelConfig, TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
 from workloads.train.loop import train
 from workloads.train.model import named_architecture, shape_of
 
 REFERENCE, TUNED = "reference", "tuned"
+DATA_KINDS = ("synthetic", "chats")
+CHATS_SUFFIX = "-chats"
+CONVERSATIONS_PER_ROW = 2.3
+"""Generated conversations per 2,048-token row (about 950 tokens each, packed): how many to write
+for the rows a run reads."""
 
 
 def train_tuned(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> StrategyResult:
@@ -99,6 +111,13 @@ class BenchSettings:
     majority (the median is robust to a few)."""
     allow_cpu: bool = False
     """Run without CUDA (gloo on the CPU) to check the harness; only with the tiny model."""
+    data: tuple[str, ...] = ("synthetic",)
+    """"synthetic" (every strategy) and/or "chats" (the loop on generated chats)."""
+    overrides: tuple[str, ...] = ()
+    """`--set key=value` overrides of the preset, for every run (e.g. model.attn_implementation=sdpa)."""
+    memory_cap_gib: Optional[float] = None
+    """Cap each process's CUDA memory at this many GiB (torch.cuda.set_per_process_memory_fraction),
+    to check that a preset fits a smaller GPU."""
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps <= self.warmup:
@@ -108,6 +127,11 @@ class BenchSettings:
             )
         if not self.micro_batches or min(self.micro_batches) < 1:
             raise ValueError(f"--micro-batches {self.micro_batches}: give positive integers, e.g. 16,8")
+        bad_data = [d for d in self.data if d not in DATA_KINDS]
+        if bad_data or not self.data:
+            raise ValueError(f"--data {','.join(bad_data) or '(empty)'}: choose from {', '.join(DATA_KINDS)}")
+        if self.memory_cap_gib is not None and self.memory_cap_gib <= 0:
+            raise ValueError(f"--memory-cap-gib {self.memory_cap_gib}: give a positive number of GiB")
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from {', '.join(STRATEGIES)}")
@@ -118,15 +142,19 @@ class BenchSettings:
         if self.profile_steps is not None and not 1 <= self.profile_steps[0] <= self.profile_steps[1] <= self.steps:
             first, last = self.profile_steps
             raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last <= --steps {self.steps}")
-        preset(self.preset)
+        with_overrides(preset(self.preset), list(self.overrides))
 
 
-def job_config(settings: BenchSettings, *, micro_batch: int) -> TrainConfig:
+def job_config(settings: BenchSettings, *, micro_batch: int, chats: Optional[tuple[Path, Path]] = None) -> TrainConfig:
     """The preset with the benchmark's shape; no checkpoints, evaluations or transport gate, which run
-    outside the steps (the gate is measured by `python -m workloads.bench nccl`)."""
-    base = preset(settings.preset)
+    outside the steps (the gate is measured by `python -m workloads.bench nccl`). `chats`: the
+    generated chats' (JSONL, tokenizer folder) to train on instead of the preset's data."""
+    base = with_overrides(preset(settings.preset), list(settings.overrides))
+    data = base.data if chats is None else DataConfig(
+        kind="jsonl", path=str(chats[0]), tokenizer=str(chats[1]), eval_fraction=0.0)
     return dataclasses.replace(
         base,
+        data=data,
         seq_len=settings.seq_len,
         micro_batch=micro_batch,
         steps=settings.steps,
@@ -196,6 +224,9 @@ def run_job(
     finally:
         hook.remove()
     tokens = cfg.samples_per_rank_per_step * cfg.seq_len
+    if result is not None and result.self_reported:
+        # Packed rows: the example tokens (not padding) a step trained, as the loop counted them.
+        tokens = round(result.self_reported[-1]["summary"].get("example_tokens_per_step") or tokens)
     if any_rank(error is not None, device=runtime.device):
         release_memory(runtime.device)
         return RunResult(
@@ -273,7 +304,7 @@ class Document:
         self.data["runs"].append(asdict(run))
         figures = self.figures()
         self.data["figures"] = [asdict(f) for f in figures]
-        self.data["comparisons"] = [asdict(c) for c in comparisons(figures, baseline=REFERENCE, candidate=TUNED)]
+        self.data["comparisons"] = [asdict(c) for c in self.comparisons(figures)]
         if self.out:
             write_json(self.out / "bench.json", self.data)
 
@@ -286,9 +317,14 @@ class Document:
             for run in self.runs
         ]
 
+    @staticmethod
+    def comparisons(figures: list[RunFigures]) -> list:
+        return [*comparisons(figures, baseline=REFERENCE, candidate=TUNED),
+                *chat_comparisons(figures, synthetic=TUNED, chats=TUNED + CHATS_SUFFIX)]
+
     def table(self) -> str:
         figures = self.figures()
-        return format_table(figures, comparisons(figures, baseline=REFERENCE, candidate=TUNED))
+        return format_table(figures, self.comparisons(figures))
 
 
 def run_benchmark(
@@ -323,25 +359,48 @@ def run_benchmark(
         latest_checkpoint=lambda: None,
         scratch_dir=scratch_dir,
     )
+    if settings.memory_cap_gib is not None and runtime.is_cuda:
+        total = torch.cuda.get_device_properties(runtime.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, settings.memory_cap_gib * 2**30 / total), runtime.device)
+        say(f"[bench] CUDA memory capped at {settings.memory_cap_gib} GiB per process")
+    chats = None
+    if "chats" in settings.data:
+        rows = settings.steps * max(settings.micro_batches) * base.grad_accum_steps * runtime.world_size
+        count = max(200, math.ceil(rows * CONVERSATIONS_PER_ROW * settings.seq_len / 2048))
+        chats = write_chat_data(scratch_dir / f"chats-rank{runtime.rank}", count=count, seed=settings.seed)
+        shape = describe(count, seed=settings.seed, seq_len=settings.seq_len)
+        document.data["chats"] = shape
+        say(f"[bench] {count} generated chats: {shape}")
     for micro_batch in settings.micro_batches:
-        cfg = job_config(settings, micro_batch=micro_batch)
-        for name in settings.strategies:
-            say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
-            run = run_job(name, strategies[name], cfg, runtime=runtime, ctx=ctx,
-                          profile_steps=settings.profile_steps,
-                          profile_out=settings.out if runtime.rank == 0 else None)
-            document.add(run)
-            figures = document.figures()[-1]
-            if run.status == OK:
-                say(
-                    f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
-                    f"({figures.mfu_vs_peak:.1%} MFU), step median {figures.step_s_median:.4f} s, "
-                    f"loss {figures.final_loss:.4f} at step {figures.final_step}"
-                )
-            else:
-                say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
+        for data in settings.data:
+            names = settings.strategies if data == "synthetic" else [s for s in settings.strategies if s != REFERENCE]
+            for strategy in names:
+                name = strategy if data == "synthetic" else strategy + CHATS_SUFFIX
+                cfg = job_config(settings, micro_batch=micro_batch, chats=chats if data == "chats" else None)
+                document.add(announce_run(name, strategies[strategy], cfg, settings=settings, runtime=runtime,
+                                          ctx=ctx, document=document, say=say))
     release_memory(runtime.device)
     return document
+
+
+def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: BenchSettings, runtime: Runtime,
+                 ctx: TrainContext, document: Document, say: Callable[[str], None]) -> RunResult:
+    """One run, with a line before and one after it."""
+    micro_batch = cfg.micro_batch
+    say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
+    run = run_job(name, strategy, cfg, runtime=runtime, ctx=ctx,
+                  profile_steps=settings.profile_steps, profile_out=settings.out if runtime.rank == 0 else None)
+    if run.status == OK:
+        figures = run_figures(run, warmup=settings.warmup, flops_per_token=document.flops,
+                              peak_flops=document.peak_flops, matmul_flops=document.matmul_flops)
+        say(
+            f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+            f"({figures.mfu_vs_peak:.1%} MFU), step median {figures.step_s_median:.4f} s, "
+            f"loss {figures.final_loss:.4f} at step {figures.final_step}, peak {run.peak_mem_gib} GiB"
+        )
+    else:
+        say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
+    return run
 
 
 def parse_args(argv: Sequence[str]) -> BenchSettings:
@@ -363,6 +422,12 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
     parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
     parser.add_argument("--profile-steps", default=None, metavar="FIRST:LAST",
                         help="record these optimizer steps of every run with torch.profiler (e.g. 10:12)")
+    parser.add_argument("--data", default=",".join(defaults.data),
+                        help="synthetic and/or chats (the loop on generated chats), e.g. synthetic,chats")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a preset field for every run (repeatable), e.g. model.attn_implementation=sdpa")
+    parser.add_argument("--memory-cap-gib", type=float, default=None,
+                        help="cap each process's CUDA memory, e.g. 22 for a 24 GB GPU")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="run without CUDA (gloo on the CPU) to check the harness, "
                              "with --preset demo-cpu")
@@ -389,6 +454,9 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
         out=args.out,
         profile_steps=profile_steps,
         allow_cpu=args.allow_cpu,
+        data=tuple(d.strip() for d in args.data.split(",") if d.strip()),
+        overrides=tuple(args.overrides),
+        memory_cap_gib=args.memory_cap_gib,
     )
 
 

@@ -17,6 +17,7 @@ loss, chosen by the seed before anything is packed, so no example is in both.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from typing import Optional, Protocol
 
 import torch
 
+from workloads.train.attention import cumulative_lengths
 from workloads.model_io.sources import fetch_data_file, fetch_hub_dataset
 from workloads.train.config import DataConfig
 from workloads.train.encode import encode_records, end_of_turn_id, load_tokenizer
@@ -44,6 +46,8 @@ class Sample:
     labels: torch.Tensor
     position_ids: Optional[torch.Tensor] = None
     """None: one sequence from position 0 (plain causal attention)."""
+    example_tokens: Optional[int] = None
+    """Positions holding an example rather than padding; None: every position."""
 
 
 class SampleSource(Protocol):
@@ -88,7 +92,7 @@ class PackedSource:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
             offset = int(order[offset])
         return Sample(input_ids=self.rows.input_ids[offset], labels=self.rows.labels[offset],
-                      position_ids=self.rows.position_ids[offset])
+                      position_ids=self.rows.position_ids[offset], example_tokens=int(self.rows.lengths[offset]))
 
 
 def global_indices(*, position: int, batch: int, micro_batch: int, rank: int, world_size: int) -> list[int]:
@@ -106,23 +110,45 @@ class Batch:
     """[micro_batch, seq_len]."""
     labels: torch.Tensor
     position_ids: Optional[torch.Tensor] = None
+    cu_seqlens: Optional[torch.Tensor] = None
+    """Packed rows: int32 [N + 1], where each of the N sequences (samples, padding) of the
+    flattened rows starts, then the total; computed here on the host, so the step never waits for
+    the device to find them (workloads/train/attention.py)."""
+    example_tokens: int = 0
+    """Positions holding an example, not padding: what throughput counts."""
 
     @staticmethod
     def stack(samples: list[Sample]) -> Batch:
         packed = samples[0].position_ids is not None
+        position_ids = torch.stack([s.position_ids for s in samples]) if packed else None
         return Batch(
             input_ids=torch.stack([s.input_ids for s in samples]),
             labels=torch.stack([s.labels for s in samples]),
-            position_ids=torch.stack([s.position_ids for s in samples]) if packed else None,
+            position_ids=position_ids,
+            cu_seqlens=None if position_ids is None else cumulative_lengths(position_ids),
+            example_tokens=sum(len(s.input_ids) if s.example_tokens is None else s.example_tokens for s in samples),
         )
 
+    def _map(self, fn) -> Batch:
+        keep = lambda t: None if t is None else fn(t)  # noqa: E731
+        return Batch(input_ids=fn(self.input_ids), labels=fn(self.labels), position_ids=keep(self.position_ids),
+                     cu_seqlens=keep(self.cu_seqlens), example_tokens=self.example_tokens)
+
     def pin_memory(self) -> Batch:
-        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return Batch(input_ids=pin(self.input_ids), labels=pin(self.labels), position_ids=pin(self.position_ids))
+        return self._map(lambda t: t.pin_memory())
 
     def to(self, device: torch.device, *, non_blocking: bool = False) -> Batch:
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(input_ids=move(self.input_ids), labels=move(self.labels), position_ids=move(self.position_ids))
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def attention(self) -> dict:
+        """The model's keyword arguments that keep packed samples apart (none for unpacked rows).
+        The longest sequence is bounded by the row length: a static bound, so neither a host sync
+        nor a recompilation per batch."""
+        if self.cu_seqlens is None:
+            return {}
+        longest = self.input_ids.shape[-1]
+        return {"cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": longest, "max_length_k": longest}
 
 
 def batches(
@@ -158,8 +184,7 @@ def eval_batches(source: SampleSource, *, rows: int, micro_batch: int, rank: int
         for g in global_indices(position=0, batch=k, micro_batch=micro_batch, rank=rank, world_size=world_size):
             sample = source.sample(g % rows)
             if g >= rows:
-                sample = Sample(input_ids=sample.input_ids, labels=torch.full_like(sample.labels, IGNORE_INDEX),
-                                position_ids=sample.position_ids)
+                sample = dataclasses.replace(sample, labels=torch.full_like(sample.labels, IGNORE_INDEX))
             samples.append(sample)
         out.append(Batch.stack(samples))
     return out

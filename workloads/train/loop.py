@@ -46,7 +46,8 @@ from workloads.train.model import (
     model_config,
     shape_of,
 )
-from workloads.train.optim import build_optimizer, clip_grad_norm, schedule, set_lr
+from workloads.train.optim import build_optimizer, schedule
+from workloads.train.step import train_step
 from workloads.train.paths import resolve_path
 from workloads.train.parallel import (
     GradientSync,
@@ -198,41 +199,6 @@ def device_batches(
         yield batch.to(device, non_blocking=on_cuda)
 
 
-def accumulate_gradients(
-    model: CausalLMWithLoss, micro_batches: list[Batch], *, sync: GradientSync
-) -> torch.Tensor:
-    """Forward and backward of each micro-batch, gradients summed; returns the mean loss (a device
-    tensor). Each micro-batch's mean loss is scaled by 1/len, so with equal-sized micro-batches the
-    gradient is that of one batch holding them all."""
-    loss = torch.zeros((), device=micro_batches[0].input_ids.device)
-    for i, batch in enumerate(micro_batches):
-        micro_loss = model(batch.input_ids, batch.labels, batch.position_ids) / len(micro_batches)
-        # After the forward: FSDP2 sets each unit's reduce dtype at its first forward.
-        sync.before_backward(model, last=i == len(micro_batches) - 1)
-        micro_loss.backward()
-        loss += micro_loss.detach()
-    return loss
-
-
-def train_step(
-    model: CausalLMWithLoss,
-    optimizer: torch.optim.Optimizer,
-    micro_batches: list[Batch],
-    *,
-    lr: float,
-    grad_clip: float,
-    sync: GradientSync = GradientSync(),
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over the micro-batches; returns (loss, grad norm) as device tensors, not
-    yet read back."""
-    set_lr(optimizer, lr)
-    loss = accumulate_gradients(model, micro_batches, sync=sync)
-    grad_norm = clip_grad_norm(model, max_norm=grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), grad_norm.detach()
-
-
 def save_checkpoint(
     ctx: TrainContext,
     *,
@@ -258,14 +224,14 @@ def save_checkpoint(
 def evaluate(model: CausalLMWithLoss, held_out: list[Batch], *, device: torch.device) -> float:
     """The mean loss over every held-out label, all ranks together (a collective)."""
     totals = torch.zeros(2, dtype=torch.float64, device=device)
+    one = torch.ones((), device=device)
     model.eval()
     with torch.no_grad():
         for batch in held_out:
             batch = batch.to(device)
-            count = (batch.labels != IGNORE_INDEX).sum()
-            loss = model(batch.input_ids, batch.labels, batch.position_ids)
-            # A batch of ignored surplus samples has a 0/0 loss; it weighs nothing.
-            totals += torch.stack([torch.where(count > 0, loss.double() * count, 0.0), count.double()])
+            # divisor 1: the summed loss (a batch of ignored surplus samples adds nothing).
+            total = model(batch.input_ids, batch.labels, batch.position_ids, divisor=one, **batch.attention())
+            totals += torch.stack([total.double(), (batch.labels != IGNORE_INDEX).sum().double()])
     model.train()
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     return (totals[0] / totals[1].clamp(min=1)).item()
@@ -293,8 +259,8 @@ def packed_attention_leaks(model: CausalLMWithLoss, batch: Batch, *, vocab_size:
         break
     model.eval()
     with torch.no_grad():
-        before = model(batch.input_ids, labels, batch.position_ids)
-        after = model(altered, labels, batch.position_ids)
+        before = model(batch.input_ids, labels, batch.position_ids, **batch.attention())
+        after = model(altered, labels, batch.position_ids, **batch.attention())
     model.train()
     leak = torch.tensor(
         [float(judged and abs(after.item() - before.item()) > LEAK_RTOL * max(1.0, abs(before.item())))],
@@ -313,30 +279,47 @@ def mean_across_ranks(values: torch.Tensor) -> list[float]:
 
 @dataclass
 class Throughput:
-    """Tokens/s of the steps between consecutive log steps, excluding checkpoint saving."""
+    """Tokens/s of the steps between consecutive log steps, excluding checkpoint saving. Tokens are
+    the positions holding examples: padding is counted apart (`padding_share`), not as work."""
 
     started: float = field(default_factory=time.perf_counter)
-    steps: int = 0
+    tokens: int = 0
+    """Example tokens of this window (this rank's)."""
+    positions: int = 0
+    """Positions of this window, padding included."""
     windows: list[float] = field(default_factory=list)
+    all_tokens: int = 0
+    all_positions: int = 0
 
-    def close_window(self, *, micro_batch: int, seq_len: int) -> float:
+    def add(self, micro_batches: list[Batch]) -> None:
+        tokens = sum(b.example_tokens for b in micro_batches)
+        positions = sum(b.input_ids.numel() for b in micro_batches)
+        self.tokens += tokens
+        self.positions += positions
+        self.all_tokens += tokens
+        self.all_positions += positions
+
+    def close_window(self, *, tokens: float | None = None) -> float:
+        """This window's tokens/s: of `tokens` when given (e.g. the mean over ranks), else of
+        this rank's."""
         rate = metrics.tokens_per_s(
-            steps=self.steps,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            seconds=time.perf_counter() - self.started,
+            tokens=self.tokens if tokens is None else tokens, seconds=time.perf_counter() - self.started
         )
         self.windows.append(rate)
         return rate
 
     def restart(self) -> None:
-        self.started, self.steps = time.perf_counter(), 0
+        self.started, self.tokens, self.positions = time.perf_counter(), 0, 0
 
     def mean(self) -> float | None:
         """The mean over windows, leaving out the first (compilation, allocator warm-up) when
         there are others."""
         steady = self.windows[1:] or self.windows
         return sum(steady) / len(steady) if steady else None
+
+    def padding_share(self) -> float | None:
+        """Share of the positions trained so far that were padding."""
+        return None if not self.all_positions else round(1 - self.all_tokens / self.all_positions, 4)
 
 
 def print_rank0(ctx: TrainContext, prefix: str, payload: dict) -> None:
@@ -416,7 +399,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         lr = schedule(cfg, step)
         micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
         loss, grad_norm = train_step(model, optimizer, micro_batches, lr=lr, grad_clip=cfg.grad_clip, sync=sync)
-        throughput.steps += 1
+        throughput.add(micro_batches)
         if first_loss is None:
             first_loss = loss
         final = step == cfg.steps
@@ -425,8 +408,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         if not (save_now or eval_now or step % cfg.log_every == 0 or final):
             continue
 
-        loss_value, first_value = mean_across_ranks(torch.stack([loss, first_loss]))
-        rate = throughput.close_window(micro_batch=cfg.samples_per_rank_per_step, seq_len=cfg.seq_len)
+        window_tokens = torch.tensor(float(throughput.tokens), device=device)
+        loss_value, first_value, mean_tokens = mean_across_ranks(torch.stack([loss, first_loss, window_tokens]))
+        rate = throughput.close_window(tokens=mean_tokens)
         last = {
             "step": step,
             "loss": loss_value,
@@ -452,6 +436,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         throughput.restart()
 
     mean_rate = throughput.mean()
+    steps_done = max(0, cfg.steps - progress.step)
+    # A collective on every rank: each rank's rows hold their own share of padding.
+    (example_tokens,) = mean_across_ranks(torch.tensor([float(throughput.all_tokens)], device=device))
     summary = {
         "first_loss": first_value,
         "last_loss": last.get("loss"),
@@ -462,8 +449,10 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         else metrics.device_mfu(
             device, tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=cfg.peak_flops
         ),
+        "example_tokens_per_step": round(example_tokens / steps_done, 1) if steps_done else None,
+        "padding_share": throughput.padding_share(),
         "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
-        "steps_done": max(0, cfg.steps - progress.step),
+        "steps_done": steps_done,
         "resumed_from_step": progress.step,
         "world_size": ctx.world_size,
         "nodes": nodes,

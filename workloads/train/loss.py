@@ -1,7 +1,9 @@
 """Next-token cross-entropy from hidden states and the output embedding, without full logits.
 
 With a 151,936-token vocabulary the fp32 logits of one micro-batch of 16 x 2048 tokens take
-18.5 GiB. Three implementations of the same mean loss over tokens whose label is not ignored:
+18.5 GiB. Three implementations of the same sum of per-token losses over tokens whose label is not
+ignored (the caller divides: the training step by the step's global label count, so that a step is
+one batch however it is split into micro-batches and ranks; workloads/train/step.py):
 - "liger": liger-kernel's fused Triton kernel (CUDA only, when installed);
 - "chunked": `ChunkedLinearCrossEntropy`, plain torch, any device: logits exist one chunk of
   tokens at a time, and only during forward;
@@ -21,19 +23,20 @@ IMPLEMENTATIONS = ("liger", "chunked", "plain")
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """mean over valid tokens of logsumexp(h W^T) - (h W^T)[label], one chunk of tokens at a time.
+    """sum over valid tokens of logsumexp(h W^T) - (h W^T)[label], one chunk of tokens at a time.
 
     Each chunk's logits are formed once: when gradients are wanted, forward also turns them into
     the chunk's share of both gradients (softmax - onehot, times h and W), as liger-kernel does,
     so backward only scales the stored gradients and the lm_head matmul runs three times per
-    step instead of four. Logits are upcast to fp32 before the softmax, as the HF loss does.
+    step instead of four. Logits are upcast to fp32 before the softmax, as the HF loss does, and
+    the weight's gradient is summed over the chunks in fp32 (one rounding to the weight's dtype).
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk_size: int, ignore_index: int, with_grads: bool):
         valid = labels != ignore_index
         targets = labels.masked_fill(~valid, 0)
-        token_weight = valid / valid.sum().clamp(min=1)
+        token_weight = valid.to(torch.float32)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if with_grads else None
         grad_weight = (
@@ -74,7 +77,7 @@ def choose_implementation(*, fused: bool, device: torch.device) -> str:
 
 
 class LinearCrossEntropy(nn.Module):
-    """`forward(hidden [N, H], weight [V, H], labels [N]) -> mean loss over labels != -100`."""
+    """`forward(hidden [N, H], weight [V, H], labels [N]) -> summed loss over labels != -100`."""
 
     def __init__(self, *, implementation: str, chunk_size: int = 4096) -> None:
         super().__init__()
@@ -86,7 +89,11 @@ class LinearCrossEntropy(nn.Module):
         if implementation == "liger":
             from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
 
-            self._liger = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX)
+            # accum_dtype: the weight's gradient is summed over liger's chunks in fp32; without it
+            # the sum is rounded to bf16 (the gathered weight's dtype) at every chunk.
+            self._liger = LigerFusedLinearCrossEntropyLoss(
+                ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32
+            )
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self._liger is not None:
@@ -97,7 +104,7 @@ class LinearCrossEntropy(nn.Module):
                 hidden, weight, labels, self.chunk_size, IGNORE_INDEX, with_grads
             )
         logits = F.linear(hidden, weight).float()
-        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
     def extra_repr(self) -> str:
         return f"implementation={self.implementation}, chunk_size={self.chunk_size}"

@@ -31,9 +31,9 @@ def device_mfu(
     return round(mfu(tokens_per_s=tokens_per_s, flops_per_token=flops_per_token, peak_flops=peak_flops), 4)
 
 
-def tokens_per_s(*, steps: int, micro_batch: int, seq_len: int, seconds: float) -> float:
-    """Tokens one device processed per second over `steps` steps."""
-    return steps * micro_batch * seq_len / seconds if seconds > 0 else 0.0
+def tokens_per_s(*, tokens: float, seconds: float) -> float:
+    """Tokens one device processed per second."""
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 def peak_host_memory_gib() -> float:

@@ -23,9 +23,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 
 from workloads.model_io.architectures import named_architecture
 from workloads.model_io.load import LoadStats, fill_from_safetensors, materialize, parameters_on_meta
+import workloads.train.attention  # noqa: F401  (registers the `varlen` attention backend)
 from workloads.train.config import ModelConfig
 from workloads.train.paths import resolve_path
-from workloads.train.loss import LinearCrossEntropy
+from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy
 
 __all__ = ["named_architecture", "build_causal_lm", "causal_lm_on_meta", "load_pretrained", "model_config",
            "CausalLMWithLoss", "Shape", "shape_of"]
@@ -73,9 +74,13 @@ def load_pretrained(lm: nn.Module, folder: Path, *, device: torch.device) -> Loa
 
 
 class CausalLMWithLoss(nn.Module):
-    """`forward(input_ids, labels, position_ids=None) -> mean next-token loss` over an HF causal LM.
+    """`forward(input_ids, labels, position_ids=None, *, divisor=None, **attention) -> loss`: the sum
+    of the next-token losses over the labels that are not ignored, divided by `divisor` (default:
+    their count, so the mean). The training step passes the step's global label count instead.
 
-    Position ids that restart within a row (packed samples) keep attention inside each sample."""
+    Packed rows carry position ids that restart with each sample and `attention` (the varlen
+    attention's cu_seq_lens_q/k and max_length_q/k, workloads/train/attention.py), which keeps
+    attention inside each sample."""
 
     def __init__(self, lm: PreTrainedModel, *, loss: LinearCrossEntropy) -> None:
         super().__init__()
@@ -87,11 +92,22 @@ class CausalLMWithLoss(nn.Module):
         return self.lm.model.layers
 
     def forward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: Optional[torch.Tensor] = None
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: Optional[torch.Tensor] = None,
+        *,
+        divisor: Optional[torch.Tensor] = None,
+        **attention,
     ) -> torch.Tensor:
-        hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        hidden = self.lm.model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention
+        ).last_hidden_state
         weight = self.lm.get_output_embeddings().weight
-        return self.loss(hidden.flatten(0, 1), weight, labels.flatten())
+        total = self.loss(hidden.flatten(0, 1), weight, labels.flatten())
+        if divisor is None:
+            divisor = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        return total / divisor
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,20 +2,27 @@
 
 Each example becomes seq_len-or-fewer positions (inputs: its tokens but the last; labels: the next
 token where it is a target, else -100; position ids 0, 1, 2, ... restarting with each example).
-Examples fill a row in order until the next one does not fit; the rest of the row is padding
-(label -100, its own run of position ids). A long text document is cut into windows of seq_len
-positions that overlap by one token, so each of its tokens is a label once; a long conversation
-keeps its first seq_len positions (the rest of it would lack its prompt).
+A long text document is cut into windows of seq_len positions that overlap by one token, so each
+of its tokens is a label once; a long conversation keeps its first seq_len positions (the rest of
+it would lack its prompt).
 
-Attention stays inside an example because the position ids restart: transformers turns position
-ids that restart within a row into a block-diagonal causal mask (sdpa and eager: an explicit
-boolean mask; flex_attention: a BlockMask; flash_attention_2: variable-length kernels over the
-segments). tests/test_data_chat.py checks it (changing one example's tokens leaves the other
-examples' logits unchanged), and the loop checks it again on the cluster before the first step.
+Rows are filled best-fit decreasing: longest example first, each into the row it fills most
+tightly (a new row when none has room). Chats of about a thousand tokens in rows of 2,048 leave
+little padding that way, where filling rows in arrival order leaves a large share (figures for
+the benchmark's generated chats: docs/PERFORMANCE.md). The rest of a row is padding (label -100,
+its own run of position ids).
+
+Attention stays inside an example: the loop's `varlen` attention (workloads/train/attention.py)
+takes the examples' boundaries from the batch (where position ids restart); transformers' own
+backends build a block-diagonal mask from the restarting position ids (sdpa and eager: a dense
+boolean mask; flex_attention: a BlockMask), except flash_attention_2, which honours them only for a
+micro-batch of one row. tests/test_data_chat.py checks it (changing one example's tokens leaves the
+other examples' logits unchanged), and the loop checks it again on the cluster before the first step.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +39,8 @@ class PackedRows:
     """[rows, seq_len] int64, IGNORE_INDEX where nothing is learned."""
     position_ids: torch.Tensor
     """[rows, seq_len] int64, restarting at 0 with each example (and with the padding)."""
+    lengths: torch.Tensor
+    """[rows] int64: positions holding examples (the rest is padding)."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -64,52 +73,64 @@ def fit_to_length(example: Example, *, seq_len: int, split: bool) -> list[Exampl
             for s in range(0, n - 1, seq_len)]
 
 
+def best_fit_decreasing(lengths: list[int], *, capacity: int) -> list[list[int]]:
+    """Indices of the items in each bin: longest first, each into the bin with the least room
+    that still takes it (ties: the earlier item, the earlier bin)."""
+    bins: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (room left, bin), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = bisect.bisect_left(room, (lengths[i], -1))
+        if k == len(room):
+            bins.append([i])
+            left, b = capacity - lengths[i], len(bins) - 1
+        else:
+            left, b = room.pop(k)
+            bins[b].append(i)
+            left -= lengths[i]
+        if left > 0:
+            bisect.insort(room, (left, b))
+    return bins
+
+
 def pack(
     examples: list[Example], *, seq_len: int, pad_id: int, split_long: list[bool]
 ) -> tuple[PackedRows, PackingStats]:
     """Pack `examples` (split_long[i]: cut example i into windows rather than truncate it)."""
-    rows_in, rows_lab, rows_pos = [], [], []
-    cur_in: list[int] = []
-    cur_lab: list[int] = []
-    cur_pos: list[int] = []
-    packed = truncated = dropped = label_tokens = used = 0
-
-    def close_row() -> None:
-        nonlocal cur_in, cur_lab, cur_pos
-        pad = seq_len - len(cur_in)
-        rows_in.append(cur_in + [pad_id] * pad)
-        rows_lab.append(cur_lab + [IGNORE_INDEX] * pad)
-        rows_pos.append(cur_pos + list(range(pad)))
-        cur_in, cur_lab, cur_pos = [], [], []
-
+    pieces: list[tuple[list[int], list[int]]] = []  # (input tokens, labels)
+    truncated = dropped = 0
     for example, split in zip(examples, split_long, strict=True):
-        pieces = fit_to_length(example, seq_len=seq_len, split=split)
         truncated += int(not split and len(example.tokens) > seq_len + 1)
-        for piece in pieces:
+        for piece in fit_to_length(example, seq_len=seq_len, split=split):
             labels = [t if target else IGNORE_INDEX
                       for t, target in zip(piece.tokens[1:], piece.targets[1:], strict=True)]
-            n_labels = sum(label != IGNORE_INDEX for label in labels)
-            if n_labels == 0:
+            if all(label == IGNORE_INDEX for label in labels):
                 dropped += 1
                 continue
-            length = len(piece.tokens) - 1
-            if len(cur_in) + length > seq_len:
-                close_row()
-            cur_in += piece.tokens[:-1]
-            cur_lab += labels
-            cur_pos += list(range(length))
-            packed += 1
-            label_tokens += n_labels
-            used += length
-    if cur_in:
-        close_row()
-    if not rows_in:
+            pieces.append((piece.tokens[:-1], labels))
+    if not pieces:
         raise ValueError(f"no example has a token to learn ({dropped} dropped): check the data")
+    rows_in, rows_lab, rows_pos, lengths = [], [], [], []
+    for row in best_fit_decreasing([len(tokens) for tokens, _ in pieces], capacity=seq_len):
+        ids: list[int] = []
+        lab: list[int] = []
+        pos: list[int] = []
+        for i in row:
+            tokens, labels = pieces[i]
+            ids += tokens
+            lab += labels
+            pos += range(len(tokens))
+        pad = seq_len - len(ids)
+        lengths.append(len(ids))
+        rows_in.append(ids + [pad_id] * pad)
+        rows_lab.append(lab + [IGNORE_INDEX] * pad)
+        rows_pos.append(pos + list(range(pad)))
     rows = PackedRows(
         input_ids=torch.tensor(rows_in, dtype=torch.int64),
         labels=torch.tensor(rows_lab, dtype=torch.int64),
         position_ids=torch.tensor(rows_pos, dtype=torch.int64),
+        lengths=torch.tensor(lengths, dtype=torch.int64),
     )
-    stats = PackingStats(examples=packed, rows=len(rows_in), label_tokens=label_tokens,
-                         fill=round(used / (len(rows_in) * seq_len), 4), truncated=truncated, dropped=dropped)
+    label_tokens = sum(label != IGNORE_INDEX for _, labels in pieces for label in labels)
+    stats = PackingStats(examples=len(pieces), rows=len(rows_in), label_tokens=label_tokens,
+                         fill=round(sum(lengths) / (len(rows_in) * seq_len), 4), truncated=truncated, dropped=dropped)
     return rows, stats
