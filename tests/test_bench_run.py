@@ -96,6 +96,19 @@ def test_generated_chats_run_beside_synthetic_tokens_and_count_only_example_toke
     assert written["chats"]["answer_share"] > 0.7 and any("generated chats" in line for line in lines)
 
 
+def test_chats_alone_on_a_hub_preset_with_another_model(one_rank, tmp_path):
+    """The 24 GB cap run's shape: a preset whose own data is the hub's, trained only on the chats,
+    with the model overridden (a named architecture has no tokenizer: the chats bring theirs)."""
+    settings = BenchSettings(preset="qwen2.5-1.5b-24gb", seq_len=256, steps=2, warmup=1, micro_batches=(1,),
+                             matmul_size=0, strategies=("tuned",), data=("chats",), allow_cpu=True,
+                             overrides=("model.name_or_path=tiny-qwen2", "compile=false", "mixed_precision=false",
+                                        "grad_accum_steps=2"))
+    document = run_benchmark(settings, runtime=one_rank, scratch_dir=tmp_path, say=lambda line: None)
+    assert [(r.strategy, r.micro_batch, r.status) for r in document.runs] == [("tuned-chats", 1, "ok")]
+    summary = document.runs[0].loop_metrics[-1]["summary"]
+    assert summary["grad_accum_steps"] == 2 and summary["data"]["chats"] > 0
+
+
 def test_a_profiled_window_writes_each_runs_operators(one_rank, tmp_path):
     settings = BenchSettings(preset="demo-cpu", seq_len=32, steps=4, warmup=1, micro_batches=(2,),
                              matmul_size=0, out=tmp_path, profile_steps=(2, 3))

@@ -9,6 +9,13 @@
 #                                      two worker nodes (NCCL_HOSTID each), moto S3, the user's submit
 #                                      command four times (needs Ray and moto: docs/gpu/wheels.sh);
 #                                      `--cases d-node` runs one of them
+#   docs/gpu/record.sh chats OUT   the loop on synthetic tokens and on generated chats (packed, labels on the
+#                                  answers) at micro-batch 16, then on the chats with sdpa and flex_attention
+#                                  instead of varlen; and the attention and loss kernels alone (bench.kernels)
+#   docs/gpu/record.sh cap24 OUT   the 24 GB preset on generated chats, each process capped at 22 GiB: four
+#                                  ranks on one GPU, each its own emulated host (NCCL_HOSTID), flat FSDP over
+#                                  the four as over a g6.12xlarge's four L4s (its peak memory; not its speed),
+#                                  the model's shape with random weights (no hub here)
 #   docs/gpu/record.sh load OUT    a full-size Qwen2.5-1.5B folder made here (random weights), loaded into
 #                                  FSDP2 shards, trained (tokens/s at micro-batch 16), exported, reloaded
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -96,6 +103,29 @@ PY
   # Checkpoints and model copies are large; keep what the record needs.
   rm -rf "$out"/load-train/checkpoint-* "$out"/export-* "$model"/*.safetensors
   ;;
+chats)
+  shift 2
+  run torchrun --nproc-per-node "$gpus" -m workloads.bench --strategies tuned --data synthetic,chats \
+      --micro-batches 16 --out "$out/bench" "$@" 2>&1 | tee "$out/bench.txt"
+  for attn in sdpa flex_attention; do
+    run torchrun --nproc-per-node "$gpus" -m workloads.bench --strategies tuned --data chats --micro-batches 16 \
+        --steps 20 --set model.attn_implementation=$attn --out "$out/bench-$attn" 2>&1 | tee "$out/bench-$attn.txt"
+  done
+  run python3 -m workloads.bench.kernels --out "$out/kernels" 2>&1 | tee "$out/kernels.txt"
+  ;;
+cap24)
+  shift 2
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+  for r in 0 1 2 3; do
+    NCCL_HOSTID=cap24-host-$r NCCL_SOCKET_IFNAME=lo torchrun --nnodes 4 --node-rank $r --nproc-per-node 1 \
+        --master-addr 127.0.0.1 --master-port "$port" -m workloads.bench --preset qwen2.5-1.5b-24gb --data chats \
+        --strategies tuned --micro-batches 2 --steps 4 --warmup 1 --matmul-size 0 --set parallelism=fsdp \
+        --set model.name_or_path=qwen2.5-1.5b \
+        --memory-cap-gib 22 --out "$out/cap24" "$@" > "$out/cap24-rank$r.txt" 2>&1 &
+  done
+  wait
+  cat "$out/cap24-rank0.txt"
+  ;;
 topology)
   shift 2
   run python3 -m workloads.bench.topology --out "$out/topology" "$@" 2>&1 | tee "$out/topology.txt"
@@ -104,5 +134,5 @@ rehearsal)
   shift 2
   run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" "$@" 2>&1 | tee "$out/rehearsal.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|topology|rehearsal|load OUT" >&2; exit 2 ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load OUT" >&2; exit 2 ;;
 esac

@@ -66,6 +66,8 @@ from workloads.train.model import named_architecture, shape_of
 REFERENCE, TUNED = "reference", "tuned"
 DATA_KINDS = ("synthetic", "chats")
 CHATS_SUFFIX = "-chats"
+PLACEHOLDER_CHATS = (Path("chats.jsonl"), Path("tokenizer"))
+"""Stands for the generated chats where a config is only checked or read for its shape."""
 CONVERSATIONS_PER_ROW = 2.3
 """Generated conversations per 2,048-token row (about 950 tokens each, packed): how many to write
 for the rows a run reads."""
@@ -142,19 +144,29 @@ class BenchSettings:
         if self.profile_steps is not None and not 1 <= self.profile_steps[0] <= self.profile_steps[1] <= self.steps:
             first, last = self.profile_steps
             raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last <= --steps {self.steps}")
-        with_overrides(preset(self.preset), list(self.overrides))
+        for data in self.data:  # the overrides must make a valid config with each kind of data
+            preset_config(self, data=None if data == "synthetic" else chat_data(*PLACEHOLDER_CHATS))
+
+
+def chat_data(jsonl: Path, tokenizer: Path) -> DataConfig:
+    return DataConfig(kind="jsonl", path=str(jsonl), tokenizer=str(tokenizer), eval_fraction=0.0)
+
+
+def preset_config(settings: BenchSettings, *, data: Optional[DataConfig] = None) -> TrainConfig:
+    """The preset, on `data` when given (without evaluations), then the `--set` overrides."""
+    base = preset(settings.preset)
+    if data is not None:
+        base = dataclasses.replace(base, data=data, eval_every=0)
+    return with_overrides(base, list(settings.overrides))
 
 
 def job_config(settings: BenchSettings, *, micro_batch: int, chats: Optional[tuple[Path, Path]] = None) -> TrainConfig:
     """The preset with the benchmark's shape; no checkpoints, evaluations or transport gate, which run
     outside the steps (the gate is measured by `python -m workloads.bench nccl`). `chats`: the
     generated chats' (JSONL, tokenizer folder) to train on instead of the preset's data."""
-    base = with_overrides(preset(settings.preset), list(settings.overrides))
-    data = base.data if chats is None else DataConfig(
-        kind="jsonl", path=str(chats[0]), tokenizer=str(chats[1]), eval_fraction=0.0)
+    base = preset_config(settings, data=None if chats is None else chat_data(*chats))
     return dataclasses.replace(
         base,
-        data=data,
         seq_len=settings.seq_len,
         micro_batch=micro_batch,
         steps=settings.steps,
@@ -336,7 +348,9 @@ def run_benchmark(
     say: Callable[[str], None] = print,
 ) -> Document:
     """The whole comparison: matmul rate, then every strategy at every micro-batch."""
-    base = job_config(settings, micro_batch=settings.micro_batches[0])
+    # The first run's config (the chats' paths do not matter to what it is used for here).
+    base = job_config(settings, micro_batch=settings.micro_batches[0],
+                      chats=None if settings.data[0] == "synthetic" else PLACEHOLDER_CHATS)
     say(f"[bench] {runtime.world_size} ranks on {environment(runtime)['device']}; measuring the bf16 matmul rate")
     matmul = matmul_rate(settings, runtime=runtime)
     if matmul:
