@@ -154,7 +154,9 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
     child = pulumi.ResourceOptions(parent=parent)
     if window.note:
         pulumi.log.warn(window.note, resource=parent)
-    # Read from EC2, not written: the policy pack compares the node group with what EC2 holds.
+    # Read from EC2, never created or deleted: a reservation ID EC2 does not know fails the
+    # preview here. The template waits for the read but targets the stack file's ID and carries
+    # its facts as tags: policies see registered resources only, never reads.
     reader = (aws.ec2.CapacityBlockReservation if reservation.is_capacity_block
               else aws.ec2.CapacityReservation)
     target = reader.get(f"{name}-reservation", reservation.reservation_id, opts=child)
@@ -173,8 +175,8 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         block_device_mappings=[{"device_name": "/dev/xvda", "ebs": {
             "volume_size": args.root_volume_gib, "volume_type": "gp3",
             "delete_on_termination": "true"}}],
-        **reservation_launch_options(reservation, reservation_id=target.id),
-        opts=child)
+        **reservation_launch_options(reservation),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[target]))
     n = args.node_count
     return eks.ManagedNodeGroup(
         f"{name}-nodes",

@@ -34,6 +34,11 @@ class Declared:
     inputs: dict[str, Any]
     transforms: list = field(default_factory=list)
     """The transforms given to the resource (they reach the children of a remote component)."""
+    read: bool = False
+    """Read with `Resource.get` (a ReadResource call), not registered. Pulumi's engine hands
+    policies the registered resources only."""
+    retain_on_delete: bool = False
+    """Registered with the `retain_on_delete` option."""
 
 
 @dataclass
@@ -57,6 +62,11 @@ class ProgramRun:
 
     def of_type(self, typ: str) -> list[Declared]:
         return [r for r in self.resources if r.typ == typ]
+
+    def registered(self) -> list[Declared]:
+        """The resources the program registers: what the engine hands stack policies (reads
+        left out)."""
+        return [r for r in self.resources if not r.read]
 
     def one(self, typ: str) -> Declared:
         found = self.of_type(typ)
@@ -90,7 +100,19 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
         self.run.dependencies[response.urn] = set(request.dependencies)
+        if request.retainOnDelete:
+            self._declared(request.type, request.name).retain_on_delete = True
         return response
+
+    def ReadResource(self, request):
+        response = super().ReadResource(request)
+        self.run.dependencies[response.urn] = set(request.dependencies)
+        self._declared(request.type, request.name).read = True
+        return response
+
+    def _declared(self, typ: str, name: str) -> Declared:
+        """The resource the mocks just recorded for this request."""
+        return next(r for r in reversed(self.run.resources) if (r.typ, r.name) == (typ, name))
 
     # Without resource references the program sends a referenced resource as its URN or ID, as
     # the engine's state records it. With them, the mock monitor rebuilds each referenced resource

@@ -222,8 +222,16 @@ def test_held_odcr_is_the_launch_templates_target_without_a_placement_group(tmp_
     (read,) = run.of_type(ODCR)
     template = run.one(LT).inputs
     target = template["capacityReservationSpecification"]["capacityReservationTarget"]
-    assert read.inputs["id"] == "cr-0123456789abcdef0"
+    assert read.read and read.inputs["id"] == "cr-0123456789abcdef0"
+    assert read not in run.registered()
     assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
+    # The reservation's facts ride on the template (policies never see the read), and the
+    # template waits for the read: an ID EC2 does not know stops the update before it.
+    assert template["tags"] == {
+        "ray-eks:reservation-id": "cr-0123456789abcdef0", "ray-eks:reservation-type": "on-demand",
+        "ray-eks:reservation-instance-type": "g6.12xlarge",
+        "ray-eks:reservation-availability-zone": "us-west-2a"}
+    assert read.name in run.waits_for(LT, "gpu-launch-template")
     assert "instanceMarketOptions" not in template
     assert template["instanceType"] == "g6.12xlarge"
     assert "placement" not in template and not run.of_type("aws:ec2/placementGroup:PlacementGroup")
@@ -252,6 +260,7 @@ def test_started_capacity_block_is_targeted_with_market_type_capacity_block(tmp_
     (read,) = run.of_type(BLOCK)
     template = run.one(LT).inputs
     assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert template["tags"]["ray-eks:reservation-type"] == "capacity-block"
     assert template["capacityReservationSpecification"]["capacityReservationTarget"] == {
         "capacityReservationId": read.inputs["id"]} == {
         "capacityReservationId": "cr-0b10c0000000000a1"}
