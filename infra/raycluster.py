@@ -162,6 +162,13 @@ class RayClusterDeploymentArgs:
     """The cluster's kubeconfig, with which `pulumi up` watches the worker pods."""
     workers_ready_timeout_minutes: int
     """How long `pulumi up` waits for every worker pod to be Ready; 0 does not wait."""
+    workers_now: int | None = None
+    """Worker pods the GPU node group can run now, which `pulumi up` waits for: fewer than the
+    worker group's replicas while a Capacity Block has not started (0 nodes until then). None:
+    every replica."""
+    workers_note: str = ""
+    """Why fewer workers than replicas can run now, and when the rest come (a line for
+    `pulumi up`)."""
 
 
 class RayClusterDeployment(pulumi.ComponentResource):
@@ -190,12 +197,17 @@ class RayClusterDeployment(pulumi.ComponentResource):
                 depends_on=[namespace, self.service_account, args.operator_release,
                             args.pod_identity])))
         self.workers_ready = None
+        (group,) = args.manifest["spec"]["workerGroupSpecs"]
+        workers_now = group["replicas"] if args.workers_now is None else args.workers_now
+        if workers_now < group["replicas"]:
+            pulumi.log.warn(f"pulumi up waits for {workers_now} of the {group['replicas']} Ray "
+                            f"worker pods, the rest stay Pending until their GPU nodes exist: "
+                            f"{args.workers_note}", resource=self)
         if args.workers_ready_timeout_minutes:
-            (group,) = args.manifest["spec"]["workerGroupSpecs"]
             self.workers_ready = RayWorkersReady(
                 f"{name}-workers-ready", kubeconfig=args.kubeconfig,
                 namespace=meta["namespace"], cluster_name=meta["name"],
-                expected_workers=group["replicas"],
+                expected_workers=workers_now,
                 timeout_minutes=args.workers_ready_timeout_minutes,
                 manifest_fingerprint=manifest_fingerprint(args.manifest),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ray_cluster]))

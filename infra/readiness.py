@@ -5,7 +5,8 @@ Applying a RayCluster succeeds as soon as the API server stores it; KubeRay then
 and a pod the scheduler cannot place stays Pending with nothing on the RayCluster to say so. So a
 dynamic resource, `RayWorkersReady`, is created after the RayCluster: it lists the worker pods
 with kubectl (the deployer's own credentials, through the stack's kubeconfig) until every one is
-Ready. It fails early when a pod keeps a reason that waiting cannot fix (the node lacks the CPU,
+Ready (every worker the GPU node group can run now: none before a Capacity Block starts). It
+fails early when a pod keeps a reason that waiting cannot fix (the node lacks the CPU,
 memory or huge pages it asks for; the image cannot be pulled; the container keeps crashing), and
 otherwise at the timeout, naming each pod that is not Ready and why.
 """
@@ -133,7 +134,10 @@ def wait_for_workers(*, list_pods: Callable[[], Sequence[Mapping[str, Any]]], ex
                      sleep: Callable[[float], None] = time.sleep) -> WorkerReport:
     """Poll until `expected` worker pods are Ready; WorkersNotReady when a stuck reason persists
     for `stuck_after_s` or when `timeout_s` passes. A failed listing (an API server hiccup) is
-    retried until the timeout."""
+    retried until the timeout. With `expected` 0 (a Capacity Block not started yet: no GPU node can
+    run them) there is nothing to wait for, and nothing is listed."""
+    if expected <= 0:
+        return WorkerReport(ready=0, expected=0, problems=())
     start = clock()
     stuck_since: dict[tuple[str, str], float] = {}
     report = WorkerReport(ready=0, expected=expected, problems=())

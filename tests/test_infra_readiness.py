@@ -135,6 +135,23 @@ def test_a_failed_listing_is_retried_until_the_timeout():
         _wait([KubectlError("kubectl get pods failed: Unauthorized")] * 10, timeout_s=60)
 
 
+def test_no_worker_to_wait_for_ends_the_wait_without_listing():
+    # A Capacity Block that has not started: the node group has 0 nodes, so 0 workers can run.
+    def list_pods():
+        raise AssertionError("nothing to list")
+
+    clock = FakeClock()
+    report = wait_for_workers(list_pods=list_pods, expected=0, timeout_s=1800, clock=clock,
+                              sleep=clock.sleep)
+    assert (report.ready, report.expected, clock.now) == (0, 0, 0)
+
+
+def test_the_provider_waits_for_no_worker_without_kubectl(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl: it is not needed
+    result = _WorkersReadyProvider().create({**PROPS, "expectedWorkers": 0})
+    assert result.outs["readyWorkers"] == 0
+
+
 @pytest.fixture
 def fake_kubectl(tmp_path, monkeypatch):
     """A `kubectl` on PATH that records its arguments and the kubeconfig it was given, and prints

@@ -27,6 +27,8 @@ CLUSTER_SG = "sg-0c1u5te7000000000"
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 BLOCK = "aws:ec2/capacityBlockReservation:CapacityBlockReservation"
 ODCR = "aws:ec2/capacityReservation:CapacityReservation"
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+READY = "pulumi-python:dynamic/ray-eks:RayWorkersReady"
 
 
 def odcr_values(**changes: Any) -> dict[str, Any]:
@@ -277,6 +279,23 @@ def test_block_not_started_yet_deploys_with_no_gpu_nodes_and_says_when_it_starts
     assert gpu_group(run)["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
     assert any("Capacity Block cr-0b10c0000000000a1 starts at 2099-01-01T11:30:00Z" in warning
                and "run `pulumi up` again after it starts" in warning for warning in run.warnings)
+    # The RayCluster keeps its 2 replicas (Pending until the block starts); `pulumi up` waits for
+    # the workers the node group can run now, none, instead of running into its timeout.
+    ray = run.one(RAY_CLUSTER).inputs
+    assert ray["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+    assert run.one(READY).inputs["expectedWorkers"] == 0
+    (warning,) = [w for w in run.warnings if "Ray worker pods" in w]
+    assert warning.startswith("pulumi up waits for 0 of the 2 Ray worker pods")
+    assert "starts at 2099-01-01T11:30:00Z" in warning
+
+
+def test_started_block_and_odcr_stacks_wait_for_every_worker(tmp_path):
+    block = run_stack(tmp_path, "us-east-2", block_values("2026-01-01T11:30:00Z",
+                                                          "2099-01-01T11:30:00Z"))
+    odcr = run_stack(tmp_path, "us-west-2", odcr_values())
+    for run in (block, odcr):
+        assert run.one(READY).inputs["expectedWorkers"] == 2
+        assert not [w for w in run.warnings if "Ray worker pods" in w]
 
 
 def test_ended_reservation_stops_the_program_with_the_way_out(tmp_path):
