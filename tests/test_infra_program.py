@@ -408,6 +408,34 @@ def test_checkpoint_bucket_is_private_encrypted_versioned_and_kept(program):
     assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
 
 
+def _bucket_and_its_configuration(run: ProgramRun) -> list[Declared]:
+    """The bucket and every resource that configures it (its `bucket` input is the bucket)."""
+    bucket = run.one("aws:s3/bucket:Bucket")
+    children = [r for r in run.resources if r.inputs.get("bucket") == f"{bucket.name}-id"]
+    assert {c.typ.rsplit(":", 1)[-1] for c in children} >= {
+        "BucketServerSideEncryptionConfiguration", "BucketVersioning",
+        "BucketLifecycleConfiguration", "BucketPublicAccessBlock", "BucketOwnershipControls"}
+    return [bucket, *children]
+
+
+def test_a_kept_bucket_keeps_all_of_its_configuration(program):
+    # Deleting a configuration resource strips it from the bucket (versioning suspended, the
+    # public access block and the lifecycle gone), so each is retained with the bucket.
+    config, run = program
+    assert parse_stack_config(config).retain_checkpoints_on_destroy
+    assert [r.name for r in _bucket_and_its_configuration(run) if not r.retain_on_delete] == []
+
+
+def test_a_bucket_not_kept_is_deleted_with_its_configuration(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:retainCheckpointsOnDestroy": False}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    resources = _bucket_and_its_configuration(run)
+    assert [r.name for r in resources if r.retain_on_delete] == []
+    assert resources[0].inputs["forceDestroy"] is True
+
+
 def _lifecycle(run: ProgramRun) -> dict[str, dict[str, Any]]:
     config = run.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs
     assert config["bucket"] == run.one("aws:s3/bucket:Bucket").name + "-id"
