@@ -66,6 +66,27 @@ def reservation_tags(reservation: GpuReservation) -> dict[str, str]:
         reservation.availability_zone)))
 
 
+UPDATE_SURGE_PER_AZ = 2
+"""Instances a managed node group update may launch per AZ before it removes old nodes (EKS user
+guide, "Managed node update behavior", scale-up phase): the default update strategy adds nodes
+first."""
+MINIMAL_UPDATE_CONFIG = {"maxUnavailable": 1, "updateStrategy": "MINIMAL"}
+"""The node group's updateConfig that replaces one node at a time and terminates it before
+launching its replacement (EKS's MINIMAL strategy), so an update needs no spare instance."""
+
+
+def reservation_update_config(reservation: GpuReservation, *, node_count: int,
+                              availability_zones: int = 1) -> dict[str, object] | None:
+    """The updateConfig of a node group inside `reservation`: MINIMAL_UPDATE_CONFIG when the
+    reservation has fewer spare instances than an update would launch first (a launch template or
+    AMI change would otherwise wait for capacity that cannot come), None (EKS's default) when it
+    has enough."""
+    spare = reservation.instance_count - node_count
+    if spare >= UPDATE_SURGE_PER_AZ * availability_zones:
+        return None
+    return dict(MINIMAL_UPDATE_CONFIG)
+
+
 class ReservationEnded(ValueError):
     """The stack targets a reservation that can no longer launch instances."""
 
