@@ -69,6 +69,13 @@ GPU_NODE_DAEMONSETS = (
                       source="the chart's default resources.requests"),
     DaemonSetRequests(name="nvidia-device-plugin", cpu_millicores=0, memory_mib=0,
                       source="the chart sets no requests"),
+    DaemonSetRequests(name="eks-node-monitoring-agent", cpu_millicores=10, memory_mib=30,
+                      source="the add-on's chart (aws/eks-node-monitoring-agent, "
+                             "charts/eks-node-monitoring-agent/values.yaml): "
+                             "nodeAgent.resources.requests"),
+    DaemonSetRequests(name="dcgm-server", cpu_millicores=0, memory_mib=0,
+                      source="the same chart: dcgmAgent.resources is empty, so no requests "
+                             "(infra/health.py lets it onto the GPU nodes)"),
 )
 """Every DaemonSet that runs on the GPU nodes (they tolerate the GPU taint or every taint)."""
 

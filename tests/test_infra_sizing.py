@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO_ROOT / "policy"))
 from rules import parse_quantity  # noqa: E402  (quantities, read as the policy pack reads them)
 
 from infra.config import StackConfig  # noqa: E402
+from infra.health import NODE_MONITORING_AGENT, node_monitoring_agent_values  # noqa: E402
 from infra.helm_values import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, chart_values  # noqa: E402
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES  # noqa: E402
 from infra.raycluster import build_raycluster  # noqa: E402
@@ -97,6 +98,19 @@ def test_device_plugin_requests_are_the_charts_own(shared_dir, chart):
     (modelled,) = [d for d in GPU_NODE_DAEMONSETS if d.name == chart]
     assert modelled.cpu_millicores == parse_quantity(requests.get("cpu", 0)) * 1000
     assert modelled.memory_mib * 2**20 == parse_quantity(requests.get("memory", 0))
+
+
+def test_every_daemonset_the_gpu_nodes_run_is_counted():
+    # The GPU node runs the EKS add-ons, both device plugins, and the node monitoring agent with
+    # its GPU health reader (infra/health.py gives dcgm-server the GPU taint's toleration).
+    requests = {d.name: (d.cpu_millicores, d.memory_mib) for d in GPU_NODE_DAEMONSETS}
+    assert set(requests) == {"aws-node", "kube-proxy", "eks-pod-identity-agent",
+                             EFA_DEVICE_PLUGIN.name, NVIDIA_DEVICE_PLUGIN.name,
+                             NODE_MONITORING_AGENT, "dcgm-server"}
+    # The add-on chart's own requests: the agent asks 10m/30Mi, dcgm-server sets none.
+    assert requests[NODE_MONITORING_AGENT] == (10, 30)
+    assert requests["dcgm-server"] == (0, 0)
+    assert "dcgmAgent" in node_monitoring_agent_values()
 
 
 def test_the_system_node_fits_the_head_the_operator_coredns_and_daemonsets(shared_dir):
