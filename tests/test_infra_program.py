@@ -586,12 +586,24 @@ def test_pulumi_up_waits_for_every_worker_after_the_raycluster(program):
     cfg = parse_stack_config(config)
     ready = run.one(READY_TYPE)
     assert ready.inputs["expectedWorkers"] == cfg.gpu_node_count
+    assert ready.inputs["hugePagesMib"] == cfg.gpu_huge_pages_mib  # named if the nodes lack them
     assert ready.inputs["timeoutSeconds"] == cfg.workers_ready_timeout_minutes * 60 > 0
     assert (ready.inputs["namespace"], ready.inputs["clusterName"]) == (
         cfg.ray_namespace, run.outputs[outputs.RAY_CLUSTER_NAME])
     kubeconfig = ready.inputs["kubeconfig"]  # stored as a secret in the state
     assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig
     assert "ray-raycluster" in run.waits_for(READY_TYPE, ready.name)
+
+
+def test_the_workers_huge_page_request_is_the_stack_setting(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:gpuHugePagesMib": 5120}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    ray = run.one("kubernetes:ray.io/v1:RayCluster").inputs
+    worker = ray["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["requests"]["hugepages-2Mi"] == "5120Mi"
+    assert run.one(READY_TYPE).inputs["hugePagesMib"] == 5120
 
 
 def test_a_zero_timeout_does_not_wait_for_the_workers(monkeypatch):
