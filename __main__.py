@@ -60,7 +60,9 @@ storage = CheckpointStorage("checkpoints", CheckpointStorageArgs(
 ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
     manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator,
     pod_identity=storage.pod_identity, kubeconfig=cluster.kubeconfig,
-    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes))
+    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes,
+    workers_now=gpu_window.desired_nodes if gpu_window else None,
+    workers_note=gpu_window.note if gpu_window else ""))
 
 pulumi.export(outputs.KUBECONFIG, cluster.kubeconfig)
 pulumi.export(outputs.CLUSTER_NAME, cluster.cluster_name)

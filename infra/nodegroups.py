@@ -12,14 +12,15 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
-from infra.health import enable_node_auto_repair
+from infra.health import NODE_GROUP_TYPE, enable_node_auto_repair
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
 from infra.config import GpuReservation, StackConfig
 from infra.instance_types import INSTANCE_TYPES
 from infra.reservation import (EKS_CAPACITY_TYPE, LaunchWindow, ReservationEnded,
-                               efa_network_interfaces, launch_window, reservation_launch_options)
+                               efa_network_interfaces, launch_window, reservation_launch_options,
+                               reservation_update_config)
 
 NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
                  "AmazonEC2ContainerRegistryReadOnly")
@@ -145,6 +146,17 @@ def gpu_launch_window(cfg: StackConfig) -> LaunchWindow | None:
         raise pulumi.RunError(f"stack {pulumi.get_stack()}: {exc}") from None
 
 
+def set_update_config(update_config: dict[str, object]) -> pulumi.ResourceTransform:
+    """A transform for a ManagedNodeGroup: sets `update_config` on the node group it creates
+    (pulumi-eks 4.4.0's ManagedNodeGroup does not expose it)."""
+    def transform(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+        if args.type_ != NODE_GROUP_TYPE:
+            return None
+        return pulumi.ResourceTransformResult(props={**args.props, "updateConfig": update_config},
+                                              opts=args.opts)
+    return transform
+
+
 def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Role,
                          parent: pulumi.Resource) -> eks.ManagedNodeGroup:
     """The GPU node group inside a capacity reservation, through a launch template of its own:
@@ -154,7 +166,9 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
     child = pulumi.ResourceOptions(parent=parent)
     if window.note:
         pulumi.log.warn(window.note, resource=parent)
-    # Read from EC2, not written: the policy pack compares the node group with what EC2 holds.
+    # Read from EC2, never created or deleted: a reservation ID EC2 does not know fails the
+    # preview here. The template waits for the read but targets the stack file's ID and carries
+    # its facts as tags: policies see registered resources only, never reads.
     reader = (aws.ec2.CapacityBlockReservation if reservation.is_capacity_block
               else aws.ec2.CapacityReservation)
     target = reader.get(f"{name}-reservation", reservation.reservation_id, opts=child)
@@ -173,9 +187,16 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         block_device_mappings=[{"device_name": "/dev/xvda", "ebs": {
             "volume_size": args.root_volume_gib, "volume_type": "gp3",
             "delete_on_termination": "true"}}],
-        **reservation_launch_options(reservation, reservation_id=target.id),
-        opts=child)
+        **reservation_launch_options(reservation),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[target]))
     n = args.node_count
+    # An update (a new launch template version, a new AMI) adds nodes before it removes old ones;
+    # inside a reservation with no spare instance none could launch and the update would stall.
+    # Then it replaces one node at a time, terminating each before launching its replacement.
+    transforms = [enable_node_auto_repair]
+    update_config = reservation_update_config(reservation, node_count=n)
+    if update_config is not None:
+        transforms.append(set_update_config(update_config))
     return eks.ManagedNodeGroup(
         f"{name}-nodes",
         cluster=args.cluster,
@@ -190,4 +211,4 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         labels=dict(GPU_NODE_LABELS),
         taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                            effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
-        opts=pulumi.ResourceOptions(parent=parent, transforms=[enable_node_auto_repair]))
+        opts=pulumi.ResourceOptions(parent=parent, transforms=transforms))

@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.readiness import RayWorkersReady, manifest_fingerprint
-from infra.sizing import head_pod_size, worker_pod_size
+from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
 
 RAY_CLUSTER_NAME = "ray-train"
@@ -47,6 +47,16 @@ def nccl_env() -> list[dict[str, str]]:
     log settings are not here: each training process sets its own (workloads/launch/ray_train.py),
     so that one place decides where the transport gate finds it."""
     return [{"name": name, "value": value} for name, value in EFA_TRANSPORT_ENV.items()]
+
+
+EFA_HUGE_PAGE_ENV = "FI_EFA_USE_HUGE_PAGE"
+"""libfabric's EFA provider takes its buffers from 2 MiB huge pages unless this is 0."""
+
+
+def huge_page_env(hugepages_mib: int) -> list[dict[str, str]]:
+    """Without a `hugepages-2Mi` request the container may use no huge page (Kubernetes limits it
+    to none), so libfabric is told to use regular pages instead of failing on them."""
+    return [] if hugepages_mib else [{"name": EFA_HUGE_PAGE_ENV, "value": "0"}]
 
 
 def node_name_env() -> dict[str, Any]:
@@ -90,7 +100,7 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
 
 
 def _worker_template(cfg: StackConfig) -> dict[str, Any]:
-    resources = worker_pod_size(cfg.gpu_instance).resources()
+    resources = worker_pod_size(cfg.gpu_instance, hugepages_mib=cfg.gpu_huge_pages_mib).resources()
     return {
         "metadata": {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}},
         "spec": {
@@ -105,7 +115,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "name": "ray-worker",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
-                "env": [*nccl_env(), node_name_env()],
+                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env()],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],
@@ -162,6 +172,13 @@ class RayClusterDeploymentArgs:
     """The cluster's kubeconfig, with which `pulumi up` watches the worker pods."""
     workers_ready_timeout_minutes: int
     """How long `pulumi up` waits for every worker pod to be Ready; 0 does not wait."""
+    workers_now: int | None = None
+    """Worker pods the GPU node group can run now, which `pulumi up` waits for: fewer than the
+    worker group's replicas while a Capacity Block has not started (0 nodes until then). None:
+    every replica."""
+    workers_note: str = ""
+    """Why fewer workers than replicas can run now, and when the rest come (a line for
+    `pulumi up`)."""
 
 
 class RayClusterDeployment(pulumi.ComponentResource):
@@ -190,14 +207,21 @@ class RayClusterDeployment(pulumi.ComponentResource):
                 depends_on=[namespace, self.service_account, args.operator_release,
                             args.pod_identity])))
         self.workers_ready = None
+        (group,) = args.manifest["spec"]["workerGroupSpecs"]
+        workers_now = group["replicas"] if args.workers_now is None else args.workers_now
+        if workers_now < group["replicas"]:
+            pulumi.log.warn(f"pulumi up waits for {workers_now} of the {group['replicas']} Ray "
+                            f"worker pods, the rest stay Pending until their GPU nodes exist: "
+                            f"{args.workers_note}", resource=self)
         if args.workers_ready_timeout_minutes:
-            (group,) = args.manifest["spec"]["workerGroupSpecs"]
+            requests = group["template"]["spec"]["containers"][0]["resources"]["requests"]
             self.workers_ready = RayWorkersReady(
                 f"{name}-workers-ready", kubeconfig=args.kubeconfig,
                 namespace=meta["namespace"], cluster_name=meta["name"],
-                expected_workers=group["replicas"],
+                expected_workers=workers_now,
                 timeout_minutes=args.workers_ready_timeout_minutes,
                 manifest_fingerprint=manifest_fingerprint(args.manifest),
+                huge_pages_mib=int(requests.get(HUGEPAGES_RESOURCE, "0Mi").removesuffix("Mi")),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ray_cluster]))
         self.namespace = pulumi.Output.from_input(meta["namespace"])
         self.cluster_name = pulumi.Output.from_input(meta["name"])

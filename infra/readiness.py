@@ -5,7 +5,8 @@ Applying a RayCluster succeeds as soon as the API server stores it; KubeRay then
 and a pod the scheduler cannot place stays Pending with nothing on the RayCluster to say so. So a
 dynamic resource, `RayWorkersReady`, is created after the RayCluster: it lists the worker pods
 with kubectl (the deployer's own credentials, through the stack's kubeconfig) until every one is
-Ready. It fails early when a pod keeps a reason that waiting cannot fix (the node lacks the CPU,
+Ready (every worker the GPU node group can run now: none before a Capacity Block starts). It
+fails early when a pod keeps a reason that waiting cannot fix (the node lacks the CPU,
 memory or huge pages it asks for; the image cannot be pulled; the container keeps crashing), and
 otherwise at the timeout, naming each pod that is not Ready and why.
 """
@@ -25,6 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pulumi
 import pulumi.dynamic
+
+from infra.nodes import GPU_NODE_LABELS
 
 POLL_SECONDS = 10
 STUCK_AFTER_SECONDS = 300
@@ -119,6 +122,29 @@ def worker_report(pods: Sequence[Mapping[str, Any]], *, expected: int) -> Worker
     return WorkerReport(ready=len(live) - len(problems), expected=expected, problems=problems)
 
 
+HUGE_PAGES_KEY = "ray-eks:gpuHugePagesMib"
+"""The stack setting of the workers' `hugepages-2Mi` request (StackConfig.gpu_huge_pages_mib)."""
+_HUGE_PAGES_SHORT_RE = re.compile(r"Insufficient hugepages-2Mi")
+
+
+def node_huge_pages_command() -> str:
+    """The kubectl command that prints each GPU node's allocatable 2 MiB huge pages."""
+    selector = ",".join(f"{k}={v}" for k, v in GPU_NODE_LABELS.items())
+    return (f"kubectl get nodes -l {selector} -o custom-columns="
+            "NAME:.metadata.name,HUGEPAGES:.status.allocatable.hugepages-2Mi")
+
+
+def fix_hint(problems: Sequence[PodProblem], *, huge_pages_mib: int | None) -> str:
+    """What to change when the scheduler's reason is one a stack setting decides ("" if none)."""
+    if not any(_HUGE_PAGES_SHORT_RE.search(p.message) for p in problems):
+        return ""
+    asked = f" ({HUGE_PAGES_KEY} = {huge_pages_mib})" if huge_pages_mib is not None else ""
+    return (f"The GPU nodes offer fewer 2 MiB huge pages than each worker requests{asked}. Read "
+            f"what a node offers with `{node_huge_pages_command()}`, then set the request to it "
+            f"(or to 0: the workers then use regular pages) with `pulumi config set "
+            f"{HUGE_PAGES_KEY} <MiB>` and run `pulumi up` again")
+
+
 class WorkersNotReady(Exception):
     """The Ray workers did not all become Ready; the message says why."""
 
@@ -130,10 +156,15 @@ class KubectlError(RuntimeError):
 def wait_for_workers(*, list_pods: Callable[[], Sequence[Mapping[str, Any]]], expected: int,
                      timeout_s: float, stuck_after_s: float = STUCK_AFTER_SECONDS,
                      poll_s: float = POLL_SECONDS, clock: Callable[[], float] = time.monotonic,
-                     sleep: Callable[[float], None] = time.sleep) -> WorkerReport:
+                     sleep: Callable[[float], None] = time.sleep,
+                     huge_pages_mib: int | None = None) -> WorkerReport:
     """Poll until `expected` worker pods are Ready; WorkersNotReady when a stuck reason persists
     for `stuck_after_s` or when `timeout_s` passes. A failed listing (an API server hiccup) is
-    retried until the timeout."""
+    retried until the timeout. With `expected` 0 (a Capacity Block not started yet: no GPU node can
+    run them) there is nothing to wait for, and nothing is listed. When the scheduler lacks huge
+    pages the error says how to change the request (`huge_pages_mib`, what the workers ask)."""
+    if expected <= 0:
+        return WorkerReport(ready=0, expected=0, problems=())
     start = clock()
     stuck_since: dict[tuple[str, str], float] = {}
     report = WorkerReport(ready=0, expected=expected, problems=())
@@ -154,12 +185,16 @@ def wait_for_workers(*, list_pods: Callable[[], Sequence[Mapping[str, Any]]], ex
             long_stuck = [stuck[key] for key, since in stuck_since.items()
                           if now - since >= stuck_after_s]
         if long_stuck:
+            hint = fix_hint(long_stuck, huge_pages_mib=huge_pages_mib)
             raise WorkersNotReady(
                 f"Ray workers cannot become Ready without a change ({report.ready}/{expected} "
-                f"Ready): {'; '.join(map(str, long_stuck))}")
+                f"Ready): {'; '.join(map(str, long_stuck))}" + (f". {hint}" if hint else ""))
         if now - start >= timeout_s:
             detail = listing_error or report.summary()
-            raise WorkersNotReady(f"Ray workers not Ready after {timeout_s / 60:g} min: {detail}")
+            hint = "" if listing_error else fix_hint(report.problems,
+                                                     huge_pages_mib=huge_pages_mib)
+            raise WorkersNotReady(f"Ray workers not Ready after {timeout_s / 60:g} min: {detail}"
+                                  + (f". {hint}" if hint else ""))
         sleep(poll_s)
 
 
@@ -198,8 +233,10 @@ class _WorkersReadyProvider(pulumi.dynamic.ResourceProvider):
             return kubectl_list_pods(kubeconfig=props["kubeconfig"], namespace=props["namespace"],
                                      selector=worker_selector(props["clusterName"]))
 
+        huge_pages = props.get("hugePagesMib")
         report = wait_for_workers(list_pods=list_pods, expected=int(props["expectedWorkers"]),
-                                  timeout_s=float(props["timeoutSeconds"]))
+                                  timeout_s=float(props["timeoutSeconds"]),
+                                  huge_pages_mib=None if huge_pages is None else int(huge_pages))
         return report.ready
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
@@ -225,7 +262,8 @@ class RayWorkersReady(pulumi.dynamic.Resource, module="ray-eks", name="RayWorker
 
     def __init__(self, name: str, *, kubeconfig: pulumi.Input[str], namespace: str,
                  cluster_name: str, expected_workers: int, timeout_minutes: int,
-                 manifest_fingerprint: str, opts: pulumi.ResourceOptions | None = None):
+                 manifest_fingerprint: str, huge_pages_mib: int | None = None,
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__(_WorkersReadyProvider(), name, {
             "kubeconfig": pulumi.Output.secret(kubeconfig),
             "namespace": namespace,
@@ -233,5 +271,6 @@ class RayWorkersReady(pulumi.dynamic.Resource, module="ray-eks", name="RayWorker
             "expectedWorkers": expected_workers,
             "timeoutSeconds": timeout_minutes * 60,
             "manifestFingerprint": manifest_fingerprint,
+            "hugePagesMib": huge_pages_mib,
             "readyWorkers": None,
         }, opts)

@@ -37,16 +37,54 @@ def efa_network_interfaces(instance: InstanceType, security_group_ids: Any) -> l
             for card in range(max(1, instance.network_cards))]
 
 
-def reservation_launch_options(reservation: GpuReservation,
-                               reservation_id: Any = None) -> dict[str, Any]:
-    """Launch template arguments that send every instance into the reservation (`reservation_id`:
-    the ID as a Pulumi input, by default the one in the stack config)."""
-    target = reservation_id if reservation_id is not None else reservation.reservation_id
-    options: dict[str, Any] = {"capacity_reservation_specification": {
-        "capacity_reservation_target": {"capacity_reservation_id": target}}}
+def reservation_launch_options(reservation: GpuReservation) -> dict[str, Any]:
+    """Launch template arguments that send every instance into the reservation of the stack
+    config, and tag the template with what the reservation holds (RESERVATION_TAG_KEYS)."""
+    options: dict[str, Any] = {
+        "capacity_reservation_specification": {"capacity_reservation_target": {
+            "capacity_reservation_id": reservation.reservation_id}},
+        "tags": reservation_tags(reservation)}
     if reservation.is_capacity_block:
         options["instance_market_options"] = {"market_type": "capacity-block"}
     return options
+
+
+RESERVATION_TAG_KEYS = ("ray-eks:reservation-id", "ray-eks:reservation-type",
+                        "ray-eks:reservation-instance-type",
+                        "ray-eks:reservation-availability-zone")
+"""Tags on the GPU launch template that carry the targeted reservation's facts, as the capacity
+tools wrote them from EC2's answer into the stack file. The policy pack reads them
+(policy/rules/reservations.py, which spells the same keys: the pack is a program of its own):
+Pulumi's engine hands policies the resources a program registers, never the ones it reads with
+`.get()`, so the read reservation itself never reaches a policy."""
+
+
+def reservation_tags(reservation: GpuReservation) -> dict[str, str]:
+    """RESERVATION_TAG_KEYS -> the reservation's ID, kind, instance type and AZ."""
+    return dict(zip(RESERVATION_TAG_KEYS, (
+        reservation.reservation_id, reservation.kind, reservation.instance_type,
+        reservation.availability_zone)))
+
+
+UPDATE_SURGE_PER_AZ = 2
+"""Instances a managed node group update may launch per AZ before it removes old nodes (EKS user
+guide, "Managed node update behavior", scale-up phase): the default update strategy adds nodes
+first."""
+MINIMAL_UPDATE_CONFIG = {"maxUnavailable": 1, "updateStrategy": "MINIMAL"}
+"""The node group's updateConfig that replaces one node at a time and terminates it before
+launching its replacement (EKS's MINIMAL strategy), so an update needs no spare instance."""
+
+
+def reservation_update_config(reservation: GpuReservation, *, node_count: int,
+                              availability_zones: int = 1) -> dict[str, object] | None:
+    """The updateConfig of a node group inside `reservation`: MINIMAL_UPDATE_CONFIG when the
+    reservation has fewer spare instances than an update would launch first (a launch template or
+    AMI change would otherwise wait for capacity that cannot come), None (EKS's default) when it
+    has enough."""
+    spare = reservation.instance_count - node_count
+    if spare >= UPDATE_SURGE_PER_AZ * availability_zones:
+        return None
+    return dict(MINIMAL_UPDATE_CONFIG)
 
 
 class ReservationEnded(ValueError):

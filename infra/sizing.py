@@ -1,8 +1,9 @@
 """Pod sizes for the Ray head and workers, from the instance-type table and a model of what the
 kubelet on an EKS AMI node offers to pods.
 
-A Ray worker takes a whole GPU node: every GPU and EFA interface, every EFA huge page, and the CPU
-and memory the node has allocatable less what the DaemonSets on it request. Requests equal limits
+A Ray worker takes a whole GPU node: every GPU and EFA interface, the 2 MiB huge pages the stack
+asks for (`gpuHugePagesMib`, 0 by default, below), and the CPU and memory the node has allocatable
+less what the DaemonSets on it request. Requests equal limits
 (Guaranteed QoS), so a pod that asks for more than the node can give stays Pending forever: these
 numbers err on the small side.
 
@@ -15,9 +16,13 @@ Node allocatable, as the kubelet computes it from the EKS AMI's settings:
 - kube-reserved: 255 MiB + 11 MiB per pod the node may run, and a CPU share that shrinks with
   each core (6% of the first, 1% of the second, 0.5% of the next two, 0.25% of the rest).
 - eviction threshold: `memory.available<100Mi`.
-- huge pages: the EFA driver's boot script reserves 2 MiB pages for libfabric (110 per vCPU, plus
-  one), which leave the kubelet's memory and appear as `hugepages-2Mi` instead.
+- huge pages: a full EFA installation (its efa-config package) reserves 2 MiB pages at boot for
+  libfabric (110 per vCPU, plus one), which leave the kubelet's memory and appear as
+  `hugepages-2Mi` instead. The AL2023 NVIDIA AMI installs EFA with `--minimal` (kernel module and
+  rdma-core only), so its nodes may reserve none: the model counts the full reservation against
+  memory (the worker errs small), and its page count is the most a worker may ask for.
 
+What is evidence and what is modelled is in docs/INFRA.md ("Node allocatable and worker size").
 tests/test_infra_sizing.py checks the model against two published `kubectl describe node` outputs
 (a p4de.24xlarge and a p5.48xlarge) and every GPU type of the table against its workers.
 """
@@ -40,7 +45,8 @@ KERNEL_RESERVED_FRACTION = 0.031
 EVICTION_HARD_MIB = 100
 """The EKS AMI's kubelet `evictionHard: memory.available<100Mi`."""
 EFA_HUGE_PAGES_PER_VCPU = 110
-"""2 MiB pages the EFA driver reserves per vCPU at boot (plus one page), for libfabric's buffers."""
+"""2 MiB pages a full EFA installation reserves per vCPU at boot (plus one page), for libfabric's
+buffers (both published EFA nodes show exactly this)."""
 WORKER_MEMORY_HEADROOM_FRACTION = 0.01
 """Memory a worker leaves unasked: the allocatable model is checked to within 1% of real nodes,
 so a worker sized to the model's last byte could miss by that much."""
@@ -69,6 +75,13 @@ GPU_NODE_DAEMONSETS = (
                       source="the chart's default resources.requests"),
     DaemonSetRequests(name="nvidia-device-plugin", cpu_millicores=0, memory_mib=0,
                       source="the chart sets no requests"),
+    DaemonSetRequests(name="eks-node-monitoring-agent", cpu_millicores=10, memory_mib=30,
+                      source="the add-on's chart (aws/eks-node-monitoring-agent, "
+                             "charts/eks-node-monitoring-agent/values.yaml): "
+                             "nodeAgent.resources.requests"),
+    DaemonSetRequests(name="dcgm-server", cpu_millicores=0, memory_mib=0,
+                      source="the same chart: dcgmAgent.resources is empty, so no requests "
+                             "(infra/health.py lets it onto the GPU nodes)"),
 )
 """Every DaemonSet that runs on the GPU nodes (they tolerate the GPU taint or every taint)."""
 
@@ -129,8 +142,14 @@ def kube_reserved_memory_mib(instance: InstanceType) -> int:
 
 
 def efa_huge_pages(instance: InstanceType) -> int:
-    """2 MiB huge pages reserved at boot on a node with EFA interfaces (0 without EFA)."""
+    """2 MiB huge pages a full EFA installation reserves at boot on a node with EFA interfaces (0
+    without EFA): the most a node of this type offers, by the model."""
     return EFA_HUGE_PAGES_PER_VCPU * instance.vcpus + 1 if instance.efa_interfaces else 0
+
+
+def max_huge_pages_mib(instance: InstanceType) -> int:
+    """The largest `gpuHugePagesMib` a node of this type can give, by the model."""
+    return efa_huge_pages(instance) * HUGE_PAGE_MIB
 
 
 def memory_capacity_kib(instance: InstanceType) -> int:
@@ -154,9 +173,11 @@ def daemonset_requests() -> tuple[int, int]:
             sum(d.memory_mib for d in GPU_NODE_DAEMONSETS))
 
 
-def worker_pod_size(instance: InstanceType) -> PodSize:
-    """One Ray worker per GPU node, taking what the node has left after its DaemonSets."""
+def worker_pod_size(instance: InstanceType, *, hugepages_mib: int) -> PodSize:
+    """One Ray worker per GPU node, taking what the node has left after its DaemonSets, and
+    `hugepages_mib` of 2 MiB huge pages (validated config: even, at most max_huge_pages_mib)."""
     assert instance.gpus and instance.efa_interfaces, f"{instance.name} is not an EFA GPU type"
+    assert 0 <= hugepages_mib <= max_huge_pages_mib(instance) and hugepages_mib % HUGE_PAGE_MIB == 0
     node = node_allocatable(instance)
     ds_cpu, ds_mib = daemonset_requests()
     headroom_kib = memory_capacity_kib(instance) * WORKER_MEMORY_HEADROOM_FRACTION
@@ -164,7 +185,7 @@ def worker_pod_size(instance: InstanceType) -> PodSize:
     return PodSize(cpu=(node.cpu_millicores - ds_cpu) // 1000,
                    memory_gib=math.floor(memory_kib / 2**20),
                    gpus=instance.gpus, efa_interfaces=instance.efa_interfaces,
-                   hugepages_2mi=node.hugepages_2mi)
+                   hugepages_2mi=hugepages_mib // HUGE_PAGE_MIB)
 
 
 def head_pod_size(instance: InstanceType) -> PodSize:

@@ -92,31 +92,35 @@ class CheckpointStorage(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("ray-eks:infra:CheckpointStorage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # A kept bucket keeps its configuration too: deleting a configuration resource removes
+        # it from the bucket (the public access block and the lifecycle gone, versioning
+        # suspended), so every resource that configures the bucket is retained with it.
+        kept = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
         bucket = aws.s3.Bucket(
             f"{name}-bucket", bucket_prefix=f"{args.bucket_prefix}-",
-            force_destroy=not args.retain_on_destroy,
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy))
+            force_destroy=not args.retain_on_destroy, opts=kept)
         aws.s3.BucketServerSideEncryptionConfiguration(
             f"{name}-sse", bucket=bucket.id,
             rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
-            opts=child)
+            opts=kept)
         versioning = aws.s3.BucketVersioning(f"{name}-versioning", bucket=bucket.id,
                                              versioning_configuration={"status": "Enabled"},
-                                             opts=child)
+                                             opts=kept)
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-lifecycle", bucket=bucket.id,
             rules=lifecycle_rules(noncurrent_version_days=args.noncurrent_version_days,
                                   incomplete_upload_days=args.incomplete_upload_days),
             # After versioning: the rules act on the versions it keeps, and S3 refuses two
             # concurrent changes to one bucket's configuration.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]))
+            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(
+                depends_on=[versioning])))
         aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access-block", bucket=bucket.id, block_public_acls=True,
             block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True,
-            opts=child)
+            opts=kept)
         aws.s3.BucketOwnershipControls(f"{name}-ownership", bucket=bucket.id,
                                        rule={"object_ownership": "BucketOwnerEnforced"},
-                                       opts=child)
+                                       opts=kept)
 
         role = aws.iam.Role(f"{name}-role", assume_role_policy=json.dumps(POD_IDENTITY_TRUST),
                             opts=child)

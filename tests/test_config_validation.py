@@ -50,6 +50,10 @@ BAD = [
     ("ray-eks:retainCheckpointsOnDestroy", "maybe", "must be true or false"),
     ("ray-eks:rayNamespace", "Ray_NS", "Kubernetes namespace name"),
     ("ray-eks:gpuRootVolumeGib", "20", "between 100 and 16384"),
+    ("ray-eks:gpuHugePagesMib", "5121", "in whole 2 MiB pages (an even number)"),
+    ("ray-eks:gpuHugePagesMib", "-2", "must be 0 or more"),
+    # A g6.12xlarge (48 vCPUs) with a full EFA installation reserves 48 x 110 + 1 pages.
+    ("ray-eks:gpuHugePagesMib", "10564", "more than a g6.12xlarge node can offer (10562 MiB"),
     ("ray-eks:eksImageRegistryAccount", "ecr", "12-digit AWS account ID"),
     ("ray-eks:gpuNodeCont", "2", "did you mean ray-eks:gpuNodeCount?"),
 ]
@@ -151,6 +155,7 @@ STACK_FILE_KEYS = {
     "node_monitoring_agent_version": "ray-eks:nodeMonitoringAgentVersion",
     "checkpoint_noncurrent_version_days": "ray-eks:checkpointNoncurrentVersionDays",
     "checkpoint_incomplete_upload_days": "ray-eks:checkpointIncompleteUploadDays",
+    "gpu_huge_pages_mib": "ray-eks:gpuHugePagesMib",
     "workers_ready_timeout_minutes": "ray-eks:workersReadyTimeoutMinutes",
     "gpu_reservation_id": "ray-eks:gpuReservationId",
     "gpu_reservation_type": "ray-eks:gpuReservationType",

@@ -93,6 +93,8 @@ def valid_configs(draw) -> dict:
         "ray-eks:checkpointNoncurrentVersionDays": as_int_or_string(st.integers(0, 3650)),
         "ray-eks:checkpointIncompleteUploadDays": as_int_or_string(st.integers(1, 365)),
         "ray-eks:workersReadyTimeoutMinutes": as_int_or_string(st.integers(0, 180)),
+        # Whole 2 MiB pages, within what the smallest GPU type of the table can offer.
+        "ray-eks:gpuHugePagesMib": as_int_or_string(st.integers(0, 5281).map(lambda n: 2 * n)),
     }
     for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
         values[key] = draw(optional[key])
@@ -250,6 +252,11 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:checkpointNoncurrentVersionDays": out_of_range(0, 3650),
     "ray-eks:checkpointIncompleteUploadDays": out_of_range(1, 365),
     "ray-eks:workersReadyTimeoutMinutes": out_of_range(0, 180),
+    "ray-eks:gpuHugePagesMib": st.one_of(
+        as_int_or_string(st.integers(max_value=-1)),
+        as_int_or_string(st.integers(0, 10**6).map(lambda n: 2 * n + 1)),  # half a page
+        as_int_or_string(st.integers(21122, 10**6).map(lambda n: 2 * n)),  # more than any node
+        st.floats(), no_digits, st.booleans(), st.none()),
 }
 
 

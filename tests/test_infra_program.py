@@ -34,6 +34,11 @@ class Declared:
     inputs: dict[str, Any]
     transforms: list = field(default_factory=list)
     """The transforms given to the resource (they reach the children of a remote component)."""
+    read: bool = False
+    """Read with `Resource.get` (a ReadResource call), not registered. Pulumi's engine hands
+    policies the registered resources only."""
+    retain_on_delete: bool = False
+    """Registered with the `retain_on_delete` option."""
 
 
 @dataclass
@@ -57,6 +62,11 @@ class ProgramRun:
 
     def of_type(self, typ: str) -> list[Declared]:
         return [r for r in self.resources if r.typ == typ]
+
+    def registered(self) -> list[Declared]:
+        """The resources the program registers: what the engine hands stack policies (reads
+        left out)."""
+        return [r for r in self.resources if not r.read]
 
     def one(self, typ: str) -> Declared:
         found = self.of_type(typ)
@@ -90,7 +100,19 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
         self.run.dependencies[response.urn] = set(request.dependencies)
+        if request.retainOnDelete:
+            self._declared(request.type, request.name).retain_on_delete = True
         return response
+
+    def ReadResource(self, request):
+        response = super().ReadResource(request)
+        self.run.dependencies[response.urn] = set(request.dependencies)
+        self._declared(request.type, request.name).read = True
+        return response
+
+    def _declared(self, typ: str, name: str) -> Declared:
+        """The resource the mocks just recorded for this request."""
+        return next(r for r in reversed(self.run.resources) if (r.typ, r.name) == (typ, name))
 
     # Without resource references the program sends a referenced resource as its URN or ID, as
     # the engine's state records it. With them, the mock monitor rebuilds each referenced resource
@@ -386,6 +408,34 @@ def test_checkpoint_bucket_is_private_encrypted_versioned_and_kept(program):
     assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
 
 
+def _bucket_and_its_configuration(run: ProgramRun) -> list[Declared]:
+    """The bucket and every resource that configures it (its `bucket` input is the bucket)."""
+    bucket = run.one("aws:s3/bucket:Bucket")
+    children = [r for r in run.resources if r.inputs.get("bucket") == f"{bucket.name}-id"]
+    assert {c.typ.rsplit(":", 1)[-1] for c in children} >= {
+        "BucketServerSideEncryptionConfiguration", "BucketVersioning",
+        "BucketLifecycleConfiguration", "BucketPublicAccessBlock", "BucketOwnershipControls"}
+    return [bucket, *children]
+
+
+def test_a_kept_bucket_keeps_all_of_its_configuration(program):
+    # Deleting a configuration resource strips it from the bucket (versioning suspended, the
+    # public access block and the lifecycle gone), so each is retained with the bucket.
+    config, run = program
+    assert parse_stack_config(config).retain_checkpoints_on_destroy
+    assert [r.name for r in _bucket_and_its_configuration(run) if not r.retain_on_delete] == []
+
+
+def test_a_bucket_not_kept_is_deleted_with_its_configuration(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:retainCheckpointsOnDestroy": False}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    resources = _bucket_and_its_configuration(run)
+    assert [r.name for r in resources if r.retain_on_delete] == []
+    assert resources[0].inputs["forceDestroy"] is True
+
+
 def _lifecycle(run: ProgramRun) -> dict[str, dict[str, Any]]:
     config = run.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs
     assert config["bucket"] == run.one("aws:s3/bucket:Bucket").name + "-id"
@@ -536,12 +586,24 @@ def test_pulumi_up_waits_for_every_worker_after_the_raycluster(program):
     cfg = parse_stack_config(config)
     ready = run.one(READY_TYPE)
     assert ready.inputs["expectedWorkers"] == cfg.gpu_node_count
+    assert ready.inputs["hugePagesMib"] == cfg.gpu_huge_pages_mib  # named if the nodes lack them
     assert ready.inputs["timeoutSeconds"] == cfg.workers_ready_timeout_minutes * 60 > 0
     assert (ready.inputs["namespace"], ready.inputs["clusterName"]) == (
         cfg.ray_namespace, run.outputs[outputs.RAY_CLUSTER_NAME])
     kubeconfig = ready.inputs["kubeconfig"]  # stored as a secret in the state
     assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig
     assert "ray-raycluster" in run.waits_for(READY_TYPE, ready.name)
+
+
+def test_the_workers_huge_page_request_is_the_stack_setting(monkeypatch):
+    config = {**read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml"),
+              "ray-eks:gpuHugePagesMib": 5120}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config,
+                      monkeypatch=monkeypatch)
+    ray = run.one("kubernetes:ray.io/v1:RayCluster").inputs
+    worker = ray["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["requests"]["hugepages-2Mi"] == "5120Mi"
+    assert run.one(READY_TYPE).inputs["hugePagesMib"] == 5120
 
 
 def test_a_zero_timeout_does_not_wait_for_the_workers(monkeypatch):

@@ -18,7 +18,7 @@ import yaml
 from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.raycluster import auth_secret_name, build_raycluster, head_service_name
-from infra.sizing import node_allocatable, worker_pod_size
+from infra.sizing import max_huge_pages_mib, node_allocatable, worker_pod_size
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
@@ -168,9 +168,20 @@ def test_workers_take_whole_efa_gpu_nodes_with_guaranteed_qos(cfg):
     node = node_allocatable(instance)
     assert 0 < int(limits["cpu"]) * 1000 < node.cpu_millicores
     assert 0 < int(limits["memory"].removesuffix("Gi")) * 2**20 < node.memory_kib
-    assert limits["hugepages-2Mi"] == f"{node.hugepages_2mi * 2}Mi"
+    assert "hugepages-2Mi" not in limits  # by default: gpuHugePagesMib 0
     assert int(limits["cpu"]) >= 0.9 * instance.vcpus
-    assert worker_pod_size(instance).resources() == limits
+    assert worker_pod_size(instance, hugepages_mib=0).resources() == limits
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_workers_request_the_huge_pages_the_stack_asks_for(instance_type):
+    most = max_huge_pages_mib(INSTANCE_TYPES[instance_type])
+    for asked in (2, most):
+        cfg = dataclasses.replace(BASE, gpu_instance_type=instance_type, gpu_huge_pages_mib=asked)
+        container = _worker(build_raycluster(cfg))["template"]["spec"]["containers"][0]
+        assert container["resources"]["requests"]["hugepages-2Mi"] == f"{asked}Mi"
+        assert container["resources"]["limits"]["hugepages-2Mi"] == f"{asked}Mi"
+        assert "FI_EFA_USE_HUGE_PAGE" not in _env(container)  # libfabric uses its pages
 
 
 def test_workers_declare_the_efa_transport_and_leave_the_nccl_log_to_each_rank():
@@ -182,7 +193,9 @@ def test_workers_declare_the_efa_transport_and_leave_the_nccl_log_to_each_rank()
     assert env["FI_EFA_FORK_SAFE"] == "1"
     # The same declaration as the job's runtime_env. NCCL's log path is set once, by each rank
     # (workloads/launch/ray_train.py), not also here where every process of the pod would get it.
-    assert env == EFA_TRANSPORT_ENV
+    # Without a huge page request (the default) the container may use no huge page, so libfabric
+    # is told to keep its buffers in regular pages.
+    assert env == {**EFA_TRANSPORT_ENV, "FI_EFA_USE_HUGE_PAGE": "0"}
     assert not {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"} & set(env)
     # The pod's node, which a failing transport gate names for draining.
     from_api = {e["name"]: e["valueFrom"] for e in spec["containers"][0]["env"] if "valueFrom" in e}

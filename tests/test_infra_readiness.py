@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.readiness import (KubectlError, WorkersNotReady, _WorkersReadyProvider,
-                             kubectl_list_pods, wait_for_workers, worker_report, worker_selector)
+from infra.config import config_key
+from infra.readiness import (HUGE_PAGES_KEY, KubectlError, PodProblem, WorkersNotReady,
+                             _WorkersReadyProvider, fix_hint, kubectl_list_pods, wait_for_workers,
+                             worker_report, worker_selector)
 
 SCHEDULER_SAYS = ("0/3 nodes are available: 2 Insufficient memory, 1 node(s) didn't match Pod's "
                   "node affinity/selector. preemption: 0/3 nodes are available: 2 No preemption "
@@ -113,6 +115,45 @@ def test_insufficient_memory_while_a_node_joins_is_waited_out():
     assert report.ready == 2 and clock.now == 200
 
 
+NO_HUGE_PAGES = ("0/3 nodes are available: 2 Insufficient hugepages-2Mi, 1 node(s) didn't match "
+                 "Pod's node affinity/selector. preemption: 0/3 nodes are available: 2 No "
+                 "preemption victims found for incoming pod, 1 Preemption is not helpful for "
+                 "scheduling.")
+
+
+def test_too_few_huge_pages_name_the_setting_and_how_to_read_the_nodes():
+    stuck = [pod("w-1", phase="Pending", ready=False, scheduled=NO_HUGE_PAGES),
+             pod("w-2", phase="Pending", ready=False, scheduled=NO_HUGE_PAGES)]
+    clock = FakeClock()
+    listing = iter([stuck] * 100)
+    with pytest.raises(WorkersNotReady) as info:
+        wait_for_workers(list_pods=lambda: next(listing), expected=2, timeout_s=1800,
+                         clock=clock, sleep=clock.sleep, huge_pages_mib=10562)
+    message = str(info.value)
+    assert f"w-1: Unschedulable: {NO_HUGE_PAGES}" in message
+    assert "offer fewer 2 MiB huge pages than each worker requests " \
+           "(ray-eks:gpuHugePagesMib = 10562)" in message
+    assert ("`kubectl get nodes -l role=gpu,nvidia.com/gpu.present=true -o custom-columns="
+            "NAME:.metadata.name,HUGEPAGES:.status.allocatable.hugepages-2Mi`") in message
+    assert "`pulumi config set ray-eks:gpuHugePagesMib <MiB>`" in message
+    assert "\n" not in message
+
+
+def test_other_reasons_get_no_huge_page_hint():
+    stuck = [pod("w-1"), pod("w-2", phase="Pending", ready=False, scheduled=SCHEDULER_SAYS)]
+    with pytest.raises(WorkersNotReady) as info:
+        _wait([stuck] * 100)
+    assert HUGE_PAGES_KEY not in str(info.value)
+
+
+def test_the_hint_names_the_stack_setting():
+    assert HUGE_PAGES_KEY == config_key("gpu_huge_pages_mib")
+    problem = PodProblem(pod="w", reason="Unschedulable", message=NO_HUGE_PAGES, stuck=True)
+    assert "= 0)" in fix_hint([problem], huge_pages_mib=0)
+    assert fix_hint([problem], huge_pages_mib=None).startswith(
+        "The GPU nodes offer fewer 2 MiB huge pages than each worker requests. Read")
+
+
 def test_an_image_that_cannot_be_pulled_fails_the_wait():
     bad = [pod("w-1", phase="Pending", ready=False, waiting="ImagePullBackOff"), pod("w-2")]
     with pytest.raises(WorkersNotReady, match="w-1: ImagePullBackOff"):
@@ -133,6 +174,23 @@ def test_a_failed_listing_is_retried_until_the_timeout():
     assert report.ready == 2
     with pytest.raises(WorkersNotReady, match="after 1 min: kubectl get pods failed"):
         _wait([KubectlError("kubectl get pods failed: Unauthorized")] * 10, timeout_s=60)
+
+
+def test_no_worker_to_wait_for_ends_the_wait_without_listing():
+    # A Capacity Block that has not started: the node group has 0 nodes, so 0 workers can run.
+    def list_pods():
+        raise AssertionError("nothing to list")
+
+    clock = FakeClock()
+    report = wait_for_workers(list_pods=list_pods, expected=0, timeout_s=1800, clock=clock,
+                              sleep=clock.sleep)
+    assert (report.ready, report.expected, clock.now) == (0, 0, 0)
+
+
+def test_the_provider_waits_for_no_worker_without_kubectl(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl: it is not needed
+    result = _WorkersReadyProvider().create({**PROPS, "expectedWorkers": 0})
+    assert result.outs["readyWorkers"] == 0
 
 
 @pytest.fixture
@@ -197,6 +255,14 @@ def test_the_provider_creates_the_resource_once_the_workers_are_ready(fake_kubec
     result = _WorkersReadyProvider().create(dict(PROPS))
     assert result.id == "ray/ray-train"
     assert result.outs["readyWorkers"] == 2
+
+
+def test_the_provider_names_the_huge_page_setting_it_was_given(fake_kubectl):
+    (fake_kubectl / "pods.json").write_text(json.dumps(
+        [pod("w-1"), pod("w-2", phase="Pending", ready=False, scheduled=NO_HUGE_PAGES)]))
+    props = {**PROPS, "timeoutSeconds": 0, "hugePagesMib": 2048}
+    with pytest.raises(WorkersNotReady, match=r"\(ray-eks:gpuHugePagesMib = 2048\)"):
+        _WorkersReadyProvider().create(props)
 
 
 def test_the_provider_fails_the_update_with_the_schedulers_reason(fake_kubectl):

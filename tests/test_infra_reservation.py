@@ -4,6 +4,7 @@ stack file holding an On-Demand Capacity Reservation or a Capacity Block."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from infra import outputs
 from infra.config import ConfigError, GpuReservation, parse_stack_config, read_stack_values
 from infra.health import enable_node_auto_repair
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
-from infra.reservation import (ReservationEnded, after_destroy, efa_network_interfaces,
-                               idle_usd_per_hour, launch_window)
+from infra.reservation import (MINIMAL_UPDATE_CONFIG, UPDATE_SURGE_PER_AZ, ReservationEnded,
+                               after_destroy, efa_network_interfaces, idle_usd_per_hour,
+                               launch_window, reservation_update_config)
 from test_infra_program import REPO_ROOT, Declared, ProgramRun, _Mocks, run_program
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -27,6 +29,8 @@ CLUSTER_SG = "sg-0c1u5te7000000000"
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 BLOCK = "aws:ec2/capacityBlockReservation:CapacityBlockReservation"
 ODCR = "aws:ec2/capacityReservation:CapacityReservation"
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+READY = "pulumi-python:dynamic/ray-eks:RayWorkersReady"
 
 
 def odcr_values(**changes: Any) -> dict[str, Any]:
@@ -222,8 +226,16 @@ def test_held_odcr_is_the_launch_templates_target_without_a_placement_group(tmp_
     (read,) = run.of_type(ODCR)
     template = run.one(LT).inputs
     target = template["capacityReservationSpecification"]["capacityReservationTarget"]
-    assert read.inputs["id"] == "cr-0123456789abcdef0"
+    assert read.read and read.inputs["id"] == "cr-0123456789abcdef0"
+    assert read not in run.registered()
     assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
+    # The reservation's facts ride on the template (policies never see the read), and the
+    # template waits for the read: an ID EC2 does not know stops the update before it.
+    assert template["tags"] == {
+        "ray-eks:reservation-id": "cr-0123456789abcdef0", "ray-eks:reservation-type": "on-demand",
+        "ray-eks:reservation-instance-type": "g6.12xlarge",
+        "ray-eks:reservation-availability-zone": "us-west-2a"}
+    assert read.name in run.waits_for(LT, "gpu-launch-template")
     assert "instanceMarketOptions" not in template
     assert template["instanceType"] == "g6.12xlarge"
     assert "placement" not in template and not run.of_type("aws:ec2/placementGroup:PlacementGroup")
@@ -240,7 +252,7 @@ def test_held_odcr_is_the_launch_templates_target_without_a_placement_group(tmp_
     assert group["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
     # Reserved nodes are repaired too: the transform reaches the node group pulumi-eks creates.
     (declared,) = [g for g in run.of_type("eks:index:ManagedNodeGroup") if g.inputs is group]
-    assert declared.transforms == [enable_node_auto_repair]
+    assert declared.transforms[0] is enable_node_auto_repair
     out = run.outputs[outputs.GPU_RESERVATION]
     assert out["id"] == "cr-0123456789abcdef0" and out["idleUsdPerHour"] == 9.2
     assert "leaves On-Demand Capacity Reservation" in out["afterDestroy"]
@@ -252,6 +264,7 @@ def test_started_capacity_block_is_targeted_with_market_type_capacity_block(tmp_
     (read,) = run.of_type(BLOCK)
     template = run.one(LT).inputs
     assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert template["tags"]["ray-eks:reservation-type"] == "capacity-block"
     assert template["capacityReservationSpecification"]["capacityReservationTarget"] == {
         "capacityReservationId": read.inputs["id"]} == {
         "capacityReservationId": "cr-0b10c0000000000a1"}
@@ -268,6 +281,67 @@ def test_block_not_started_yet_deploys_with_no_gpu_nodes_and_says_when_it_starts
     assert gpu_group(run)["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
     assert any("Capacity Block cr-0b10c0000000000a1 starts at 2099-01-01T11:30:00Z" in warning
                and "run `pulumi up` again after it starts" in warning for warning in run.warnings)
+    # The RayCluster keeps its 2 replicas (Pending until the block starts); `pulumi up` waits for
+    # the workers the node group can run now, none, instead of running into its timeout.
+    ray = run.one(RAY_CLUSTER).inputs
+    assert ray["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+    assert run.one(READY).inputs["expectedWorkers"] == 0
+    (warning,) = [w for w in run.warnings if "Ray worker pods" in w]
+    assert warning.startswith("pulumi up waits for 0 of the 2 Ray worker pods")
+    assert "starts at 2099-01-01T11:30:00Z" in warning
+
+
+def _node_group_props(run: ProgramRun) -> dict[str, Any]:
+    """What the GPU ManagedNodeGroup's transforms make of the aws:eks/nodeGroup:NodeGroup that
+    pulumi-eks creates inside it (mocks never see that child)."""
+    (declared,) = [g for g in run.of_type("eks:index:ManagedNodeGroup")
+                   if g.inputs.get("amiType") == "AL2023_x86_64_NVIDIA"]
+    props: dict[str, Any] = {"clusterName": "c", "amiType": "AL2023_x86_64_NVIDIA"}
+    for transform in declared.transforms:
+        result = transform(pulumi.ResourceTransformArgs(
+            custom=True, type_="aws:eks/nodeGroup:NodeGroup", name="gpu-nodes", props=props,
+            opts=pulumi.ResourceOptions()))
+        props = result.props if result is not None else props
+    return props
+
+
+@pytest.mark.parametrize("values", [
+    odcr_values(),  # 2 nodes in 2 held instances
+    odcr_values(**{"ray-eks:gpuReservationInstanceCount": 3}),  # one spare: EKS may launch 2
+    block_values("2026-01-01T11:30:00Z", "2099-01-01T11:30:00Z"),  # 2 nodes in a 2-instance block
+], ids=["odcr-full", "odcr-one-spare", "capacity-block-full"])
+def test_an_update_inside_a_full_reservation_replaces_nodes_one_by_one(tmp_path, values):
+    # EKS's default update launches up to two new nodes per AZ before it removes old ones; with
+    # no spare instance in the reservation they could never launch and the update would stall.
+    run = run_stack(tmp_path, values["aws:region"], values)
+    props = _node_group_props(run)
+    assert props["updateConfig"] == {"maxUnavailable": 1, "updateStrategy": "MINIMAL"}
+    assert props["nodeRepairConfig"] == {"enabled": True}
+
+
+def test_a_reservation_with_room_for_the_surge_keeps_the_default_update(tmp_path):
+    run = run_stack(tmp_path, "us-west-2", odcr_values(**{"ray-eks:gpuReservationInstanceCount": 4}))
+    assert "updateConfig" not in _node_group_props(run)
+    plain = run_stack(tmp_path, "plain", dict(zip(PLACEMENT_KEYS, (
+        "us-west-2", "us-west-2a", "usw2-az1", "g6.12xlarge", 2))))
+    assert "updateConfig" not in _node_group_props(plain)
+
+
+def test_the_update_rule_counts_the_spare_instances():
+    assert reservation_update_config(reservation(), node_count=2) == MINIMAL_UPDATE_CONFIG
+    roomy = dataclasses.replace(reservation(), instance_count=2 + UPDATE_SURGE_PER_AZ)
+    assert reservation_update_config(roomy, node_count=2) is None
+    assert reservation_update_config(roomy, node_count=2, availability_zones=2) == \
+        MINIMAL_UPDATE_CONFIG
+
+
+def test_started_block_and_odcr_stacks_wait_for_every_worker(tmp_path):
+    block = run_stack(tmp_path, "us-east-2", block_values("2026-01-01T11:30:00Z",
+                                                          "2099-01-01T11:30:00Z"))
+    odcr = run_stack(tmp_path, "us-west-2", odcr_values())
+    for run in (block, odcr):
+        assert run.one(READY).inputs["expectedWorkers"] == 2
+        assert not [w for w in run.warnings if "Ray worker pods" in w]
 
 
 def test_ended_reservation_stops_the_program_with_the_way_out(tmp_path):

@@ -23,11 +23,13 @@ sys.path.insert(0, str(REPO_ROOT / "policy"))
 from rules import parse_quantity  # noqa: E402  (quantities, read as the policy pack reads them)
 
 from infra.config import StackConfig  # noqa: E402
+from infra.health import NODE_MONITORING_AGENT, node_monitoring_agent_values  # noqa: E402
 from infra.helm_values import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, chart_values  # noqa: E402
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES  # noqa: E402
 from infra.raycluster import build_raycluster  # noqa: E402
 from infra.sizing import (EFA_RESOURCE, GPU_NODE_DAEMONSETS, GPU_RESOURCE,  # noqa: E402
-                          HUGEPAGES_RESOURCE, daemonset_requests, max_pods, node_allocatable)
+                          HUGEPAGES_RESOURCE, daemonset_requests, max_huge_pages_mib, max_pods,
+                          node_allocatable)
 
 P4DE = dataclasses.replace(INSTANCE_TYPES["p4d.24xlarge"], name="p4de.24xlarge", gpu_memory_gib=80)
 PUBLISHED = [  # (instance, allocatable memory in Ki, hugepages-2Mi in Mi)
@@ -53,9 +55,10 @@ def test_the_model_reproduces_the_published_p4de_cpu_and_pods():
     assert max_pods(P4DE) == 250
 
 
-def _worker_quantities(instance_type: str) -> dict[str, Decimal]:
+def _worker_quantities(instance_type: str, *, hugepages_mib: int = 0) -> dict[str, Decimal]:
     """The worker container's requests as the applied RayCluster spells them."""
-    cfg = dataclasses.replace(BASE, gpu_instance_type=instance_type)
+    cfg = dataclasses.replace(BASE, gpu_instance_type=instance_type,
+                              gpu_huge_pages_mib=hugepages_mib)
     (group,) = build_raycluster(cfg)["spec"]["workerGroupSpecs"]
     resources = group["template"]["spec"]["containers"][0]["resources"]
     assert resources["requests"] == resources["limits"]
@@ -64,13 +67,15 @@ def _worker_quantities(instance_type: str) -> dict[str, Decimal]:
 
 @pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
 def test_every_gpu_type_fits_its_worker_next_to_its_daemonsets(instance_type):
+    # The most huge pages a worker may ask for: every page a full EFA installation reserves.
     node = node_allocatable(INSTANCE_TYPES[instance_type])
     ds_millicores, ds_mib = daemonset_requests()
     free = {"cpu": Decimal(node.cpu_millicores - ds_millicores) / 1000,
             "memory": Decimal(node.memory_kib * 1024 - ds_mib * 2**20),
             HUGEPAGES_RESOURCE: Decimal(node.hugepages_2mi * 2 * 2**20),
             GPU_RESOURCE: Decimal(node.gpus), EFA_RESOURCE: Decimal(node.efa_interfaces)}
-    asks = _worker_quantities(instance_type)
+    asks = _worker_quantities(instance_type, hugepages_mib=max_huge_pages_mib(
+        INSTANCE_TYPES[instance_type]))
     assert set(asks) == set(free)
     assert {r: (asks[r], free[r]) for r in asks if asks[r] > free[r]} == {}
     # Whole nodes: every GPU, EFA interface and huge page, and most of the memory.
@@ -78,6 +83,17 @@ def test_every_gpu_type_fits_its_worker_next_to_its_daemonsets(instance_type):
     assert asks[EFA_RESOURCE] == free[EFA_RESOURCE] > 0
     assert asks[HUGEPAGES_RESOURCE] == free[HUGEPAGES_RESOURCE] > 0
     assert asks["memory"] >= Decimal("0.95") * free["memory"]
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_by_default_a_worker_asks_no_huge_page_and_fits_a_node_that_reserves_none(instance_type):
+    # The AL2023 NVIDIA AMI installs EFA with --minimal (no huge page reservation): its node may
+    # offer hugepages-2Mi 0, and a worker asking for any would stay Pending. The model still
+    # counts the full reservation against memory, so the worker's memory fits either way.
+    asks = _worker_quantities(instance_type)
+    assert HUGEPAGES_RESOURCE not in asks
+    node = node_allocatable(INSTANCE_TYPES[instance_type])
+    assert asks["memory"] < node.memory_kib * 1024
 
 
 def test_a_worker_sized_by_the_old_rule_would_not_fit_a_g6_node():
@@ -97,6 +113,19 @@ def test_device_plugin_requests_are_the_charts_own(shared_dir, chart):
     (modelled,) = [d for d in GPU_NODE_DAEMONSETS if d.name == chart]
     assert modelled.cpu_millicores == parse_quantity(requests.get("cpu", 0)) * 1000
     assert modelled.memory_mib * 2**20 == parse_quantity(requests.get("memory", 0))
+
+
+def test_every_daemonset_the_gpu_nodes_run_is_counted():
+    # The GPU node runs the EKS add-ons, both device plugins, and the node monitoring agent with
+    # its GPU health reader (infra/health.py gives dcgm-server the GPU taint's toleration).
+    requests = {d.name: (d.cpu_millicores, d.memory_mib) for d in GPU_NODE_DAEMONSETS}
+    assert set(requests) == {"aws-node", "kube-proxy", "eks-pod-identity-agent",
+                             EFA_DEVICE_PLUGIN.name, NVIDIA_DEVICE_PLUGIN.name,
+                             NODE_MONITORING_AGENT, "dcgm-server"}
+    # The add-on chart's own requests: the agent asks 10m/30Mi, dcgm-server sets none.
+    assert requests[NODE_MONITORING_AGENT] == (10, 30)
+    assert requests["dcgm-server"] == (0, 0)
+    assert "dcgmAgent" in node_monitoring_agent_values()
 
 
 def test_the_system_node_fits_the_head_the_operator_coredns_and_daemonsets(shared_dir):

@@ -70,7 +70,7 @@ def test_kube_reserved_cpu_follows_the_eks_formula():
 
 @pytest.mark.parametrize("name", GPU_INSTANCE_TYPES)
 def test_worker_size_takes_every_gpu_and_efa_interface(name):
-    size = worker_pod_size(INSTANCE_TYPES[name])
+    size = worker_pod_size(INSTANCE_TYPES[name], hugepages_mib=0)
     assert (size.gpus, size.efa_interfaces) == (INSTANCE_TYPES[name].gpus,
                                                 INSTANCE_TYPES[name].efa_interfaces)
 

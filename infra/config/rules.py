@@ -9,7 +9,8 @@ from typing import Iterator
 
 from infra.config.errors import ConfigError, fix_cmd
 from infra.config.schema import DEFAULT_RAY_IMAGE, StackConfig, config_key
-from infra.instance_types import GPU_INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
+from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
+from infra.sizing import HUGE_PAGE_MIB, max_huge_pages_mib
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _AZ_ID_RE = re.compile(r"^[a-z]{3,4}\d-az\d+$")
@@ -72,6 +73,14 @@ def placement_problems(cfg: StackConfig, *, skip: set[str]) -> Iterator[ConfigEr
     if cfg.gpu_node_count < 1:
         yield ConfigError(k("gpu_node_count"), cfg.gpu_node_count, "must be at least 1",
                           fix_cmd(k("gpu_node_count"), 2))
+    if cfg.gpu_instance_type in GPU_INSTANCE_TYPES and cfg.gpu_huge_pages_mib > 0:
+        most = max_huge_pages_mib(INSTANCE_TYPES[cfg.gpu_instance_type])
+        if cfg.gpu_huge_pages_mib > most:
+            yield ConfigError(k("gpu_huge_pages_mib"), cfg.gpu_huge_pages_mib,
+                              f"is more than a {cfg.gpu_instance_type} node can offer ({most} MiB, "
+                              "what a full EFA installation reserves)",
+                              f"{fix_cmd(k('gpu_huge_pages_mib'), 0)}; or the hugepages-2Mi "
+                              f"your GPU nodes report, at most {most}")
 
 
 def range_problems(cfg: StackConfig, name: str, low: int, high: int, why: str) -> Iterator[ConfigError]:
@@ -145,6 +154,10 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
     yield from range_problems(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
     yield from range_problems(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")
     yield from range_problems(cfg, "workers_ready_timeout_minutes", 0, 180, "0 does not wait")
+    if cfg.gpu_huge_pages_mib < 0 or cfg.gpu_huge_pages_mib % HUGE_PAGE_MIB:
+        yield ConfigError(k("gpu_huge_pages_mib"), cfg.gpu_huge_pages_mib,
+                          f"must be 0 or more, in whole {HUGE_PAGE_MIB} MiB pages (an even number)",
+                          fix_cmd(k("gpu_huge_pages_mib"), 0))
     if not _ACCOUNT_RE.match(cfg.eks_image_registry_account):
         yield ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
                           "must be a 12-digit AWS account ID",

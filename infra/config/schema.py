@@ -72,6 +72,14 @@ class StackConfig:
     """Kubernetes namespace of the RayCluster and its service account."""
     gpu_root_volume_gib: int = 200
     """Root volume of GPU nodes: the DLC image is tens of GB, unpacked."""
+    gpu_huge_pages_mib: int = 0
+    """2 MiB huge pages (in MiB, even) each Ray worker requests as `hugepages-2Mi`, for libfabric's
+    EFA buffers. 0 (the default): the AL2023 NVIDIA AMI installs EFA without the package that
+    reserves huge pages, so its nodes may offer none, and a worker asking for more than its node
+    offers is never scheduled; the workers then run with FI_EFA_USE_HUGE_PAGE=0 (regular pages).
+    Set it to what the GPU nodes report (`kubectl get nodes -l role=gpu -o
+    custom-columns=NAME:.metadata.name,HUGEPAGES:.status.allocatable.hugepages-2Mi`), at most what
+    a full EFA installation reserves (infra/sizing.py)."""
     workers_ready_timeout_minutes: int = 30
     """How long `pulumi up` waits for every Ray worker pod to be Ready (GPU nodes joining and the
     image pull take most of it) before failing with why they are not; 0 does not wait."""

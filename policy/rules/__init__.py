@@ -24,7 +24,7 @@ from .gpu_nodes import (GPU_LABEL_KEY, GPU_LABEL_VALUE, GPU_TAINT_KEY, PRIMARY_I
 from .images import helm_violations, image_pin_violation, tag_pin_violation, workload_image_violations
 from .ray_pods import (ALLOWED_SERVICE_TYPES, EFA_RESOURCE, parse_quantity, ray_head_exposure_violations,
                        ray_worker_violations, selects_ray_pods, service_exposure_violations)
-from .reservations import capacity_reservation_violations, reservation_target
+from .reservations import RESERVATION_TAG_KEYS, capacity_reservation_violations, reservation_target
 from .resources import (BUCKETS, CAPACITY_BLOCK, CAPACITY_RESERVATION, EKS_CLUSTER, ENCRYPTION_CONFIGS, HELM_CHART,
                         HELM_RELEASE, LAUNCH_TEMPLATE, NODE_GROUP, PLACEMENT_GROUP, POD_SPEC_PATHS,
                         PUBLIC_ACCESS_BLOCK, RAY_CLUSTER, SERVICE, SUBNET, UNKNOWN, StackResource, StackViolation)
@@ -38,7 +38,7 @@ __all__ = [
     "helm_violations", "image_pin_violation", "tag_pin_violation", "workload_image_violations",
     "ALLOWED_SERVICE_TYPES", "EFA_RESOURCE", "parse_quantity", "ray_head_exposure_violations",
     "ray_worker_violations", "selects_ray_pods", "service_exposure_violations",
-    "capacity_reservation_violations", "reservation_target",
+    "RESERVATION_TAG_KEYS", "capacity_reservation_violations", "reservation_target",
     "BUCKETS", "CAPACITY_BLOCK", "CAPACITY_RESERVATION", "EKS_CLUSTER", "ENCRYPTION_CONFIGS", "HELM_CHART",
     "HELM_RELEASE", "LAUNCH_TEMPLATE", "NODE_GROUP", "PLACEMENT_GROUP", "POD_SPEC_PATHS", "PUBLIC_ACCESS_BLOCK",
     "RAY_CLUSTER", "SERVICE", "SUBNET", "UNKNOWN", "StackResource", "StackViolation",

@@ -1,8 +1,14 @@
 """Capacity reservations and Capacity Blocks: a launch template that targets one launches what it
-holds, where it holds it."""
+holds, where it holds it.
+
+Pulumi's engine puts what a program reads with `Resource.get` (OpRead steps) in a deployment's
+reads, and hands policies only the resources the program registers, so the reservation the GPU
+node group reads from EC2 never reaches these rules. The program writes the reservation's facts
+on the launch template as tags instead (RESERVATION_TAG_KEYS)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .resources import (CAPACITY_BLOCK, CAPACITY_RESERVATION, LAUNCH_TEMPLATE, NODE_GROUP, SUBNET, UNKNOWN,
@@ -22,6 +28,23 @@ def reservation_target(template: Mapping[str, Any]) -> Any:
     return rid if rid not in (None, "") else None
 
 
+RESERVATION_TAG_KEYS = ("ray-eks:reservation-id", "ray-eks:reservation-type",
+                        "ray-eks:reservation-instance-type",
+                        "ray-eks:reservation-availability-zone")
+"""The launch template tags that carry the targeted reservation's facts; the same keys as
+infra/reservation.py writes (a test holds the two equal: the pack imports nothing of infra)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReservationFacts:
+    """What a reservation holds, from the reservation's own resource or the template's tags."""
+
+    reservation_id: str
+    is_block: bool
+    instance_type: str | None
+    availability_zone: str | None
+
+
 def _targeted_reservations(template: StackResource,
                            reservations: Sequence[StackResource]) -> list[StackResource]:
     """The reservation resources a template targets: through the engine's property dependencies,
@@ -32,10 +55,28 @@ def _targeted_reservations(template: StackResource,
     return found or [r for r in reservations if isinstance(rid, str) and r.props.get("id") == rid]
 
 
-def _is_block(template: Mapping[str, Any], reservation: StackResource) -> bool:
-    return (reservation.type == CAPACITY_BLOCK
-            or reservation.props.get("reservationType") == "capacity-block"
-            or value_at(template, "instanceMarketOptions", "marketType") == "capacity-block")
+def _facts_of_resource(template: Mapping[str, Any], reservation: StackResource) -> ReservationFacts:
+    block = (reservation.type == CAPACITY_BLOCK
+             or reservation.props.get("reservationType") == "capacity-block"
+             or value_at(template, "instanceMarketOptions", "marketType") == "capacity-block")
+    return ReservationFacts(
+        reservation_id=_known_str(reservation.props.get("id")) or reservation.urn.rsplit("::", 1)[-1],
+        is_block=block, instance_type=_known_str(reservation.props.get("instanceType")),
+        availability_zone=_known_str(reservation.props.get("availabilityZone")))
+
+
+def _facts_of_tags(template: Mapping[str, Any]) -> ReservationFacts | None:
+    """The reservation's facts the template's tags carry (None without its ID tag)."""
+    tags = template.get("tags")
+    if not isinstance(tags, Mapping):
+        return None
+    rid, kind, instance_type, zone = (_known_str(tags.get(k)) for k in RESERVATION_TAG_KEYS)
+    if rid is None:
+        return None
+    block = (kind == "capacity-block"
+             or value_at(template, "instanceMarketOptions", "marketType") == "capacity-block")
+    return ReservationFacts(reservation_id=rid, is_block=block, instance_type=instance_type,
+                            availability_zone=zone)
 
 
 def _known_str(value: Any) -> str | None:
@@ -45,9 +86,10 @@ def _known_str(value: Any) -> str | None:
 def capacity_reservation_violations(resources: Sequence[StackResource]) -> list[StackViolation]:
     """A launch template that targets a capacity reservation launches what the reservation holds:
     its instance type (on the template and on every node group using it) and its AZ (of every
-    subnet of those node groups). The reservation's own resource (read from EC2) is the truth; a
-    Capacity Block also needs market type capacity-block and node group capacity type
-    CAPACITY_BLOCK."""
+    subnet of those node groups). What it holds comes from the reservation's own resource when
+    the stack registers one, else from the template's RESERVATION_TAG_KEYS tags (the engine hands
+    policies no resource a program reads with `.get()`). A Capacity Block also needs market type
+    capacity-block and node group capacity type CAPACITY_BLOCK."""
     templates = [r for r in resources if r.type == LAUNCH_TEMPLATE]
     reservations = [r for r in resources if r.type in (CAPACITY_RESERVATION, CAPACITY_BLOCK)]
     groups = [r for r in resources if r.type == NODE_GROUP]
@@ -57,26 +99,34 @@ def capacity_reservation_violations(resources: Sequence[StackResource]) -> list[
         rid = reservation_target(lt.props)
         if rid is None:
             continue
-        targeted = _targeted_reservations(lt, reservations)
-        if not targeted:
+        facts = [_facts_of_resource(lt.props, r) for r in _targeted_reservations(lt, reservations)]
+        if not facts:
+            tagged = _facts_of_tags(lt.props)
+            if tagged is not None and isinstance(rid, str) and tagged.reservation_id != rid:
+                out.append(StackViolation(lt.urn, f"launch template targets capacity reservation "
+                                          f"{rid}, but its {RESERVATION_TAG_KEYS[0]} tag names "
+                                          f"{tagged.reservation_id}"))
+                continue
+            facts = [tagged] if tagged is not None else []
+        if not facts:
             shown = rid if isinstance(rid, str) else "(known at deploy time)"
             out.append(StackViolation(lt.urn, f"launch template targets capacity reservation "
-                                      f"{shown}, which this stack does not read from EC2, so "
-                                      "its instance type and AZ cannot be checked"))
+                                      f"{shown}, but the stack neither registers that reservation "
+                                      f"nor tags the template with what it holds "
+                                      f"({', '.join(RESERVATION_TAG_KEYS)}), so its instance "
+                                      "type and AZ cannot be checked"))
             continue
         users = [ng for ng in groups if referenced(ng, "launchTemplate", [lt], ("id", "name"))]
-        for res in targeted:
-            out.extend(_reservation_mismatches(lt, res, users, subnets))
+        for held in facts:
+            out.extend(_reservation_mismatches(lt, held, users, subnets))
     return out
 
 
-def _reservation_mismatches(lt: StackResource, res: StackResource, users: list[StackResource],
+def _reservation_mismatches(lt: StackResource, held: ReservationFacts, users: list[StackResource],
                             subnets: Sequence[StackResource]) -> list[StackViolation]:
-    block = _is_block(lt.props, res)
+    block = held.is_block
     what = "Capacity Block" if block else "capacity reservation"
-    rid = _known_str(res.props.get("id")) or res.urn.rsplit("::", 1)[-1]
-    want_type = _known_str(res.props.get("instanceType"))
-    want_zone = _known_str(res.props.get("availabilityZone"))
+    rid, want_type, want_zone = held.reservation_id, held.instance_type, held.availability_zone
     out: list[StackViolation] = []
     lt_type = _known_str(lt.props.get("instanceType"))
     if want_type and lt_type and lt_type != want_type:
