@@ -29,6 +29,7 @@ from rich.console import Console
 
 from workloads.client.cluster import UnreachableError, client_factory, connect, first_line, job_client
 from workloads.client.datapaths import files_for_job
+from workloads.client.overrides import user_overrides
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
 from workloads.client.follow import (  # noqa: F401
     FollowLostError,
@@ -133,7 +134,7 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) ->
             raise ValueError(f"cannot read --config {args.config}: {exc.strerror or exc}") from None
     else:
         cfg = preset(preset_name)
-    cfg = with_overrides(cfg, [*args.set, f"transport.expect={expect}"])
+    cfg = with_overrides(cfg, [*user_overrides(cfg.to_dict(), args.set), f"transport.expect={expect}"])
     return cfg.to_dict()
 
 
