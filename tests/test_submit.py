@@ -117,6 +117,8 @@ def test_the_printer_shows_progress_from_split_chunks_once():
     lines = out.getvalue().splitlines()
     assert lines == [
         "job 2 CPU workers on 2 node(s), run d",
+        # The workers' start takes tens of seconds before the gate says anything: said at once.
+        "job starting the workers: each imports torch and joins the process group, then the transport gate runs",
         "train step      5/60  loss 2.5000  1,234 tokens/s/worker",
         "train step     10/60  loss 2.0000",
     ]
