@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The Python minors pyproject.toml's requires-python allows.
 PYTHON_VERSIONS := 3.11 3.12
 
-.PHONY: venv test demo lint clean check-python mutation
+.PHONY: venv test demo lint clean clean-runs check-python mutation
 
 venv: $(STAMP)
 
@@ -14,7 +14,7 @@ venv: $(STAMP)
 # judged by its own interpreter, so a .venv made by a wrong Python is named, with the way out.
 check-python:
 	@if [ -e $(PY) ]; then py=$(PY); \
-	  fix="remove it (make clean, or rm -rf $(VENV)) and run make again with PYTHON=python3.12"; \
+	  fix="remove it (rm -rf $(VENV)) and run make again with PYTHON=python3.12"; \
 	else py=$(PYTHON); \
 	  fix="install Python 3.11 or 3.12 and pass it, e.g. make $(or $(MAKECMDGOALS),venv) PYTHON=python3.12"; \
 	fi; \
@@ -51,5 +51,9 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# runs/ holds every demo's report, checkpoints and exported model: only clean-runs removes it.
 clean:
-	rm -rf $(VENV) runs .pytest_cache mutants
+	rm -rf $(VENV) .pytest_cache mutants
+
+clean-runs:
+	rm -rf runs

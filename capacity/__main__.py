@@ -1,5 +1,8 @@
 import sys
 
-from capacity.cli import main
+from workloads.venv_hint import dependencies_of
 
-sys.exit(main())
+with dependencies_of("capacity"):
+    from capacity.cli import main
+
+    sys.exit(main())

@@ -12,6 +12,7 @@ import argparse
 import contextvars
 import dataclasses
 import difflib
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -50,6 +51,10 @@ _STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 _PARTITIONS = ("aws", "aws-us-gov", "aws-cn")
 _COMMAND = contextvars.ContextVar("command", default="probe")
 """The subcommand being run, for the prefix of error lines."""
+_JSON = contextvars.ContextVar("json", default=False)
+"""--json was asked for: a failure is also one JSON document on stdout, for scripts."""
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout this package belongs to (its Pulumi.yaml is beside the stack files)."""
 EXIT_UNREACHABLE = 4
 """AWS did not answer (no network, a proxy, a wrong AWS_ENDPOINT_URL): nothing was learnt about
 capacity, so this is not exit 1."""
@@ -97,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Find where the GPU node group can launch and write it into "
                                    "Pulumi.<stack>.yaml.")
     p.add_argument("--stack", default="", help="stack to write (default: the chosen region)")
+    p.add_argument("--new-stack", action="store_true",
+                   help="--stack names a new stack that is not a region (without it, a name that "
+                        "is neither a region nor an existing stack file is refused as a typo)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--regions", default="", help="comma-separated regions, in preference order")
     where.add_argument("--all-regions", action="store_true",
@@ -176,6 +184,29 @@ def _hold_hours(args: argparse.Namespace) -> float:
     return hours
 
 
+def _check_new_stack(stack: str, *, project_dir: Path, known: frozenset[str]) -> None:
+    """A --stack that names no stack file here must be a region (the usual stack name) or be
+    asked for with --new-stack: a typo would otherwise write a new stack file and exit 0."""
+    if stack in known or stack_file(stack, project_dir).exists():
+        return
+    stacks = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml")
+                    for p in project_dir.glob("Pulumi.*.yaml"))
+    close = difflib.get_close_matches(stack, [*stacks, *sorted(known)], n=1)
+    hint = f"did you mean --stack {close[0]}? Or add" if close else "add"
+    raise InputError(f"--stack {stack!r} is neither a stack file here nor an AWS region; {hint} "
+                     f"--new-stack to create Pulumi.{stack}.yaml")
+
+
+def check_project_dir(project_dir: Path) -> None:
+    """The stack files live beside Pulumi.yaml: run from elsewhere, the probe would read no stack
+    file and write a stray one."""
+    if (project_dir / "Pulumi.yaml").is_file():
+        return
+    root = f" ({PROJECT_ROOT})" if (PROJECT_ROOT / "Pulumi.yaml").is_file() else ""
+    raise InputError(f"there is no Pulumi.yaml in {project_dir}: the capacity commands read and "
+                     f"write Pulumi.<stack>.yaml in the project's root{root}; run them from there")
+
+
 def _refuse_if_reserved(path: Path, stack: str) -> None:
     try:
         blocks_cli.refuse_if_reserved(path, stack)
@@ -212,6 +243,8 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
         raise InputError("--regions is empty")
     current_zone_id = ""
     if args.stack:
+        if not args.new_stack:
+            _check_new_stack(args.stack, project_dir=project_dir, known=known)
         path = stack_file(args.stack, project_dir)
         stackfile.precheck(path)
         _refuse_if_reserved(path, args.stack)
@@ -239,10 +272,14 @@ def _home_region(session: boto3.Session, regions: Sequence[str]) -> str:
     return session.region_name or (regions[0] if regions else "us-east-1")
 
 
-def _fail(err: Console, message: str, code: int) -> int:
+def _fail(err: Console, message: str, code: int, *, json_doc: bool = True) -> int:
+    """The error on stderr, one line per problem; with --json, also one JSON document on stdout
+    (unless the command printed its report already: `json_doc` off)."""
     for line in message.splitlines():
         err.print(f"capacity {_COMMAND.get()}: error: {line}", markup=False, highlight=False,
                   soft_wrap=True)
+    if json_doc and _JSON.get():
+        print(json.dumps({"exit_code": code, "error": message.splitlines()}, indent=2))
     return code
 
 
@@ -320,7 +357,7 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
         report_mod.print_human(result, out=out, err=err)
     if code == EXIT_UNREACHABLE:
         _fail(err, "no region answered: this is a connection problem, not an answer about "
-                   "capacity", code)
+                   "capacity", code, json_doc=False)
     return code
 
 
@@ -330,11 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     _COMMAND.set(blocks_cli.command_of(argv))
+    _JSON.set("--json" in argv)
     try:
         session = default_session()
     except AwsFailure as failure:
         return _fail(err, failure.summary, EXIT_PERMISSION)
     try:
+        if not {"-h", "--help"} & set(argv):
+            check_project_dir(Path.cwd())
         opts = parse_options(argv, project_dir=Path.cwd(), known=known_regions(session),
                              default_region=session.region_name or "")
     except (InputError, ConfigError, stackfile.StackFileError) as exc:

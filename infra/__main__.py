@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from infra.config import ConfigError, load_stack_config
-from infra.cost import cost_summary
-from infra.render import render_yaml
+from workloads.venv_hint import dependencies_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     render.add_argument("--project-dir", default=".", help="folder of the stack files")
     args = parser.parse_args(argv)
+    with dependencies_of("infra"):
+        return _render(args)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from infra.config import ConfigError, load_stack_config
+    from infra.cost import cost_summary
+    from infra.render import render_yaml
+
     try:
         cfg = load_stack_config(args.stack, args.project_dir)
     except ConfigError as exc:

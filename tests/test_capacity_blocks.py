@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -365,6 +366,7 @@ def test_the_command_line_exits_2_with_one_line(repo_root, tmp_path):
     env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                AWS_REGION=REGION, AWS_CONFIG_FILE=os.devnull,
                AWS_SHARED_CREDENTIALS_FILE=os.devnull, PYTHONPATH=str(repo_root))
+    shutil.copy(repo_root / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
     proc = subprocess.run([sys.executable, "-m", "capacity", "blocks", "--instance-type",
                            "g6.12xlarge", "--nodes", "2", "--days", "2"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)

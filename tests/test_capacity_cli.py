@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,9 @@ def moto_url() -> str:
 
 @pytest.fixture
 def probe(moto_url: str, repo_root: Path, tmp_path: Path):
+    """`python -m capacity probe ARGS` run in tmp_path, a project folder (it holds a Pulumi.yaml)."""
+    shutil.copy(repo_root / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+
     def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         full_env = {**base, **FAKE_ENV, "AWS_ENDPOINT_URL": moto_url,
@@ -131,6 +135,47 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(probe, tmp_path, ar
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
     assert (tmp_path / "Pulumi.broken.yaml").read_text() == MALFORMED
     assert [p.name for p in tmp_path.glob("Pulumi.*.yaml")] == ["Pulumi.broken.yaml"]
+
+
+def test_a_stack_name_that_is_no_stack_file_and_no_region_is_refused_as_a_typo(probe, tmp_path):
+    proc = probe("--stack", "us-wset-2", "--regions", "us-west-2", "--nodes", "2")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == ("capacity probe: error: --stack 'us-wset-2' is neither a stack file here nor an AWS "
+                    "region; did you mean --stack us-west-2? Or add --new-stack to create "
+                    "Pulumi.us-wset-2.yaml")
+    assert not list(tmp_path.glob("Pulumi.*.yaml"))
+    # The closest existing stack file is named too, and --new-stack is the way to a new name.
+    (tmp_path / "Pulumi.gpu-dev.yaml").write_text("config:\n  aws:region: us-west-2\n")
+    assert "did you mean --stack gpu-dev?" in probe("--stack", "gpu-deb").stderr
+    proc = probe("--stack", "my-stack", "--new-stack", "--regions", "us-west-2")
+    assert proc.returncode == 0, proc.stderr
+    assert parse_stack_config(read_stack_values(tmp_path / "Pulumi.my-stack.yaml")).region == "us-west-2"
+
+
+def test_run_from_another_folder_it_says_to_run_from_the_projects_root(probe, repo_root, tmp_path):
+    (tmp_path / "Pulumi.yaml").unlink()  # a folder that is not the project's
+    proc = probe("--stack", "us-west-2", "--regions", "us-west-2")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == (f"capacity probe: error: there is no Pulumi.yaml in {tmp_path}: the capacity commands "
+                    f"read and write Pulumi.<stack>.yaml in the project's root ({repo_root}); run them "
+                    "from there")
+    assert not list(tmp_path.glob("Pulumi.*"))  # no stray stack file
+
+
+def test_with_json_a_failure_is_a_json_document_on_stdout(probe):
+    proc = probe("--all-regions", "--dry-run", "--json",
+                 env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
+    assert proc.returncode == 3
+    doc = json.loads(proc.stdout)
+    assert doc["exit_code"] == 3
+    (error,) = doc["error"]
+    assert error.startswith("AWS credentials problem calling sts:GetCallerIdentity: NoCredentialsError")
+    assert f"capacity probe: error: {error}" in proc.stderr  # stderr says it as before
+    bad = probe("--nodes", "0", "--json")
+    assert bad.returncode == 2 and json.loads(bad.stdout) == {
+        "exit_code": 2, "error": ["--nodes must be a whole number of at least 1, got '0'"]}
 
 
 def test_missing_credentials_exit_3(probe):

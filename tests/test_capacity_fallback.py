@@ -102,7 +102,7 @@ def test_hold_implies_a_reservation_and_types_keep_their_order(tmp_path):
 def test_fallback_end_to_end_writes_the_type_that_places(probe, tmp_path):  # noqa: F811
     # moto offers neither g6 nor g6e in eu-west-1, and p4d.24xlarge in eu-west-1c only.
     proc = probe("--regions", "eu-west-1", "--instance-types",
-                 "g6.12xlarge,g6e.12xlarge,p4d.24xlarge", "--stack", "eu")
+                 "g6.12xlarge,g6e.12xlarge,p4d.24xlarge", "--stack", "eu", "--new-stack")
     assert proc.returncode == 0, proc.stderr
     cfg = parse_stack_config(read_stack_values(tmp_path / "Pulumi.eu.yaml"))
     assert (cfg.gpu_instance_type, cfg.gpu_availability_zone) == ("p4d.24xlarge", "eu-west-1c")

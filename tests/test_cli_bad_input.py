@@ -9,6 +9,7 @@ reach a cloud.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +60,12 @@ CASES = (
     Case("capacity", ("probe", "--stack", "several"), 2,
          "Pulumi.several.yaml:5: rayeks:gpuNodeCount = 3: is not read: this program's keys are "
          "under `ray-eks:`. Fix: did you mean ray-eks:gpuNodeCount?"),
+    Case("capacity", ("probe", "--stack", "us-wset-2"), 2,
+         "--stack 'us-wset-2' is neither a stack file here nor an AWS region; did you mean --stack "
+         "us-west-2? Or add --new-stack to create Pulumi.us-wset-2.yaml"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
+         "AWS credentials problem calling sts:GetCallerIdentity: NoCredentialsError"),
+    Case("capacity", ("probe", "--all-regions", "--dry-run", "--json"), 3,
          "AWS credentials problem calling sts:GetCallerIdentity: NoCredentialsError"),
     Case("capacity", ("probe", "--regions", "us-west-2"), 3,
          "ProfileNotFound: The config profile (nonexistent) could not be found; "
@@ -101,13 +107,17 @@ CASES = (
     Case("workloads", ("submit", "--stack", "us-west-2", "--set", "data.kind=jsonl", "--set",
                        "data.path=some.log", "--set", "data.tokenizer=./no-tokenizer"), 2,
          "data.tokenizer './no-tokenizer' is not a file or folder here"),
+    Case("workloads", ("run", "--local", "--set", "data.kind=jsonl", "--set", "data.path=some.log"), 2,
+         "some.log:1: not valid JSON (Expecting value)"),
+    Case("workloads", ("submit", "--stack", "us-west-2", "--set", "data.kind=jsonl"), 2,
+         'data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file'),
     Case("workloads", ("export",), 2, "name the run: RUN"),
     Case("workloads", ("export", "no-such-run"), 2, "no-such-run: nothing is stored there"),
     Case("workloads", ("export", "some.log", "--dtype", "int8"), 2, "invalid choice: 'int8'"),
     Case("infra", (), 2, "the following arguments are required: command"),
     Case("infra", ("render", "--stack", "nope"), 2,
-         "Pulumi.nope.yaml: does not exist. Fix: run `python -m capacity probe --stack nope`"),
-    Case("infra", ("render", "--stack", "bda"), 2, "or did you mean --stack bad?"),
+         "Pulumi.nope.yaml: does not exist. Fix: run `python -m capacity probe --stack nope --new-stack`"),
+    Case("infra", ("render", "--stack", "bda"), 2, "Fix: did you mean --stack bad?"),
     Case("infra", ("render", "--stack", "bad"), 2,
          "Pulumi.bad.yaml:5: ray-eks:gpuNodeCount = 'two': must be a whole number"),
     Case("infra", ("render", "--stack", "broken"), 2, "Pulumi.broken.yaml:2: is not valid YAML"),
@@ -115,7 +125,9 @@ CASES = (
          "Pulumi.azid.yaml:4: ray-eks:gpuAvailabilityZoneId = 'use1-az1': is an AZ ID of another "
          "region (us-west-2's start with usw2-)"),
     Case("infra", ("render", "--stack", "several"), 2,
-         "Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.3: was read as a number"),
+         'Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.30: is a number to YAML, not text: '
+         'unquoted, 1.30 is read as 1.3 (trailing zeros dropped). Fix: quote it in the stack file: '
+         'ray-eks:kubernetesVersion: "1.30"'),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
     Case("workloads.bench", (), 2, "no CUDA GPU is visible: the benchmarks measure GPUs"),
@@ -148,6 +160,7 @@ def _run(case: Case, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, repo_root: Path) -> dict[str, subprocess.CompletedProcess]:
     cwd = tmp_path_factory.mktemp("cli")
+    shutil.copy(repo_root / "Pulumi.yaml", cwd / "Pulumi.yaml")  # the project's root, as a user's cwd
     for name, text in STACK_FILES.items():
         (cwd / name).write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RAY_"))}

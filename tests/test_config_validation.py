@@ -206,8 +206,10 @@ def test_every_problem_of_a_stack_file_is_reported_at_once_each_with_its_line(tm
     assert "is an AZ ID of another region (us-west-2's start with usw2-)" in lines[0]
     assert "--stack dev --regions us-west-2" in lines[0]
     assert "did you mean ray-eks:gpuNodeCount?" in lines[1]
-    assert 'an unquoted 1.30 becomes 1.3). Fix: quote it in the stack file: ' \
-           'ray-eks:kubernetesVersion: "1.34"' in lines[2]
+    # The value as the file spells it, and the fix quoting that same value (not the default).
+    assert lines[2].startswith(f"{path}:6: ray-eks:kubernetesVersion = 1.30: is a number to YAML, not text: "
+                               "unquoted, 1.30 is read as 1.3")
+    assert lines[2].endswith('Fix: quote it in the stack file: ray-eks:kubernetesVersion: "1.30"')
     assert "(or edit it in Pulumi.dev.yaml)" in lines[3]
 
 
@@ -264,9 +266,49 @@ def test_invalid_yaml_names_its_line(tmp_path):
 
 
 def test_a_missing_stack_file_names_the_stack_and_the_closest_one(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: ray-eks\n")
     (tmp_path / "Pulumi.us-west-2.yaml").write_text("config: {}\n")
-    with pytest.raises(ConfigError, match=r"--stack us-wst-2` to create it; or did you mean "
-                                          r"--stack us-west-2\?"):
+    with pytest.raises(ConfigError, match=r"Fix: did you mean --stack us-west-2\? Or run `python -m capacity "
+                                          r"probe --stack us-wst-2` to create it$"):
         load_stack_config("us-wst-2", tmp_path)
     with pytest.raises(ConfigError, match=r"--stack eu-central-1` to create it; stacks here: us-west-2$"):
         load_stack_config("eu-central-1", tmp_path)
+    # A name that is not a region: the probe creates it only when asked to.
+    with pytest.raises(ConfigError, match=r"--stack dev --new-stack` to create it"):
+        load_stack_config("dev", tmp_path)
+
+
+def test_a_missing_stack_file_in_another_folder_says_to_run_from_the_projects_root(tmp_path):
+    """Not `run the probe`, which would create a stray stack file in that folder."""
+    with pytest.raises(ConfigError) as info:
+        load_stack_config("us-west-2", tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'Pulumi.us-west-2.yaml'}: does not exist. Fix: the stack files "
+                              f"are in the project's root ({REPO_ROOT}), beside Pulumi.yaml")
+    assert message.endswith(f"{tmp_path} has no Pulumi.yaml: run the command from the project's root")
+    assert "capacity probe" not in message
+
+
+def test_a_bare_address_in_api_access_cidrs_is_refused_with_its_32():
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": ["203.0.113.5"]})
+    assert str(info.value) == ("ray-eks:apiAccessCidrs = '203.0.113.5': is an address, not a CIDR. "
+                               "Fix: write 203.0.113.5/32 for that one address")
+    cfg = parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": ["203.0.113.5/32"]})
+    assert cfg.api_access_cidrs == ("203.0.113.5/32",)
+
+
+@pytest.mark.parametrize("scalar", ["203.0.113.0/24", "203.0.113.0/24,198.51.100.0/24"])
+def test_a_list_setting_given_as_a_single_value_is_refused(scalar, tmp_path):
+    """A scalar in the stack file (`pulumi config set` without --path) reaches the program as a
+    plain string, a YAML list as a JSON one."""
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": scalar})
+    assert str(info.value) == (f"ray-eks:apiAccessCidrs = {scalar!r}: is a single value, not a list. Fix: "
+                               "pulumi config set --path 'ray-eks:apiAccessCidrs[0]' 203.0.113.0/24: a list "
+                               "(in the stack file, `- 203.0.113.0/24` under the key)")
+    (tmp_path / "Pulumi.dev.yaml").write_text(
+        "config:\n  aws:region: eu-west-1\n  ray-eks:gpuAvailabilityZone: eu-west-1b\n"
+        f"  ray-eks:gpuAvailabilityZoneId: euw1-az2\n  ray-eks:apiAccessCidrs: {scalar}\n")
+    with pytest.raises(ConfigError, match=r"Pulumi.dev.yaml:5: ray-eks:apiAccessCidrs = .*: is a single value"):
+        load_stack_config("dev", tmp_path)

@@ -37,14 +37,14 @@ def as_int_or_string(ints: st.SearchStrategy[int]) -> st.SearchStrategy:
 
 
 def as_list_or_string(items: st.SearchStrategy[list[str]]) -> st.SearchStrategy:
-    """A list as YAML holds it, as JSON (`pulumi config set --path`), or comma-separated."""
-    return st.one_of(items, items.map(json.dumps), items.filter(bool).map(",".join))
+    """A list as YAML holds it, or as JSON (`pulumi config set --path`). A scalar (`a,b`) is
+    refused: see `bad_values`."""
+    return st.one_of(items, items.map(json.dumps))
 
 
 valid_cidrs = st.builds(lambda ip, prefix: str(ipaddress.IPv4Network(f"{ip}/{prefix}",
                                                                     strict=False)),
                         st.ip_addresses(v=4), st.integers(0, 32))
-# IAM names may hold commas, but then only the list and JSON forms can carry them; left out here.
 valid_arns = regex(r"arn:aws(-us-gov|-cn)?:iam::\d{12}:(role|user)/"
                    r"[A-Za-z0-9+=.@_-]{1,20}(/[A-Za-z0-9_-]{1,10})?")
 valid_versions = regex(r"(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})")
@@ -149,6 +149,7 @@ def not_cidr(value: str) -> bool:
 bad_cidrs = st.one_of(
     st.sampled_from(["10.0.0.1/8", "10.0.0.0/33", "300.0.0.0/8", "::/0", "10.0.0.0/-1",
                      "0.0.0.0/0/0", "  "]),
+    st.ip_addresses(v=4).map(str),  # an address without its /32
     st.builds(lambda ip, prefix: f"{ip}/{prefix}", st.ip_addresses(v=4), st.integers(0, 32)
               ).filter(not_cidr),
     st.text(max_size=20).filter(lambda s: "," not in s and not_cidr(s)))
@@ -199,6 +200,7 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:kuberayOperatorChartVersion": bad_versions,
     "ray-eks:apiAccessCidrs": st.one_of(
         st.just([]), st.just("[]"), st.just(" , "), not_a_string_list,
+        st.lists(valid_cidrs, min_size=1, max_size=3).map(",".join),  # a scalar, not a list
         st.builds(lambda good, bad, at: good[:at] + [bad] + good[at:],
                   st.lists(valid_cidrs, max_size=3), bad_cidrs, st.integers(0, 3))),
     "ray-eks:adminPrincipalArns": st.one_of(

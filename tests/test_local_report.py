@@ -102,6 +102,27 @@ def test_the_plot_starts_at_the_runs_first_step_with_eval_loss_and_lr():
     assert report.curves(records).loss[0] == (5, 3.0) and report.curves(records[:1]).eval_loss == []
 
 
+def test_the_loss_axis_is_logarithmic_and_the_warm_up_is_shaded(tmp_path):
+    """On a linear axis the first steps' loss (6.2, a uniform guess) flattened every later step."""
+    records = [{"step": 5, "loss": 3.0, "lr": 0.01}, {"step": 10, "loss": 0.5, "lr": 0.009, "eval_loss": 0.6},
+               {"step": 15, "loss": 0.05, "lr": 0.005}]
+    series = report.curves(records, final={"first_loss": 6.2}, warmup_steps=5)
+    assert series.warmup == (1, 5)
+    fig = report.draw_curves(series, title="t")
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    (span,) = [p for p in ax.patches if p.get_label().startswith("warm-up")]
+    (x0, _), (x1, _) = span.get_extents().transformed(ax.transData.inverted()).get_points()
+    assert (round(x0), round(x1)) == (1, 5)
+    assert "warm-up (steps 1-5)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    # A run resumed after its warm-up has none to shade; one without warm-up neither.
+    assert report.curves(records, final={"resumed_from_step": 7}, warmup_steps=5).warmup is None
+    assert report.curves(records).warmup is None
+    report.write_report(tmp_path, records=records, summary=report.summarize(records),
+                        meta={"config": {"warmup_steps": 5}}, final={"first_loss": 6.2})
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_the_report_plots_the_curves(tmp_path, monkeypatch):
     plotted = {}
     monkeypatch.setattr(report, "plot_curves", lambda series, *, title, path: plotted.update(series=series))

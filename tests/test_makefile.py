@@ -69,8 +69,23 @@ def test_a_venv_made_by_a_wrong_python_says_how_to_recover(project):
     done = make(project, "test", version="3.13")
     assert done.returncode != 0
     assert ".venv/bin/python is Python 3.13" in done.stderr
-    assert "remove it (make clean, or rm -rf .venv) and run make again with PYTHON=python3.12" \
-        in done.stderr
+    assert "remove it (rm -rf .venv) and run make again with PYTHON=python3.12" in done.stderr
+    assert "make clean" not in done.stderr  # it would suggest more than the venv's removal
+
+
+def test_clean_keeps_the_runs_and_clean_runs_removes_them(project):
+    assert make(project, "venv", version="3.12").returncode == 0
+    report = project / "runs" / "20261201-011428" / "report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text("{}")
+    (project / "mutants").mkdir()
+    done = make(project, "clean", version="3.12")
+    assert done.returncode == 0, done.stderr
+    assert not (project / ".venv").exists() and not (project / "mutants").exists()
+    assert report.read_text() == "{}"  # every demo's report, checkpoints and model are kept
+    done = make(project, "clean-runs", version="3.12")
+    assert done.returncode == 0, done.stderr
+    assert not (project / "runs").exists()
 
 
 def test_the_checked_versions_are_those_pyproject_allows(repo_root):

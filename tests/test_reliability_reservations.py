@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -545,6 +546,7 @@ def test_the_cli_interrupted_mid_reservation_exits_130_and_leaves_nothing(proxy,
     # Started as from a terminal, whatever this process's SIGINT disposition is: a child inherits an
     # ignored SIGINT (a run started in the background), and Python then installs no KeyboardInterrupt
     # handler, so the signal would be lost.
+    shutil.copy(repo_root / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
     proc = subprocess.Popen([sys.executable, "-m", "capacity", "probe", "--regions", REGION,
                              "--reserve", "--dry-run"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

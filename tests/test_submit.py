@@ -3,9 +3,14 @@ transport check."""
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import shlex
+import subprocess
+import sys
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -112,6 +117,8 @@ def test_the_printer_shows_progress_from_split_chunks_once():
     lines = out.getvalue().splitlines()
     assert lines == [
         "job 2 CPU workers on 2 node(s), run d",
+        # The workers' start takes tens of seconds before the gate says anything: said at once.
+        "job starting the workers: each imports torch and joins the process group, then the transport gate runs",
         "train step      5/60  loss 2.5000  1,234 tokens/s/worker",
         "train step     10/60  loss 2.0000",
     ]
@@ -443,3 +450,91 @@ def test_a_resubmitted_run_waits_for_the_world_size_it_had_and_the_driver_is_tol
                                   expect="any", wait_nodes_s=90, workers=2)
     args = parse_driver_args(shlex.split(sub.entrypoint)[3:])
     assert (args.wait_nodes_s, args.workers) == (90, 2)
+
+
+def test_changing_data_kind_drops_the_presets_path(capsys):
+    """`--set data.kind=jsonl` alone: the preset's hub dataset id is no JSONL file of the user's, and
+    the error is about the path the new kind needs, before any cluster is reached."""
+    code = submit.main("submit", ["--stack", "us-west-2", "--set", "data.kind=jsonl"])
+    assert code == submit.EXIT_USAGE
+    assert capsys.readouterr().err.strip() == (
+        'submit: error: data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file')
+
+
+def test_a_path_given_with_the_kind_and_an_unchanged_kind_keep_their_paths():
+    from workloads.client.overrides import user_overrides
+
+    hub = {"data": {"kind": "hub", "path": "HuggingFaceH4/ultrachat_200k"}}
+    assert user_overrides(hub, ["data.kind=jsonl", "data.path=a.jsonl"]) == ["data.kind=jsonl", "data.path=a.jsonl"]
+    assert user_overrides(hub, ["data.kind=hub", "data.split=test"]) == ["data.kind=hub", "data.split=test"]
+    assert user_overrides(hub, ['data.kind="jsonl"']) == ["data.path=", 'data.kind="jsonl"']
+    assert user_overrides({"data": {"kind": "synthetic", "path": ""}}, ["data.kind=jsonl"]) == ["data.kind=jsonl"]
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    """A web server that is not a Ray dashboard: each path gives one kind of wrong answer."""
+
+    answers = {"/404/api/version": (404, b"no such page"), "/html/api/version": (200, b"<html>hello</html>"),
+               "/json/api/version": (200, b'{"version": "1.0"}')}
+
+    def do_GET(self):  # noqa: N802
+        status, body = self.answers.get(self.path, (404, b""))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def web_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(("path", "answer"), [
+    ("/404", "HTTP 404"), ("/html", "not JSON"), ("/json", "a JSON answer without ray_version")])
+def test_an_address_that_is_no_ray_jobs_api_says_so(web_server, path, answer):
+    conn = cluster.Connection(address=web_server + path, token=None, storage_path=None, target_args=())
+    with pytest.raises(cluster.UnreachableError) as info:
+        cluster.job_client(conn)
+    assert str(info.value) == (f"nothing at {web_server + path} answers as a Ray Jobs API (GET /api/version: "
+                               f"{answer}): is this the Ray head's dashboard port (8265 by default)?")
+    assert "Ray 1.9" not in str(info.value)
+
+
+def test_list_at_an_address_that_is_no_ray_jobs_api_exits_3_with_one_line(web_server, repo_root):
+    done = subprocess.run([sys.executable, "-m", "workloads", "list", "--address", web_server], cwd=repo_root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == submit.EXIT_UNREACHABLE
+    assert done.stderr.strip() == (f"list: error: nothing at {web_server} answers as a Ray Jobs API (GET "
+                                   "/api/version: HTTP 404): is this the Ray head's dashboard port (8265 by default)?")
+
+
+def test_export_help_answers_at_once_without_torch(repo_root):
+    """`export --help` imported torch and transformers (11 s on a cold machine)."""
+    def timed(*argv: str) -> tuple[float, subprocess.CompletedProcess]:
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, *argv], cwd=repo_root, capture_output=True, text=True, timeout=120)
+        return time.perf_counter() - start, done
+
+    bare, _ = timed("-c", "pass")
+    took, done = timed("-m", "workloads", "export", "--help")
+    assert done.returncode == 0 and "--out FOLDER" in done.stdout
+    assert "DEST" not in done.stdout  # every name in the help is a flag or its value
+    assert took < bare + 1.5, f"export --help took {took:.1f} s"
+    _, imported = timed("-c", "import sys, workloads.client.export; print('torch' in sys.modules)")
+    assert imported.stdout.strip() == "False"
+
+
+def test_export_offers_the_dtypes_the_exporter_takes():
+    from workloads.client.export import DTYPE_CHOICES
+    from workloads.model_io.export import EXPORT_DTYPES
+
+    assert DTYPE_CHOICES == EXPORT_DTYPES

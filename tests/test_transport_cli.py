@@ -101,3 +101,35 @@ def test_json_report_inconclusive(repo_root, shared_dir):
     assert out.returncode == 3
     report = json.loads(out.stdout)
     assert report["status"] == "inconclusive" and report["problems"] == [] and len(report["gaps"]) == 1
+
+
+GLOO_JOB_LOG = """\
+[driver] {"cpus_per_worker": 1.0, "event": "plan", "nodes": 2, "num_workers": 2, "run_name": "demo-cpu-1", \
+"use_gpu": false}
+(RayTrainWorker pid=5920) [transport-gate] {"applies":false,"passed":true,"message":"transport gate does not apply \
+to the gloo backend (it checks NCCL transports)"}
+"""
+"""The lines of a `make demo` job's log that say how its ranks talked (a real run's, trimmed)."""
+
+
+def test_a_gloo_job_log_is_said_to_be_no_nccl_run(repo_root, tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text(GLOO_JOB_LOG)
+    out = verify(str(log), cwd=repo_root)
+    assert out.returncode == 3  # nothing to judge, as for any log without NCCL connections
+    assert out.stdout.splitlines()[0].startswith("INCONCLUSIVE: not an NCCL run: the ranks talked over gloo")
+    assert "NCCL_DEBUG" not in out.stdout  # no advice to turn on NCCL's logging for a run without NCCL
+    assert "its ranks used the gloo backend (CPU workers), so NCCL made no connection to check" in out.stdout
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_reader_that_leaves_early_is_no_crash(repo_root, as_json):
+    """`verify-transport --json LOG | head -1`: head exits before the report is written."""
+    args = [str(SYNTHETIC / "efa-2x4-libfabric.log"), "--nodes", "2"] + (["--json"] if as_json else [])
+    proc = subprocess.Popen([sys.executable, "-m", "workloads", "verify-transport", *args], cwd=repo_root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(repo_root)})
+    proc.stdout.close()  # the reader is gone before the first write
+    _, err = proc.communicate(timeout=60)
+    assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+    assert proc.returncode == verify(*args, cwd=repo_root).returncode == 0  # the verdict's code still

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from workloads.venv_hint import dependencies_of
+
 COMMANDS = {
     "run": ("workloads.client.local", "train on a Ray cluster started on this machine (--local)"),
     "submit": ("workloads.client.submit", "submit the fine-tune to a stack's RayCluster and follow it"),
@@ -31,8 +33,9 @@ def main(argv: list[str]) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
-    return module.main(command, rest)
+    with dependencies_of("workloads"):
+        module = importlib.import_module(COMMANDS[command][0])
+        return module.main(command, rest)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,11 @@ def _as_bool(key: str, raw: Any) -> bool:
 
 def _as_str(key: str, raw: Any) -> str:
     if isinstance(raw, float):
-        default = FIELDS[key].default
-        example = default if isinstance(default, str) else "<value>"
-        raise ConfigError(key, raw, "was read as a number, which drops trailing zeros (an unquoted "
-                          "1.30 becomes 1.3)", f'quote it in the stack file: {key}: "{example}"')
+        # A stack file's float keeps its spelling (infra.config.stack_file.WrittenFloat).
+        written = getattr(raw, "text", repr(raw))
+        raise ConfigError(key, raw, f"is a number to YAML, not text: unquoted, {written} is read as "
+                          f"{float(raw)!r} (trailing zeros dropped)",
+                          f'quote it in the stack file: {key}: "{written}"')
     if isinstance(raw, (str, int)) and not isinstance(raw, bool):
         return str(raw).strip()
     if isinstance(raw, datetime):  # an unquoted timestamp in hand-written YAML
@@ -50,14 +51,19 @@ def _as_str(key: str, raw: Any) -> str:
 
 def _as_str_list(key: str, raw: Any) -> tuple[str, ...]:
     # Pulumi hands structured values to the program as JSON strings; stack files hold YAML lists.
+    # A plain string is a scalar in the stack file (`pulumi config set` without --path): refused,
+    # as `pulumi config set --path 'key[1]'` and every reader of the file expect a list.
+    def fix(value: str = "<value>") -> str:
+        return f"pulumi config set --path '{key}[0]' {value}: a list (in the stack file, `- {value}` under the key)"
+
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError:
-            raw = [s for s in raw.split(",") if s.strip()]
+            first = raw.split(",")[0].strip()
+            raise ConfigError(key, raw, "is a single value, not a list", fix(first or "<value>")) from None
     if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) for x in raw):
-        raise ConfigError(key, raw, "must be a list of strings",
-                          f"pulumi config set --path '{key}[0]' <value>")
+        raise ConfigError(key, raw, "must be a list of strings", fix())
     return tuple(x.strip() for x in raw)
 
 

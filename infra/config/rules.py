@@ -33,6 +33,11 @@ SUPPORTED_KUBERNETES_MINORS = range(32, 36)
 
 
 
+def looks_like_region(name: str) -> bool:
+    """Spelt like an AWS region name (us-west-2, us-gov-east-1): whether it exists is AWS's to say."""
+    return bool(_REGION_RE.match(name))
+
+
 def az_id_prefix(region: str) -> str:
     """The region part of its AZ IDs (usw2 in usw2-az1): the country code, a letter per part of
     the name (two for northeast and the like), the number; every region follows the scheme."""
@@ -122,6 +127,10 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         except ValueError as exc:
             yield ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
                               "write it like 203.0.113.0/24")
+            continue
+        if "/" not in cidr:  # ipaddress reads a bare address as /32: say so rather than guess
+            yield ConfigError(k("api_access_cidrs"), cidr, "is an address, not a CIDR",
+                              f"write {cidr}/32 for that one address")
     for arn in cfg.admin_principal_arns:
         session = _ASSUMED_ROLE_RE.match(arn)
         if session:

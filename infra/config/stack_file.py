@@ -8,25 +8,53 @@ from typing import Any, Callable, TypeVar
 
 from infra.config.errors import NO_VALUE, ConfigError, ConfigErrors
 from infra.config.parsing import check_settings, parse_stack_config
+from infra.config.rules import looks_like_region
 from infra.config.schema import StackConfig
 
 _T = TypeVar("_T")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this package belongs to: its Pulumi.yaml is beside the stack files."""
 
 
 def stack_file(stack: str, project_dir: Path | str = ".") -> Path:
     return Path(project_dir) / f"Pulumi.{stack}.yaml"
 
 
+class WrittenFloat(float):
+    """A YAML float that remembers how the file spelt it (`1.30`, which float() makes 1.3), so that
+    a message about it shows the value as written."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _safe_yaml():
+    from ruamel.yaml import YAML
+    from ruamel.yaml.constructor import SafeConstructor
+
+    class Constructor(SafeConstructor):
+        def construct_yaml_float(self, node):  # type: ignore[override]
+            value = WrittenFloat(super().construct_yaml_float(node))
+            value.text = str(node.value)
+            return value
+
+    Constructor.add_constructor("tag:yaml.org,2002:float", Constructor.construct_yaml_float)
+    yaml = YAML(typ="safe")
+    yaml.Constructor = Constructor
+    return yaml
+
+
 def read_stack_values(path: Path) -> dict[str, Any]:
     """The `config:` mapping of a stack file; ConfigError when the file is not a stack file."""
-    from ruamel.yaml import YAML, YAMLError
+    from ruamel.yaml import YAMLError
 
     try:
-        doc = YAML(typ="safe").load(path.read_text())
+        doc = _safe_yaml().load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(str(path), NO_VALUE, "does not exist",
-                          f"run `python -m capacity probe --stack {_stack_name(path)}` to create it"
-                          f"{_other_stacks_hint(path)}") from None
+        raise ConfigError(str(path), NO_VALUE, "does not exist", _missing_fix(path)) from None
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -41,16 +69,26 @@ def read_stack_values(path: Path) -> dict[str, Any]:
     return dict(doc.get("config") or {})
 
 
+def _missing_fix(path: Path) -> str:
+    folder = path.parent
+    if not (folder / "Pulumi.yaml").is_file():  # not the project's folder: creating it here is wrong
+        root = f" ({PROJECT_ROOT})" if (PROJECT_ROOT / "Pulumi.yaml").is_file() else ""
+        shown = str(folder.resolve()) if str(folder) == "." else str(folder)
+        return (f"the stack files are in the project's root{root}, beside Pulumi.yaml, and {shown} "
+                "has no Pulumi.yaml: run the command from the project's root")
+    stack = _stack_name(path)
+    # The probe takes a stack named after a region; any other name only with --new-stack.
+    flag = "" if looks_like_region(stack) else " --new-stack"
+    create = f"run `python -m capacity probe --stack {stack}{flag}` to create it"
+    stacks = sorted(_stack_name(p) for p in path.parent.glob("Pulumi.*.yaml"))
+    close = difflib.get_close_matches(stack, stacks, n=1)
+    if close:
+        return f"did you mean --stack {close[0]}? Or {create}"
+    return create + (f"; stacks here: {', '.join(stacks)}" if stacks else "")
+
+
 def _stack_name(path: Path) -> str:
     return path.name.removeprefix("Pulumi.").removesuffix(".yaml")
-
-
-def _other_stacks_hint(path: Path) -> str:
-    stacks = sorted(_stack_name(p) for p in path.parent.glob("Pulumi.*.yaml"))
-    close = difflib.get_close_matches(_stack_name(path), stacks, n=1)
-    if close:
-        return f"; or did you mean --stack {close[0]}?"
-    return f"; stacks here: {', '.join(stacks)}" if stacks else ""
 
 
 def key_lines(path: Path) -> dict[str, int]:

@@ -330,8 +330,26 @@ def job_client(conn: Connection, *, address: Optional[str] = None):
     check_reachable(address)
     try:
         return JobSubmissionClient(address, headers=headers)
-    except (ConnectionError, RuntimeError) as exc:
+    except ConnectionError as exc:
         raise UnreachableError(f"no Ray Jobs API at {address}: {first_line(str(exc))}") from None
+    except (RuntimeError, ValueError, KeyError, OSError) as exc:
+        # The SDK's first request is GET /api/version. A server that is not a Ray dashboard answers
+        # it with a 404 (which the SDK blames on a Ray older than 1.9), another error status, or a
+        # body that is no Ray version: none of that is an old Ray.
+        raise UnreachableError(
+            f"nothing at {address} answers as a Ray Jobs API (GET /api/version: {_version_answer(exc)}): "
+            f"is this the Ray head's dashboard port ({DEFAULT_DASHBOARD_PORT} by default)?") from None
+
+
+def _version_answer(exc: BaseException) -> str:
+    text = first_line(str(exc))
+    if text.startswith("Version check returned 404"):
+        return "HTTP 404"
+    if isinstance(exc, KeyError):
+        return "a JSON answer without ray_version"
+    if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError):
+        return "not JSON"
+    return text or type(exc).__name__
 
 
 def client_factory(conn: Connection) -> Callable[[], object]:

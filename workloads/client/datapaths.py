@@ -66,14 +66,24 @@ def _missing(path: ConfigPath, advice: str) -> ValueError:
     return ValueError(f"{path.field} {path.value!r} is not a file or folder here ({path.local}): {advice}")
 
 
-def resolved_for_local_run(train: dict, *, cwd: Path) -> dict:
-    """`train` with every path it names made absolute; ValueError for one that names nothing."""
+def resolved_for_local_run(train: dict, *, cwd: Path, made: frozenset[str] = frozenset()) -> dict:
+    """`train` with every path it names made absolute; ValueError for one that names nothing (but
+    for the fields in `made`, whose files are written before the job starts)."""
     resolved = copy.deepcopy(train)
     for path in config_paths(train, cwd=cwd):
-        if not path.local.exists():
+        if not path.local.exists() and path.field not in made:
             raise _missing(path, "relative paths are read from the current folder")
         _set(resolved, path.field, str(path.local))
     return resolved
+
+
+def local_inputs(train: dict, *, cwd: Path, made: frozenset[str] = frozenset(),
+                 upload_absolute: bool = True) -> dict[str, Path]:
+    """Field -> the file or folder on this machine that the run reads for it: every existing path of
+    a local run (the default), what `files_for_job` uploads for a submitted one. `made`: fields
+    whose files do not exist yet (the demo writes them just before the job)."""
+    return {path.field: path.local for path in config_paths(train, cwd=cwd)
+            if path.field not in made and path.local.exists() and (upload_absolute or not path.is_absolute)}
 
 
 def _size(path: Path) -> int:

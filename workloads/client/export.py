@@ -1,16 +1,19 @@
 """`python -m workloads export`: a run's checkpoint as a Hugging Face folder you can load and serve.
 
-    python -m workloads export RUN [--out DEST] [--checkpoint NAME] [--dtype auto|float32|bfloat16|float16]
+    python -m workloads export RUN [--out FOLDER] [--checkpoint NAME] [--dtype auto|float32|bfloat16|float16]
     python -m workloads export --stack NAME --run NAME [...]
 
 RUN is a run folder (local, or s3://bucket/prefix/RUN: Ray Train's storage of the run, a torchrun
 --out folder, a `make demo` runs/<stamp> folder) or one checkpoint folder; with --stack, the run is
 looked up in the stack's checkpoint bucket. The newest checkpoint is exported unless --checkpoint
-names one; DEST (default: `model/` next to the checkpoints) may be local or s3://. --generate
+names one; --out (default: `model/` next to the checkpoints) may be local or s3://. --generate
 loads the result with from_pretrained and prints a greedy continuation of a prompt.
 
-Exit codes: 0 exported; 2 bad input (no such run or checkpoint, DEST not empty, ...); 3 the stack's
+Exit codes: 0 exported; 2 bad input (no such run or checkpoint, --out not empty, ...); 3 the stack's
 outputs could not be read.
+
+torch and transformers are imported only once there is something to export, so `--help` and a
+mistake on the command line answer at once.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import tempfile
 from pathlib import Path
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
-from workloads.model_io.export import EXPORT_DTYPES, export_run, greedy_generate
 
 EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+"""workloads.model_io.export.EXPORT_DTYPES, which this module does not import (it imports torch)."""
 
 
 class _UsageError(Exception):
@@ -40,13 +44,14 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("run", nargs="?", help="run folder or checkpoint folder, local or s3://")
     parser.add_argument("--stack", help="take the run from this stack's checkpoint bucket (with --run)")
     parser.add_argument("--run", dest="run_name", help="the run name (Ray Train's) with --stack")
-    parser.add_argument("--out", help="where to write the folder, local or s3:// (default: RUN/model)")
+    parser.add_argument("--out", metavar="FOLDER",
+                        help="where to write the model folder, local or s3:// (default: RUN/model)")
     parser.add_argument("--checkpoint", help="the checkpoint folder's name (default: the newest)")
-    parser.add_argument("--dtype", default="auto", choices=EXPORT_DTYPES,
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="weights' dtype (default auto: the pretrained model's own, float32 for random init)")
     parser.add_argument("--from-shards", action="store_true",
                         help="consolidate the checkpoint's shards even when the run already exported it")
-    parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
+    parser.add_argument("--overwrite", action="store_true", help="replace what the --out folder holds")
     parser.add_argument("--generate", metavar="PROMPT", help="load the result and print a greedy continuation")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     return parser
@@ -64,6 +69,8 @@ def run_uri(args: argparse.Namespace) -> str:
 
 
 def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
+    from workloads.model_io.export import export_run, greedy_generate
+
     result = export_run(run_uri(args), out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
                         from_shards=args.from_shards, overwrite=args.overwrite,
                         keep_local=scratch / "model" if args.generate else None)

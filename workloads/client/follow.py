@@ -59,6 +59,9 @@ class LogPrinter:
             kind = "GPU" if plan["use_gpu"] else "CPU"
             self.console.print(f"[bold cyan]job[/] {plan['num_workers']} {kind} workers on {plan['nodes']} node(s), "
                                f"run {plan['run_name']}")
+            # What the next tens of seconds go to, which print nothing until the gate's verdict.
+            self.console.print("[bold cyan]job[/] starting the workers: each imports torch and joins the process "
+                               "group, then the transport gate runs")
             return
         said = line.find(DRIVER_PREFIX)
         if said >= 0 and plan is None:  # a message of the driver, not one of its records

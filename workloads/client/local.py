@@ -29,13 +29,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
 from workloads.client import demo, submit
 from workloads.client.cluster import connect, first_line, free_ports
-from workloads.client.datapaths import resolved_for_local_run
+from workloads.client.datapaths import local_inputs, resolved_for_local_run
+from workloads.client.inputs_check import check_inputs
+from workloads.client.overrides import user_overrides
 from workloads.client.report import clean_log, format_summary, loop_summary, summarize, write_report
 
 STARTED_MARK = "Ray runtime started"
@@ -254,17 +256,25 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def node_name(index: int) -> str:
+    return "the head" if index == 0 else f"worker node {index}"
+
+
 @contextmanager
-def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path) -> Iterator[LocalCluster]:
+def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path,
+                      say: Callable[[str], None] = lambda message: None) -> Iterator[LocalCluster]:
     """A Ray head that offers nothing to training workers plus `spec.nodes` worker nodes, all on
-    127.0.0.1, stopped (every process) on exit."""
+    127.0.0.1, stopped (every process) on exit. `say` hears of each node once it is up, with the
+    seconds it took (tens of seconds each on a busy machine)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     # Ray puts Unix sockets under the temp dir: keep its path short.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-local-", dir="/tmp"))
     nodes = LocalNodes(spec, token=secrets.token_hex(32), log_dir=log_dir, temp_dir=temp_dir)
     try:
         for index in range(spec.nodes + 1):
+            started = time.monotonic()
             nodes.start(index)
+            say(f"{node_name(index)} is up ({time.monotonic() - started:.0f} s)")
         yield LocalCluster(address=f"http://127.0.0.1:{nodes.dashboard_port}", token=nodes.token,
                            temp_dir=temp_dir, nodes=nodes)
     finally:
@@ -311,18 +321,33 @@ def _arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_local(args: argparse.Namespace, console: Console) -> int:
+def local_train_config(args: argparse.Namespace, run_dir: Path) -> tuple[dict, demo.DemoInputs]:
+    """The run's config, with every local input it names checked (seconds, before any cluster
+    starts), and what the demo will make for it. ValueError for a mistake."""
     from workloads.train.config import preset, with_overrides
 
+    inputs = demo.plan_demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
+    base = preset(args.preset)
+    cfg = with_overrides(base, [*inputs.overrides, *user_overrides(base.to_dict(), args.set), "transport.expect=any"])
+    train = resolved_for_local_run(cfg.to_dict(), cwd=Path.cwd(), made=inputs.fields)
+    check_inputs(train, local=local_inputs(train, cwd=Path.cwd(), made=inputs.fields), hub=True)
+    return train, inputs
+
+
+def run_local(args: argparse.Namespace, console: Console) -> int:
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
-    inputs = demo.demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
-    train = resolved_for_local_run(
-        with_overrides(preset(args.preset), [*inputs, *args.set, "transport.expect=any"]).to_dict(), cwd=Path.cwd())
+    train, inputs = local_train_config(args, run_dir)
+    if inputs.model is not None and inputs.chats is None:
+        console.print(f"[bold cyan]local[/] your data trains a toy model made in {inputs.model} (random weights; its "
+                      "tokenizer reads any text); --set model.name_or_path=FOLDER starts from another, such as "
+                      "a demo run's runs/<stamp>/model")
+    demo.write_demo_inputs(inputs)
     console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
                   f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
-    with local_ray_cluster(spec, log_dir=run_dir / "ray") as cluster:
+    say = lambda message: console.print(f"[bold cyan]local[/] {message}")  # noqa: E731
+    with local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
         console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
         with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
             request = submit.SubmitRequest(train=train, run_name=f"{args.preset}-{stamp}",
@@ -348,7 +373,9 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
     if outcome.exit_code == submit.EXIT_OK:
-        demo.show_model(run_dir, console, ask=bool(inputs))
+        from workloads.model_io.toy import DEMO_PROMPT
+
+        demo.show_model(run_dir, console, prompt=DEMO_PROMPT if inputs.chats else demo.first_question(train))
     return outcome.exit_code
 
 

@@ -154,9 +154,11 @@ class Curves:
     """Evaluation loss of the records that carry one (`eval_loss`); empty when none does."""
     lr: list[tuple[int, float]]
     """Learning rate of the logged steps."""
+    warmup: Optional[tuple[int, int]] = None
+    """The run's learning-rate warm-up steps (first, last) that the plot covers; None when none is."""
 
 
-def curves(records: list[dict], *, final: Optional[dict] = None) -> Curves:
+def curves(records: list[dict], *, final: Optional[dict] = None, warmup_steps: int = 0) -> Curves:
     loss = [(int(r["step"]), float(r["loss"])) for r in records]
     final = final or {}
     first_step = int(final.get("resumed_from_step") or 0) + 1
@@ -166,23 +168,33 @@ def curves(records: list[dict], *, final: Optional[dict] = None) -> Curves:
         loss=loss,
         eval_loss=[(int(r["step"]), float(r["eval_loss"])) for r in records if r.get("eval_loss") is not None],
         lr=[(int(r["step"]), float(r["lr"])) for r in records if r.get("lr") is not None],
+        warmup=(first_step, warmup_steps) if warmup_steps >= first_step else None,
     )
 
 
-def plot_curves(series: Curves, *, title: str, path: Path) -> None:
-    """Loss (and eval loss) on the left axis, the learning rate on the right one."""
+def draw_curves(series: Curves, *, title: str):
+    """The figure: loss (and eval loss) on a log axis, so that the late steps are not a flat line
+    under the first ones, the warm-up steps shaded, the learning rate on the right axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     lines = ax.plot(*zip(*series.loss), marker="o", markersize=3, label="training loss")
     if series.eval_loss:
         lines += ax.plot(*zip(*series.eval_loss), marker="s", markersize=4, label="eval loss")
+    if series.warmup is not None:
+        first, last = series.warmup
+        lines.append(ax.axvspan(first, last, color="orange", alpha=0.15, linewidth=0,
+                                label=f"warm-up (steps {first}-{last})"))
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(matplotlib.ticker.FormatStrFormatter("%g"))  # 0.3, not 3 x 10^-1
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.grid(True, alpha=0.3)
+    ax.set_ylabel("loss (log scale)")
+    ax.grid(True, which="both", alpha=0.3)
     if series.lr:
         lr_axis = ax.twinx()
         lines += lr_axis.plot(*zip(*series.lr), color="grey", linestyle="--", label="learning rate")
@@ -191,6 +203,13 @@ def plot_curves(series: Curves, *, title: str, path: Path) -> None:
     ax.legend(lines, [line.get_label() for line in lines], loc="upper right")
     ax.set_title(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(series: Curves, *, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = draw_curves(series, title=title)
     fig.savefig(path)
     plt.close(fig)
 
@@ -205,5 +224,7 @@ def write_report(run_dir: Path, *, records: list[dict], summary: RunSummary, met
         json.dumps({**meta, "summary": asdict(summary), "steps": records}, indent=2, sort_keys=True) + "\n"
     )
     png_path = run_dir / "loss.png"
-    plot_curves(curves(records, final=final), title=meta.get("title", "training loss"), path=png_path)
+    warmup = int((meta.get("config") or {}).get("warmup_steps") or 0)
+    plot_curves(curves(records, final=final, warmup_steps=warmup), title=meta.get("title", "training loss"),
+                path=png_path)
     return json_path, png_path

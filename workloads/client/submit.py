@@ -28,7 +28,9 @@ from ray.exceptions import AuthenticationError
 from rich.console import Console
 
 from workloads.client.cluster import UnreachableError, client_factory, connect, first_line, job_client
-from workloads.client.datapaths import files_for_job
+from workloads.client.datapaths import files_for_job, local_inputs
+from workloads.client.inputs_check import check_inputs
+from workloads.client.overrides import user_overrides
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
 from workloads.client.follow import (  # noqa: F401
     FollowLostError,
@@ -133,7 +135,7 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) ->
             raise ValueError(f"cannot read --config {args.config}: {exc.strerror or exc}") from None
     else:
         cfg = preset(preset_name)
-    cfg = with_overrides(cfg, [*args.set, f"transport.expect={expect}"])
+    cfg = with_overrides(cfg, [*user_overrides(cfg.to_dict(), args.set), f"transport.expect={expect}"])
     return cfg.to_dict()
 
 
@@ -143,8 +145,11 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.
     upload_absolute = bool(args.stack)  # the stack's nodes cannot see this machine's files
-    files_for_job(_train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None)),
-                  cwd=Path.cwd(), upload_absolute=upload_absolute)
+    first = _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
+    files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
+    # The files uploaded with the job are read here as the job will read them; the hub is the
+    # cluster's to reach, not this machine's.
+    check_inputs(first, local=local_inputs(first, cwd=Path.cwd(), upload_absolute=upload_absolute), hub=False)
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
     if args.gpus is not None and args.gpus < 0:

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
     from workloads.context import TrainContext
 
+NOT_NCCL_RE = re.compile(r"transport gate does not apply to the (\w+) backend")
+"""The gate's line in a job's log when the ranks talked over another backend than NCCL (gloo)."""
+
 INTRA_NODE_FLOOR_GBPS = 2.0
 INTER_NODE_FLOOR_GBPS = 1.0
 NCCL_LOG_NAME = "nccl.%h.%p.log"

@@ -14,14 +14,17 @@ every connection is acceptable, 1 when some is not, 2 on bad input, 3 when the l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import json
+import os
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal, Optional
 
+from workloads.transport.gate import NOT_NCCL_RE
 from workloads.transport.nccl_log import Connection, Kind, NcclLog, Transport, parse_nccl_log
 
 Expect = Literal["efa", "any"]
@@ -358,8 +361,18 @@ def _read(paths: Iterable[str]) -> str:
 
 
 def verify_transport(text: str, *, expect: Expect = "efa", nodes: Optional[int] = None) -> Verdict:
-    """Parse and judge NCCL debug output in one call (what the CLI and the submitter's check run)."""
-    return decide(parse_nccl_log(text), expect=expect, nodes=nodes)
+    """Parse and judge NCCL debug output in one call (what the CLI and the submitter's check run).
+    The log of a job whose ranks talked over another backend (gloo: `make demo`, CPU workers) has no
+    NCCL connection to judge, and the verdict says so rather than asking for NCCL_DEBUG."""
+    log = parse_nccl_log(text)
+    verdict = decide(log, expect=expect, nodes=nodes)
+    other = NOT_NCCL_RE.search(text)
+    if log.connections or other is None:
+        return verdict
+    backend = other.group(1)
+    return dataclasses.replace(verdict, summary=f"not an NCCL run: the ranks talked over {backend}", gaps=(
+        f"the job's transport gate says its ranks used the {backend} backend (CPU workers), so NCCL made no "
+        "connection to check: verify-transport judges the logs of GPU jobs",))
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -370,5 +383,10 @@ def main(command: str, argv: list[str]) -> int:
         print(f"{command}: error: {err}", file=sys.stderr)
         return 2
     verdict = verify_transport(text, expect=args.expect, nodes=args.nodes)
-    print(json.dumps(verdict.to_json(), indent=2) if args.json else render(verdict))
+    try:
+        print(json.dumps(verdict.to_json(), indent=2) if args.json else render(verdict), flush=True)
+    except BrokenPipeError:
+        # The reader left early (`| head`), as a pager or head does: the rest is not wanted. Later
+        # writes, and the interpreter's own flush at exit, go nowhere instead of failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return verdict.status.exit_code
