@@ -162,8 +162,10 @@ class TrainConfig:
 
     cross_node_reduce_dtype: typing.Literal["bfloat16", "float32"] = "bfloat16"
     """The dtype gradients cross between nodes in, with mixed_precision (without it, everything
-    is fp32). Within a node, and across the micro-steps of gradient accumulation, they are summed in
-    fp32; bf16 halves the bytes on the slow link (tests/test_loop_topology.py bounds the effect)."""
+    is fp32). Under HSDP the last micro-step of each optimizer step reduces in it, both its in-node
+    reduce-scatter and the cross-node all-reduce (FSDP2 has one reduce dtype per reduction); the
+    earlier micro-steps reduce in fp32 and their partial sums stay fp32. bf16 halves the bytes on
+    the slow link (tests/test_loop_topology.py bounds the effect)."""
 
     grad_accum_steps: int = 1
     """Micro-steps per optimizer step: each rank runs this many micro-batches and sums their

@@ -378,7 +378,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         raise RuntimeError(
             f"packed samples attend to each other with attn_implementation={cfg.model.attn_implementation!r} "
             "and this transformers version (position ids that restart are not turned into a block-diagonal "
-            "mask): use sdpa, flex_attention or flash_attention_2 with a transformers that does, such as 5.x"
+            "mask, or the backend ignores them): use varlen (the default), sdpa or flex_attention; "
+            "flash_attention_2 keeps packed samples apart only with micro_batch=1"
         )
     stream = itertools.chain([first_batch], stream)
 

@@ -164,9 +164,10 @@ class GradientSync:
     gradients stay sharded), but only the last one all-reduces across nodes: FSDP2 keeps the
     earlier micro-steps' node-reduced shards and adds them in before that all-reduce. With
     `cross_node_dtype` set, the partial sums of the earlier micro-steps stay in fp32 and only the
-    last micro-step reduces in that dtype, so the gradient crosses nodes in it once per optimizer
-    step. Flat FSDP has no separate cross-node stage: each micro-step reduce-scatters over every
-    rank (skipping that would keep whole unsharded gradients on every rank)."""
+    last micro-step reduces in that dtype (its in-node reduce-scatter too: one dtype per
+    reduction), so the gradient crosses nodes in it once per optimizer step. Flat FSDP has no
+    separate cross-node stage: each micro-step reduce-scatters over every rank (skipping that would
+    keep whole unsharded gradients on every rank)."""
 
     hsdp: bool = False
     cross_node_dtype: Optional[torch.dtype] = None
@@ -208,10 +209,11 @@ def reduction_plan(
 ) -> tuple[torch.dtype, GradientSync]:
     """(the MixedPrecisionPolicy's reduce dtype, the per-micro-step sync) for a mesh plan.
 
-    Within a node gradients are reduced in fp32. Between nodes they travel in `cross_node_dtype`
-    when mixed precision is on: under HSDP through the last micro-step's all-reduce; under flat FSDP
-    on several nodes every reduce-scatter crosses nodes, so it runs in that dtype (the fp32 sharded
-    gradients still accumulate in fp32). Without mixed precision everything stays fp32."""
+    Between nodes gradients travel in `cross_node_dtype` when mixed precision is on: under HSDP the
+    last micro-step reduces in it, its in-node reduce-scatter as well as the all-reduce across nodes
+    (FSDP2 has one reduce dtype per reduction), the earlier micro-steps in fp32; under flat FSDP on
+    several nodes every reduce-scatter crosses nodes, so it runs in that dtype (the fp32 sharded
+    gradients still accumulate in fp32). On one node, or without mixed precision, everything is fp32."""
     crosses = mixed_precision and plan.nodes > 1 and cross_node_dtype != torch.float32
     if plan.is_hsdp:
         return torch.float32, GradientSync(hsdp=True, cross_node_dtype=cross_node_dtype if crosses else None)
