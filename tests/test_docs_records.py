@@ -187,3 +187,41 @@ def test_the_mutation_table_is_the_recorded_runs():
         counts = {verdict: sum(v == verdict for v in mine.values()) for verdict in "🎉🙁🫥"}
         assert (total, killed, survived, untested) == (len(mine), counts["🎉"], counts["🙁"], counts["🫥"]), path
         assert survived_now == sum(v == "🙁" for m, v in now.items() if m.startswith(prefix)), path
+
+
+CHATS_RECORD = GPU_RECORDS / "2026-12-02-h200-chats"
+
+
+def test_the_packed_chats_table_is_the_recorded_runs():
+    """PERFORMANCE.md's table of the job users run, row by row, against the bench.json files."""
+    section = _section("PERFORMANCE.md", "## The job users run: packed chats")
+    recorded = []
+    for run, strategy in (("bench", "tuned"), ("bench", "tuned-chats"), ("synthetic-50", "tuned"),
+                          ("bench-sdpa", "tuned-chats"), ("bench-flex_attention", "tuned-chats")):
+        bench = json.loads((CHATS_RECORD / run / "bench.json").read_text())
+        (figures,) = [f for f in bench["figures"] if f["strategy"] == strategy]
+        recorded.append((f"{figures['tokens_per_s_per_gpu']:,.0f}", f"{figures['mfu_vs_peak']:.1%}",
+                         f"{figures['step_s_median']:.4f}", f"{figures['peak_mem_gib']:.1f}"))
+    rows = _table_rows(section, r"\| [\w-]+/ \(")
+    assert [row[0].split()[0] for row in rows] == ["bench/", "bench/", "synthetic-50/", "bench-sdpa/",
+                                                   "bench-flex_attention/"]
+    assert [row[3:] for row in rows] == recorded
+    bench = json.loads((CHATS_RECORD / "bench" / "bench.json").read_text())
+    (ratio,) = [c["ratio"] for c in bench["comparisons"] if "chat vs synthetic" in c["label"]]
+    assert f"Chats against synthetic tokens in the same call: {ratio:.3f}x" in section
+    chats = bench["chats"]
+    assert f"{chats['mean_tokens']:,.0f} tokens a conversation" in section
+    assert f"{chats['answer_share']:.1%} of them" in section
+
+
+def test_the_kernel_and_cap_figures_are_the_recorded_ones():
+    section = _section("PERFORMANCE.md", "## The job users run: packed chats")
+    kernels = json.loads((CHATS_RECORD / "kernels" / "kernels.json").read_text())
+    loss = kernels["loss"]
+    assert f"costs\n  {loss['fp32_accumulation_cost_ms']:.1f} ms per micro-step" in section
+    assert f"{loss['liger_fp32_accumulation_fwd_bwd_ms']:.1f} ms forward and backward" in section
+    assert f"{kernels['attention']['packed_varlen_fwd_bwd_ms']:.2f} ms forward and backward" in section
+    cap = json.loads((CHATS_RECORD / "cap24" / "bench.json").read_text())
+    peak = cap["runs"][0]["peak_mem_gib"]
+    assert cap["settings"]["memory_cap_gib"] == 22 and peak < 22
+    assert f"peak {peak:.1f} GiB per rank" in section
