@@ -114,8 +114,8 @@ class Batch:
     """Packed rows: int32 [N + 1], where each of the N sequences (samples, padding) of the
     flattened rows starts, then the total; computed here on the host, so the step never waits for
     the device to find them (workloads/train/attention.py)."""
-    example_tokens: int = 0
-    """Positions holding an example, not padding: what throughput counts."""
+    example_tokens: Optional[int] = None
+    """Positions holding an example, not padding: what throughput counts; None: every position."""
 
     @staticmethod
     def stack(samples: list[Sample]) -> Batch:

@@ -285,19 +285,17 @@ class Throughput:
     started: float = field(default_factory=time.perf_counter)
     tokens: int = 0
     """Example tokens of this window (this rank's)."""
-    positions: int = 0
-    """Positions of this window, padding included."""
     windows: list[float] = field(default_factory=list)
     all_tokens: int = 0
+    """Example tokens of the run so far (this rank's)."""
     all_positions: int = 0
+    """Positions of the run so far, padding included."""
 
     def add(self, micro_batches: list[Batch]) -> None:
-        tokens = sum(b.example_tokens for b in micro_batches)
-        positions = sum(b.input_ids.numel() for b in micro_batches)
+        tokens = sum(b.input_ids.numel() if b.example_tokens is None else b.example_tokens for b in micro_batches)
         self.tokens += tokens
-        self.positions += positions
         self.all_tokens += tokens
-        self.all_positions += positions
+        self.all_positions += sum(b.input_ids.numel() for b in micro_batches)
 
     def close_window(self, *, tokens: float | None = None) -> float:
         """This window's tokens/s: of `tokens` when given (e.g. the mean over ranks), else of
@@ -309,7 +307,7 @@ class Throughput:
         return rate
 
     def restart(self) -> None:
-        self.started, self.tokens, self.positions = time.perf_counter(), 0, 0
+        self.started, self.tokens = time.perf_counter(), 0
 
     def mean(self) -> float | None:
         """The mean over windows, leaving out the first (compilation, allocator warm-up) when
