@@ -32,9 +32,9 @@ _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 SUPPORTED_KUBERNETES_MINORS = range(32, 36)
 
 
-
 def looks_like_region(name: str) -> bool:
-    """Spelt like an AWS region name (us-west-2, us-gov-east-1): whether it exists is AWS's to say."""
+    """Spelt like an AWS region name (a country code, one or more direction words, a number; the
+    partition's word first for GovCloud): whether it exists is AWS's to say."""
     return bool(_REGION_RE.match(name))
 
 
