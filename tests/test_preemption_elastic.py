@@ -64,7 +64,8 @@ def test_min_nodes_makes_an_elastic_worker_range():
         worker_range(plan, min_nodes=3)
     from ray.train import ScalingConfig
 
-    assert ScalingConfig(num_workers=worker_range(plan, min_nodes=1), elastic_resize_monitor_interval_s=10).elasticity_enabled
+    scaling = ScalingConfig(num_workers=worker_range(plan, min_nodes=1), elastic_resize_monitor_interval_s=10)
+    assert scaling.elasticity_enabled
 
 
 def test_the_driver_takes_min_nodes_and_a_preemption_budget_of_its_own():
