@@ -93,6 +93,7 @@ def test_submit_passes_min_nodes_to_the_driver():
 def test_the_job_log_resizes_are_collected_for_the_report():
     lines = ['[driver] {"event": "workers", "planned_workers": 2, "start": 1, "why": "start", "workers": 2}',
              '(RayTrainWorker pid=1) [preemption] {"event":"checkpoint-on-notice","step":6}',
+             '(RayTrainWorker pid=1) [preemption] {"event":"checkpoint-on-notice","step":6}',  # Ray's second copy
              '[driver] {"event": "workers", "planned_workers": 2, "start": 2, "why": "preemption", "workers": 1}',
              '(RayTrainWorker pid=2) [elastic] {"world_size":1,"planned_world_size":2,"grad_accum_steps":2}']
     events = resize_events(lines)

@@ -296,10 +296,17 @@ START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 """Ray Train's wait for a worker group's resources before it retries the start (default 60 s)."""
 
 
-def start_timeout_s(wait_nodes_s: float) -> float:
+ELASTIC_START_TIMEOUT_S = 20.0
+"""An elastic run's wait for a worker group's resources: just after a node is lost Ray may still
+count its resources and start the old size, which times out; the run then goes on with fewer."""
+
+
+def start_timeout_s(wait_nodes_s: float, *, elastic: bool = False) -> float:
     """How long each start of the worker group waits for its resources: a sixth of the whole wait
-    for a lost node, between 5 and 60 s, so that the job's log says how the wait goes at that pace."""
-    return min(60.0, max(5.0, wait_nodes_s / 6))
+    for a lost node, between 5 and 60 s, so that the job's log says how the wait goes at that pace;
+    at most ELASTIC_START_TIMEOUT_S for an elastic run, which need not wait for the node."""
+    timeout = min(60.0, max(5.0, wait_nodes_s / 6))
+    return min(timeout, ELASTIC_START_TIMEOUT_S) if elastic else timeout
 
 
 ELASTIC_MONITOR_S = 10.0
@@ -332,7 +339,7 @@ def run(args: DriverArgs) -> int:
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
     preflight_file = Path(tempfile.mkdtemp(prefix="preflight-")) / "failed.txt"
     # Read by Ray Train's controller, which inherits the variables it knows from this process.
-    os.environ.setdefault(START_TIMEOUT_ENV, f"{start_timeout_s(args.wait_nodes_s):g}")
+    os.environ.setdefault(START_TIMEOUT_ENV, f"{start_timeout_s(args.wait_nodes_s, elastic=args.min_nodes > 0):g}")
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
@@ -366,7 +373,8 @@ def run(args: DriverArgs) -> int:
                                              max_preemption_failures=args.max_preemptions),
                 checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
                 callbacks=[PreflightRecorder(str(preflight_file)),
-                           WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers),
+                           WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers,
+                                           elastic=bool(elastic)),
                            ResizeReporter(planned_workers=plan.num_workers)],
             ),
         )

@@ -158,9 +158,11 @@ class WorkerGroupWait(ControllerCallback):
     once it has waited `limit_s`."""
 
     def __init__(self, *, limit_s: float, num_workers: int, clock: Callable[[], float] = time.monotonic,
-                 say: Callable[[str], None] = _say_from_controller) -> None:
+                 say: Callable[[str], None] = _say_from_controller, elastic: bool = False) -> None:
         self.limit_s = limit_s
         self.num_workers = num_workers
+        self.elastic = elastic
+        """An elastic run is placed again on as many workers as fit (the ResizeReporter's line says)."""
         self.clock = clock
         self.say = say
         self.waiting_since: Optional[float] = None
@@ -180,7 +182,8 @@ class WorkerGroupWait(ControllerCallback):
             self.start_failed()
         elif isinstance(current_state, RunningState):
             if self.announced:
-                self.say(f"the {self.num_workers} workers are placed again after {self.waited_s():.0f} s; the run "
+                which = "the workers" if self.elastic else f"the {self.num_workers} workers"
+                self.say(f"{which} are placed again after {self.waited_s():.0f} s; the run "
                          "resumes from its latest checkpoint")
             self.waiting_since, self.announced = None, False
 
@@ -218,14 +221,19 @@ class ResizeReporter(ControllerCallback):
             PreemptingState,
             ResizingState,
             RestartingState,
+            RunningState,
         )
 
+        # The cause holds over the starts that time out (a lost node's resources still counted)
+        # until the group runs again.
         if isinstance(current_state, PreemptingState):
             self.why = "preemption"
         elif isinstance(current_state, RestartingState) and self.why != "preemption":
             self.why = "failure"
         elif isinstance(current_state, ResizingState):
             self.why = "capacity back"
+        elif isinstance(current_state, RunningState):
+            self.why = "restart"
 
     def on_controller_start_worker_group(self, *, scaling_config, num_workers: int):
         import json
@@ -233,7 +241,6 @@ class ResizeReporter(ControllerCallback):
         self.started += 1
         self.say(json.dumps({"event": "workers", "workers": num_workers, "planned_workers": self.planned_workers,
                              "start": self.started, "why": self.why}, sort_keys=True))
-        self.why = "restart"
         return None
 
 
