@@ -43,7 +43,8 @@ system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
 gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
-    root_volume_gib=cfg.gpu_root_volume_gib, reservation=cfg.gpu_reservation,
+    root_volume_gib=cfg.gpu_root_volume_gib, capacity_type=cfg.gpu_capacity_type,
+    reservation=cfg.gpu_reservation,
     window=gpu_window, cluster_name=cluster.cluster_name))
 node_health = NodeHealth("node-health", NodeHealthArgs(
     cluster_name=cluster.cluster_name, cluster=cluster.cluster, version=cfg.node_monitoring_agent_version))

@@ -188,6 +188,26 @@ class RunningInstance:
     """Its instance type."""
     vcpus: int
     """Its vCPUs (cores x threads per core)."""
+    spot: bool = False
+    """A Spot instance (`InstanceLifecycle: spot`): it counts against the Spot quota instead."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpotPrice:
+    """The latest Spot price of an instance type in one AZ (DescribeSpotPriceHistory)."""
+
+    zone: str
+    """AZ name."""
+    zone_id: str
+    """AZ ID (empty when EC2 did not report it)."""
+    usd_per_hour: float
+    """Linux/UNIX price per instance-hour."""
+    timestamp: datetime
+    """When the price took effect."""
+
+
+SPOT_SCORE_REGIONS_MAX = 10
+"""GetSpotPlacementScores scores at most 10 regions per call (botocore: RegionNames max 10)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -405,8 +425,39 @@ class AwsApi:
             cpu = inst.get("CpuOptions")
             vcpus = (int(cpu.get("CoreCount", 0)) * int(cpu.get("ThreadsPerCore", 1)) if cpu
                      else default_vcpus.get(inst["InstanceType"], 0))
-            out.append(RunningInstance(instance_type=inst["InstanceType"], vcpus=vcpus))
+            out.append(RunningInstance(instance_type=inst["InstanceType"], vcpus=vcpus,
+                                       spot=inst.get("InstanceLifecycle") == "spot"))
         return out
+
+    # --- Spot ------------------------------------------------------------------------------------
+
+    def spot_placement_scores(self, *, region: str, instance_type: str,
+                              count: int) -> dict[str, int]:
+        """AZ ID -> Spot placement score (1-10) of `count` instances of one type launched in one
+        AZ of `region` (SingleAvailabilityZone; units are instances). EC2 answers only for the
+        zones it scores (the top ones), and scores a single instance type low on purpose: the
+        scores rank the zones, they are no promise."""
+        scores = self._paginate(
+            "ec2", region, "get_spot_placement_scores", "SpotPlacementScores",
+            InstanceTypes=[instance_type], TargetCapacity=count, TargetCapacityUnitType="units",
+            SingleAvailabilityZone=True, RegionNames=[region], MaxResults=10)
+        return {s["AvailabilityZoneId"]: int(s["Score"]) for s in scores
+                if s.get("AvailabilityZoneId") and s.get("Region", region) == region}
+
+    def spot_prices(self, *, region: str, instance_type: str) -> list[SpotPrice]:
+        """The current Linux/UNIX Spot price of the type in each AZ of the region that sells it:
+        with StartTime now, EC2 returns the price in effect in each zone."""
+        history = self._paginate(
+            "ec2", region, "describe_spot_price_history", "SpotPriceHistory",
+            InstanceTypes=[instance_type], ProductDescriptions=["Linux/UNIX"],
+            StartTime=self._now())
+        latest: dict[str, SpotPrice] = {}
+        for h in history:
+            price = SpotPrice(zone=h["AvailabilityZone"], zone_id=h.get("AvailabilityZoneId", ""),
+                              usd_per_hour=float(h["SpotPrice"]), timestamp=h["Timestamp"])
+            if price.zone not in latest or price.timestamp > latest[price.zone].timestamp:
+                latest[price.zone] = price
+        return [latest[zone] for zone in sorted(latest)]
 
     def _default_vcpus(self, *, region: str, instance_types: list[str]) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -154,7 +154,8 @@ def _record(api: AwsApi, res: Reservation, *, region: str, offering: BlockOfferi
                               evidence=Evidence.CAPACITY_PROVEN)
         values = {**stackfile.placement_values(placement),
                   **stackfile.reservation_values(reservation)}
-        update = stackfile.plan_update(path, values)
+        # A reservation holds On-Demand or Capacity Block capacity: a Spot stack becomes one of those.
+        update = stackfile.plan_update(path, values, remove=stackfile.SPOT_KEYS)
         stackfile.write(update)
     except (AwsFailure, KeyError, ValueError, OSError) as exc:
         keys = ", ".join(f"{k}: {v}"

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated GPU instance types to fall back across: all are "
                             "probed, placements ranked by availability, quota and price")
     p.add_argument("--nodes", default="2", help="GPU nodes in one AZ (default 2)")
+    p.add_argument("--capacity-type", default="on-demand", choices=("on-demand", "spot"),
+                   help="on-demand (default) or spot: rank AZs by Spot placement score and price "
+                        "against the Spot vCPU quota, and write gpuCapacityType: spot")
     p.add_argument("--reserve", action="store_true",
                    help="prove capacity with a capacity reservation, cancelled at once")
     p.add_argument("--hold", default="", metavar="HOURS",
@@ -236,6 +239,10 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
                          f"got {args.region_timeout!r}")
     instance_types = _instance_types(args)
     hold_hours = _hold_hours(args)
+    if args.capacity_type == "spot" and (args.reserve or hold_hours):
+        raise InputError(f"--capacity-type spot cannot be combined with {'--hold' if hold_hours else '--reserve'}: "
+                         "a capacity reservation holds On-Demand capacity, and EC2 reserves no Spot "
+                         "capacity (a Spot placement score is the nearest evidence; the probe shows it)")
     if args.stack and not _STACK_NAME_RE.match(args.stack):
         raise InputError(f"--stack {args.stack!r} is not a stack name (letters, digits, - _ .)")
     regions = tuple(r.strip() for r in args.regions.split(",") if r.strip())
@@ -263,7 +270,7 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
         request=ProbeRequest(instance_type=instance_types[0], node_count=nodes, regions=regions,
                              reserve=args.reserve or bool(hold_hours),
                              current_zone_id=current_zone_id, fallback_types=instance_types[1:],
-                             hold_hours=hold_hours),
+                             hold_hours=hold_hours, capacity_type=args.capacity_type),
         stack=args.stack, all_regions=args.all_regions, dry_run=args.dry_run,
         as_json=args.json, region_timeout_s=timeout, project_dir=project_dir)
 
@@ -346,7 +353,8 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
     elif placement is not None:
         stack = opts.stack or placement.region
         update = stackfile.plan_update(stack_file(stack, opts.project_dir),
-                                       stackfile.placement_values(placement))
+                                       stackfile.placement_values(placement),
+                                       remove=stackfile.spot_keys_removed(placement))
         written = not opts.dry_run and update.changed
         if written:
             stackfile.write(update)

@@ -56,7 +56,7 @@ def stack_keeper(api: AwsApi, *, stack: str, project_dir: Path, node_count: int,
         update = stackfile.plan_update(
             stack_file(name, project_dir),
             {**stackfile.placement_values(placement),
-             **stackfile.reservation_values(reservation)})
+             **stackfile.reservation_values(reservation)}, remove=stackfile.SPOT_KEYS)
         api.extend_reservation(region=candidate.region, reservation_id=reservation_id,
                                end_date=reservation.end)
         api.tag_reservation(region=candidate.region, reservation_id=reservation_id, tags={

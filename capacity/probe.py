@@ -39,6 +39,13 @@ class ProbeRequest:
     ranked together."""
     hold_hours: float = 0.0
     """Keep the proving reservation for this many hours instead of cancelling it (`--hold`)."""
+    capacity_type: str = "on-demand"
+    """`on-demand` or `spot` (`--capacity-type`): Spot zones are ranked by EC2's Spot placement
+    score and price, against the Spot vCPU quota."""
+
+    @property
+    def spot(self) -> bool:
+        return self.capacity_type == "spot"
 
     @property
     def instance_types(self) -> tuple[str, ...]:
@@ -55,6 +62,12 @@ class ZoneOffer:
     """AZ ID (e.g. usw2-az1); the same physical zone in every account."""
     offered: bool
     """describe_instance_type_offerings lists the type in this AZ."""
+    spot_score: int | None = None
+    """Spot placement score of the node group in this AZ (1-10, GetSpotPlacementScores); None
+    when not asked (On-Demand) or when EC2 gave this zone none."""
+    spot_usd_per_hour: float | None = None
+    """The latest Spot price of one instance here (DescribeSpotPriceHistory); None when not asked
+    or EC2 sells no Spot of the type in this AZ."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +100,8 @@ class RegionReport:
     """Wall time of this region's probe."""
     instance_type: str = ""
     """The instance type probed (empty: the request's only type)."""
+    spot_problem: str = ""
+    """Why the Spot scores or prices could not be read (the zones are then ranked without them)."""
 
     @property
     def offered(self) -> tuple[ZoneOffer, ...]:
@@ -109,7 +124,7 @@ class RegionReport:
         if not self.offered:
             return f"{self.facts.name} not offered in any AZ"
         if self.quota is not None and self.quota.verdict is QuotaVerdict.SHORT:
-            return (f"On-Demand vCPU quota {self.quota.quota_code} short: "
+            return (f"{self.quota.market} vCPU quota {self.quota.quota_code} short: "
                     f"{self.quota.free_vcpus:g} free < {self.quota.needed_vcpus} needed")
         return ""
 
@@ -141,6 +156,10 @@ class Candidate:
     """Strongest evidence before any reservation."""
     instance_type: str = ""
     """Instance type (empty: the request's only type)."""
+    spot_score: int | None = None
+    """The zone's Spot placement score (Spot only)."""
+    spot_usd_per_hour: float | None = None
+    """The zone's latest Spot price per instance (Spot only)."""
 
 
 class AttemptOutcome(enum.Enum):
@@ -194,13 +213,20 @@ class Placement:
     """GPU nodes."""
     evidence: Evidence
     """What backs the choice."""
+    capacity_type: str = "on-demand"
+    """`on-demand` or `spot`."""
+    spot_score: int | None = None
+    """Spot placement score of the zone when chosen (Spot only)."""
+    spot_usd_per_hour: float | None = None
+    """Latest Spot price per instance in the zone (Spot only)."""
 
 
 def rank_candidates(reports: tuple[RegionReport, ...], *,
                     request: ProbeRequest) -> tuple[Candidate, ...]:
-    """Qualifying AZs, best first: strongest evidence (availability, quota), then the node
-    group's On-Demand price per hour (with several instance types), then the user's type order,
-    region order, the stack's current AZ, and AZ ID (a stable order across accounts)."""
+    """Qualifying AZs, best first: strongest evidence (availability, quota); for Spot, then the
+    higher Spot placement score (unscored zones last) and the lower Spot price; then the node
+    group's On-Demand price per hour (with several instance types), the user's type order, region
+    order, the stack's current AZ, and AZ ID (a stable order across accounts)."""
     order = {r: i for i, r in enumerate(request.regions)}
     type_order = {t: i for i, t in enumerate(request.instance_types)}
     out = []
@@ -211,12 +237,15 @@ def rank_candidates(reports: tuple[RegionReport, ...], *,
                     else Evidence.QUOTA_UNCHECKED)
         instance_type = report.instance_type or request.instance_type
         out.extend(Candidate(region=report.region, zone=z.name, zone_id=z.zone_id,
-                             evidence=evidence, instance_type=instance_type)
+                             evidence=evidence, instance_type=instance_type,
+                             spot_score=z.spot_score, spot_usd_per_hour=z.spot_usd_per_hour)
                    for z in report.offered)
 
     def key(c: Candidate) -> tuple:
         t = c.instance_type or request.instance_type
-        return (c.evidence, node_group_usd_per_hour(t, request.node_count),
+        spot = ((-(c.spot_score or 0), c.spot_usd_per_hour if c.spot_usd_per_hour is not None
+                 else float("inf")) if request.spot else ())
+        return (c.evidence, *spot, node_group_usd_per_hour(t, request.node_count),
                 type_order.get(t, len(type_order)), order.get(c.region, len(order)),
                 c.zone_id != request.current_zone_id, c.zone_id)
 
@@ -244,7 +273,9 @@ def choose_placement(candidates: tuple[Candidate, ...], attempts: tuple[Reservat
     best = candidates[0]
     return Placement(region=best.region, zone=best.zone, zone_id=best.zone_id,
                      instance_type=best.instance_type or request.instance_type,
-                     node_count=request.node_count, evidence=best.evidence)
+                     node_count=request.node_count, evidence=best.evidence,
+                     capacity_type=request.capacity_type, spot_score=best.spot_score,
+                     spot_usd_per_hour=best.spot_usd_per_hour)
 
 
 def unplaced_reasons(reports: tuple[RegionReport, ...],

@@ -1,6 +1,8 @@
-"""The On-Demand vCPU quota that governs an instance type, and how much of it is free.
+"""The On-Demand (or Spot) vCPU quota that governs an instance type, and how much of it is free.
 
-EC2 counts On-Demand usage in vCPUs per instance-family group, each group with its own quota code.
+Spot instances count against quotas of their own ("All G and VT Spot Instance Requests",
+L-3819A6DF, is 0 in a new account), separate from the On-Demand ones: a free On-Demand quota says
+nothing about Spot. EC2 counts On-Demand usage in vCPUs per instance-family group, each group with its own quota code.
 The limit is the account's applied value, else the AWS default; usage is the AWS/Usage metric, else
 the vCPUs of pending and running instances of the group. When an answer cannot be had, the check
 says why instead of passing.
@@ -39,15 +41,29 @@ QUOTA_GROUPS: tuple[QuotaGroup, ...] = (
     QuotaGroup(quota_code="L-74FC7D96", usage_class="F/OnDemand", families=frozenset({"f"})),
 )
 
+SPOT_QUOTA_GROUPS: tuple[QuotaGroup, ...] = (
+    QuotaGroup(quota_code="L-3819A6DF", usage_class="G/Spot", families=frozenset({"g", "vt"})),
+    QuotaGroup(quota_code="L-7212CCBC", usage_class="P/Spot", families=frozenset({"p"})),
+    QuotaGroup(quota_code="L-34B43A08", usage_class="Standard/Spot",
+               families=frozenset("acdhimrtz")),
+    QuotaGroup(quota_code="L-B5D1601B", usage_class="Inf/Spot", families=frozenset({"inf"})),
+    QuotaGroup(quota_code="L-85EED4F7", usage_class="DL/Spot", families=frozenset({"dl"})),
+    QuotaGroup(quota_code="L-E3A00192", usage_class="X/Spot", families=frozenset({"x"})),
+    QuotaGroup(quota_code="L-88CF9481", usage_class="F/Spot", families=frozenset({"f"})),
+)
+"""The `All ... Spot Instance Requests` vCPU quotas, by the same family groups."""
+
 _FAMILY_RE = re.compile(r"^([a-z]+)\d")
 
 
-def quota_group(instance_type: str) -> QuotaGroup | None:
-    """The group whose quota the type counts against; None for types outside these groups."""
+def quota_group(instance_type: str, *, spot: bool = False) -> QuotaGroup | None:
+    """The group whose quota the type counts against (its Spot quota with `spot`); None for types
+    outside these groups."""
     m = _FAMILY_RE.match(instance_type)
     if not m:
         return None
-    return next((g for g in QUOTA_GROUPS if m.group(1) in g.families), None)
+    groups = SPOT_QUOTA_GROUPS if spot else QUOTA_GROUPS
+    return next((g for g in groups if m.group(1) in g.families), None)
 
 
 class QuotaVerdict(enum.Enum):
@@ -58,7 +74,7 @@ class QuotaVerdict(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class QuotaCheck:
-    """One region's On-Demand vCPU quota against what the node group needs."""
+    """One region's On-Demand (or Spot) vCPU quota against what the node group needs."""
 
     quota_code: str | None
     """Quota code consulted (None when the type has no known group)."""
@@ -74,6 +90,12 @@ class QuotaCheck:
     """`cloudwatch` (AWS/Usage) or `running-instances`."""
     problem: str = ""
     """Why the check could not answer (empty when it could)."""
+    spot: bool = False
+    """The Spot quota of the type, not the On-Demand one."""
+
+    @property
+    def market(self) -> str:
+        return "Spot" if self.spot else "On-Demand"
 
     @property
     def free_vcpus(self) -> float | None:
@@ -95,12 +117,14 @@ def _why(failure: AwsFailure) -> str:
     return f"{failure.action} failed: {failure.code}"
 
 
-def check_quota(api: AwsApi, *, region: str, facts: InstanceFacts, node_count: int) -> QuotaCheck:
+def check_quota(api: AwsApi, *, region: str, facts: InstanceFacts, node_count: int,
+                spot: bool = False) -> QuotaCheck:
     needed = facts.vcpus * node_count
-    group = quota_group(facts.name)
+    group = quota_group(facts.name, spot=spot)
+    market = "Spot" if spot else "On-Demand"
     if group is None:
-        return QuotaCheck(quota_code=None, needed_vcpus=needed,
-                          problem=f"no On-Demand vCPU quota group known for {facts.name}")
+        return QuotaCheck(quota_code=None, needed_vcpus=needed, spot=spot,
+                          problem=f"no {market} vCPU quota group known for {facts.name}")
     limit, limit_source, problems = None, "", []
     try:
         limit = api.applied_quota(region=region, quota_code=group.quota_code)
@@ -115,16 +139,16 @@ def check_quota(api: AwsApi, *, region: str, facts: InstanceFacts, node_count: i
             problems.append(_why(failure))
     if limit is None:
         problems.insert(0, f"quota {group.quota_code} unreadable")
-        return QuotaCheck(quota_code=group.quota_code, needed_vcpus=needed,
+        return QuotaCheck(quota_code=group.quota_code, needed_vcpus=needed, spot=spot,
                           problem="; ".join(problems))
-    used, usage_source = _usage(api, region=region, group=group, problems=problems)
-    return QuotaCheck(quota_code=group.quota_code, needed_vcpus=needed, limit_vcpus=limit,
+    used, usage_source = _usage(api, region=region, group=group, problems=problems, spot=spot)
+    return QuotaCheck(quota_code=group.quota_code, needed_vcpus=needed, limit_vcpus=limit, spot=spot,
                       limit_source=limit_source, used_vcpus=used, usage_source=usage_source,
                       problem="" if used is not None else "; ".join(problems))
 
 
-def _usage(api: AwsApi, *, region: str, group: QuotaGroup,
-           problems: list[str]) -> tuple[float | None, str]:
+def _usage(api: AwsApi, *, region: str, group: QuotaGroup, problems: list[str],
+           spot: bool = False) -> tuple[float | None, str]:
     try:
         used = api.usage_metric(region=region, usage_class=group.usage_class)
         if used is not None:
@@ -137,5 +161,6 @@ def _usage(api: AwsApi, *, region: str, group: QuotaGroup,
         problems.insert(0, "usage unreadable")
         problems.append(_why(failure))
         return None, ""
-    in_group = [i.vcpus for i in running if quota_group(i.instance_type) == group]
+    in_group = [i.vcpus for i in running
+                if i.spot == spot and quota_group(i.instance_type, spot=spot) == group]
     return float(sum(in_group)), "running-instances"

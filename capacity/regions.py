@@ -29,11 +29,42 @@ def probe_region(api: AwsApi, *, region: str, request: ProbeRequest) -> RegionRe
     offered = api.offered_zones(region=region, instance_type=request.instance_type)
     zones = tuple(ZoneOffer(name=name, zone_id=zone_ids[name], offered=name in offered)
                   for name in sorted(zone_ids))
-    quota = None
+    quota, spot_problem = None, ""
     if any(z.offered for z in zones) and facts.efa_supported and facts.max_efa_interfaces > 0:
-        quota = check_quota(api, region=region, facts=facts, node_count=request.node_count)
+        quota = check_quota(api, region=region, facts=facts, node_count=request.node_count,
+                            spot=request.spot)
+        if request.spot:
+            zones, spot_problem = with_spot_market(api, region=region, zones=zones,
+                                                   instance_type=request.instance_type,
+                                                   count=request.node_count)
     return RegionReport(region=region, facts=facts, zones=zones, quota=quota,
-                        elapsed_s=time.monotonic() - start, instance_type=request.instance_type)
+                        elapsed_s=time.monotonic() - start, instance_type=request.instance_type,
+                        spot_problem=spot_problem)
+
+
+def with_spot_market(api: AwsApi, *, region: str, zones: tuple[ZoneOffer, ...], instance_type: str,
+                     count: int) -> tuple[tuple[ZoneOffer, ...], str]:
+    """The zones with their Spot placement score (by AZ ID) and latest Spot price (by AZ name),
+    and why either could not be read: the zones are then ranked on what was read."""
+    problems, scores, prices = [], {}, {}
+    try:
+        scores = api.spot_placement_scores(region=region, instance_type=instance_type, count=count)
+    except AwsFailure as failure:
+        problems.append(f"Spot placement scores unread ({_why(failure)})")
+    try:
+        prices = {p.zone: p.usd_per_hour
+                  for p in api.spot_prices(region=region, instance_type=instance_type)}
+    except AwsFailure as failure:
+        problems.append(f"Spot prices unread ({_why(failure)})")
+    zones = tuple(dataclasses.replace(z, spot_score=scores.get(z.zone_id),
+                                      spot_usd_per_hour=prices.get(z.name)) for z in zones)
+    return zones, "; ".join(problems)
+
+
+def _why(failure: AwsFailure) -> str:
+    if failure.kind is FailureKind.DENIED:
+        return f"missing IAM action {failure.action}"
+    return f"{failure.action}: {failure.code}"
 
 
 def _failed(region: str, failure: RegionFailure, elapsed_s: float,

@@ -104,13 +104,32 @@ def _verdict(report: RegionReport, zone: str, result: ProbeResult,
     return f"[{colour}]{cand.evidence.label}[/]"
 
 
+SPOT_MEANING = (
+    "Spot: EC2 may reclaim a node at any time on a two-minute notice (more often where the "
+    "placement score is low); the Ray workers then save a checkpoint and the run resumes from it, "
+    "on the nodes left with --min-nodes, or once the node group replaces the instance. Nothing is "
+    "reserved: a score is EC2's estimate now, not a promise, and EC2 scores a single instance type "
+    "low on purpose, so compare zones by it rather than read it as odds. The Spot vCPU quota is "
+    "separate from the On-Demand one (0 in a new account).")
+"""What the probe says a Spot placement means for the run."""
+
+
+def _spot_cells(zone) -> tuple[str, str]:
+    score = "-" if zone.spot_score is None else str(zone.spot_score)
+    price = "-" if zone.spot_usd_per_hour is None else f"${zone.spot_usd_per_hour:.4f}"
+    return score, price
+
+
 def table(result: ProbeResult) -> Table:
     types = result.request.instance_types
     several = len(types) > 1
-    t = Table(title=f"{result.request.node_count} x {' / '.join(types)}", title_justify="left")
+    spot = result.request.spot
+    t = Table(title=f"{result.request.node_count} x {' / '.join(types)}"
+              + (" on Spot" if spot else ""), title_justify="left")
     for col in (("type",) if several else ()) + (
-            "region", "AZ", "AZ ID", "offered", "EFA", "free/needed vCPUs", "reservation",
-            "verdict"):
+            "region", "AZ", "AZ ID", "offered", "EFA") + (
+            ("Spot score", "Spot $/h") if spot else ()) + (
+            f"free/needed {'Spot ' if spot else ''}vCPUs", "reservation", "verdict"):
         t.add_column(col, overflow="fold")
     attempts = _attempts_by_zone(result)
     for report in result.reports:
@@ -119,6 +138,7 @@ def table(result: ProbeResult) -> Table:
             offered = "?" if report.failure else ("no" if report.facts is None or not report.offered
                                                   else "yes")
             t.add_row(*first, report.region, "-", "-", offered, _efa_cell(report),
+                      *(("-", "-") if spot else ()),
                       _quota_cell(report.quota), "", f"[red]{report.blocker}[/]")
             continue
         for zone in report.offered:
@@ -130,6 +150,7 @@ def table(result: ProbeResult) -> Table:
             verdict = (f"[red]{report.blocker}[/]" if report.blocker
                        else _verdict(report, zone.name, result, attempt))
             t.add_row(*first, report.region, zone.name, zone.zone_id, "yes", _efa_cell(report),
+                      *(_spot_cells(zone) if spot else ()),
                       _quota_cell(report.quota), res_cell, verdict)
     return t
 
@@ -138,7 +159,9 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
     out.print(table(result))
     for r in result.reports:
         if r.quota is not None and r.quota.verdict is QuotaVerdict.UNKNOWN:
-            out.print(f"[yellow]{r.region}: vCPU quota not checked[/]: {r.quota.problem}")
+            out.print(f"[yellow]{r.region}: {r.quota.market} vCPU quota not checked[/]: {r.quota.problem}")
+        if r.spot_problem:
+            out.print(f"[yellow]{r.region}: ranked without them[/]: {r.spot_problem}")
     run = result.reservations
     if run is not None:
         for rid in run.swept:
@@ -155,9 +178,15 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
         for line in result.reasons:
             out.print(f"  - {line}", markup=False)
         return
-    out.print(f"Placement: {p.node_count} x {p.instance_type} in {p.region} {p.zone} "
+    market = ""
+    if p.capacity_type == "spot":
+        market = " on Spot" + ("" if p.spot_score is None else f" (placement score {p.spot_score}/10)")
+    out.print(f"Placement: {p.node_count} x {p.instance_type}{market} in {p.region} {p.zone} "
               f"({p.zone_id}), {p.evidence.label}; "
-              f"{gpu_nodes_cost_note(p.instance_type, p.node_count)}.", markup=False)
+              f"{gpu_nodes_cost_note(p.instance_type, p.node_count, spot_usd_per_hour=p.spot_usd_per_hour)}.",
+              markup=False)
+    if p.capacity_type == "spot":
+        out.print(SPOT_MEANING, markup=False)
     memory, preset = job_preset(p.instance_type)
     if len(result.request.instance_types) > 1:
         out.print(f"{p.instance_type} GPUs have {memory} GiB: `python -m workloads submit` runs "
@@ -205,6 +234,7 @@ def as_json(result: ProbeResult) -> str:
         "exit_code": result.exit_code,
         "request": _plain(result.request),
         "placement": _plain(result.placement),
+        "spot_meaning": SPOT_MEANING if result.request.spot else None,
         "reasons": list(result.reasons),
         "regions": [dict(_plain(r), blocker=r.blocker,
                          quota=None if r.quota is None else dict(

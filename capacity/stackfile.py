@@ -22,13 +22,14 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from capacity.probe import Placement
-from infra.config import (PLACEMENT_FIELDS, RESERVATION_FIELDS, ConfigError, GpuReservation,
+from infra.config import (PLACEMENT_FIELDS, RESERVATION_FIELDS, SPOT_FIELDS, ConfigError, GpuReservation,
                           check_stack_file_settings, config_key, format_utc, parse_stack_config,
                           read_stack_values)
 
 PLACEMENT_KEYS = tuple(config_key(name) for name in PLACEMENT_FIELDS)
 RESERVATION_KEYS = tuple(config_key(name) for name in RESERVATION_FIELDS)
-MANAGED_KEYS = PLACEMENT_KEYS + RESERVATION_KEYS
+SPOT_KEYS = tuple(config_key(name) for name in SPOT_FIELDS)
+MANAGED_KEYS = PLACEMENT_KEYS + SPOT_KEYS + RESERVATION_KEYS
 """Every key the capacity commands write, in the order they are inserted."""
 
 # (mapping, sequence, offset) layouts tried in order; the first that reproduces the file is used.
@@ -65,9 +66,25 @@ class StackUpdate:
 
 
 def placement_values(placement: Placement) -> dict[str, Any]:
-    """The stack-file keys the probe owns, with the placement's values."""
-    return dict(zip(PLACEMENT_KEYS, (placement.region, placement.zone, placement.zone_id,
-                                     placement.instance_type, placement.node_count)))
+    """The stack-file keys the probe owns, with the placement's values; on Spot also the capacity
+    type and the Spot price read in the zone (`spot_keys_removed` says what an On-Demand
+    placement removes)."""
+    values = dict(zip(PLACEMENT_KEYS, (placement.region, placement.zone, placement.zone_id,
+                                       placement.instance_type, placement.node_count)))
+    if placement.capacity_type == "spot":
+        price = placement.spot_usd_per_hour
+        values.update(zip(SPOT_KEYS, ("spot", "" if price is None else f"{price:.4f}")))
+        if price is None:
+            del values[SPOT_KEYS[1]]
+    return values
+
+
+def spot_keys_removed(placement: Placement) -> tuple[str, ...]:
+    """The Spot keys a placement takes out of the stack file: all of them for On-Demand (its
+    default), the price for Spot when none was read (an old price would be taken for today's)."""
+    if placement.capacity_type != "spot":
+        return SPOT_KEYS
+    return () if placement.spot_usd_per_hour is not None else SPOT_KEYS[1:]
 
 
 def read_region(path: Path) -> str | None:

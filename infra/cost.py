@@ -12,15 +12,32 @@ PRICES_NOTE = (f"{PRICE_TABLE_REGION} On-Demand list prices of {PRICE_TABLE_DATE
                "differ by up to ~30%")
 
 
+def gpu_node_usd_per_hour(cfg: StackConfig) -> float:
+    """One GPU node's price per hour: on Spot, the price the probe read in the chosen AZ (Spot
+    prices move; it is what they were then); otherwise, and on Spot without a price read, the
+    table's On-Demand list price (on Spot, an upper bound: EC2 never charges more)."""
+    if cfg.is_spot and cfg.gpu_spot_price_usd_per_hour:
+        return float(cfg.gpu_spot_price_usd_per_hour)
+    return cfg.gpu_instance.usd_per_hour
+
+
+def _gpu_label(cfg: StackConfig) -> str:
+    label = f"{cfg.gpu_node_count}x {cfg.gpu_instance_type}"
+    if not cfg.is_spot:
+        return label
+    if cfg.gpu_spot_price_usd_per_hour:
+        return f"{label} Spot (the probe's price)"
+    return f"{label} Spot (at most the On-Demand price: no Spot price read)"
+
+
 def cost_items(cfg: StackConfig) -> dict[str, float]:
-    """USD per hour of each part at the table's On-Demand list prices: GPU nodes, system nodes,
-    their root volumes, the EKS control plane and the NAT gateway (data transfer and S3 not
-    included)."""
+    """USD per hour of each part at the table's On-Demand list prices (the GPU nodes on Spot at
+    the price the probe read): GPU nodes, system nodes, their root volumes, the EKS control plane
+    and the NAT gateway (data transfer and S3 not included)."""
     volumes_gib = (cfg.gpu_node_count * cfg.gpu_root_volume_gib
                    + cfg.system_node_count * SYSTEM_ROOT_VOLUME_GIB)
     return {
-        f"{cfg.gpu_node_count}x {cfg.gpu_instance_type}":
-            cfg.gpu_node_count * cfg.gpu_instance.usd_per_hour,
+        _gpu_label(cfg): cfg.gpu_node_count * gpu_node_usd_per_hour(cfg),
         f"{cfg.system_node_count}x {cfg.system_instance_type}":
             cfg.system_node_count * cfg.system_instance.usd_per_hour,
         "EKS control plane": EKS_CONTROL_PLANE_USD_PER_HOUR,
@@ -45,7 +62,14 @@ def cost_summary(cfg: StackConfig) -> str:
             f"({items}; {PRICES_NOTE}; data transfer and S3 not included)")
 
 
-def gpu_nodes_cost_note(instance_type: str, count: int) -> str:
-    """What the GPU nodes of a placement cost per hour, for the probe's placement line."""
-    usd = count * INSTANCE_TYPES[instance_type].usd_per_hour
-    return f"the GPU nodes cost about {_usd(usd)}/hour ({PRICES_NOTE})"
+def gpu_nodes_cost_note(instance_type: str, count: int, *, spot_usd_per_hour: float | None = None) -> str:
+    """What the GPU nodes of a placement cost per hour, for the probe's placement line; with a
+    Spot price, beside the On-Demand list price."""
+    on_demand = count * INSTANCE_TYPES[instance_type].usd_per_hour
+    if spot_usd_per_hour is None:
+        return f"the GPU nodes cost about {_usd(on_demand)}/hour ({PRICES_NOTE})"
+    spot = count * spot_usd_per_hour
+    saving = 1 - spot / on_demand if on_demand else 0.0
+    return (f"the GPU nodes cost about {_usd(spot)}/hour on Spot at EC2's latest price there, "
+            f"{saving:.0%} below the {_usd(on_demand)}/hour On-Demand list price ({PRICES_NOTE}); "
+            "Spot prices move")

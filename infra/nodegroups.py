@@ -18,6 +18,7 @@ from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_T
                          SYSTEM_ROOT_VOLUME_GIB)
 from infra.config import GpuReservation, StackConfig
 from infra.instance_types import INSTANCE_TYPES
+from infra.spot import EKS_CAPACITY_TYPE as SPOT_CAPACITY_TYPE
 from infra.reservation import (EKS_CAPACITY_TYPE, LaunchWindow, ReservationEnded,
                                efa_network_interfaces, launch_window, reservation_launch_options,
                                reservation_update_config)
@@ -88,6 +89,8 @@ class GpuNodeGroupArgs:
     subnet_id: pulumi.Input[str]
     """The private subnet in `availability_zone` (the only subnet of the group)."""
     root_volume_gib: int
+    capacity_type: str = "on-demand"
+    """`on-demand` or `spot` (the stack's gpuCapacityType; a reservation sets its own)."""
     reservation: GpuReservation | None = None
     """Capacity reservation to launch into: the group then gets its own launch template that
     targets it, and no placement group (infra/reservation.py says why)."""
@@ -116,7 +119,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             node_role=role,
             ami_type=GPU_AMI_TYPE,
             instance_types=[args.instance_type],
-            capacity_type="ON_DEMAND",
+            capacity_type=SPOT_CAPACITY_TYPE[args.capacity_type],
             # pulumi-eks adds the instance's EFA interfaces to the launch template and creates a
             # cluster placement group in this AZ.
             enable_efa_support=True,

@@ -17,6 +17,7 @@ from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.readiness import RayWorkersReady, manifest_fingerprint
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
+from infra.spot import worker_shutdown
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
 
 RAY_CLUSTER_NAME = "ray-train"
@@ -101,9 +102,12 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
 
 def _worker_template(cfg: StackConfig) -> dict[str, Any]:
     resources = worker_pod_size(cfg.gpu_instance, hugepages_mib=cfg.gpu_huge_pages_mib).resources()
+    # On Spot: a grace period and Ray drain that fit a checkpoint in the notice (infra/spot.py).
+    shutdown_spec, shutdown_env = worker_shutdown(cfg.gpu_capacity_type)
     return {
         "metadata": {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}},
         "spec": {
+            **shutdown_spec,
             "serviceAccountName": SERVICE_ACCOUNT,
             "nodeSelector": {
                 **GPU_NODE_LABELS,
@@ -115,7 +119,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "name": "ray-worker",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
-                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env()],
+                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), *shutdown_env],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],

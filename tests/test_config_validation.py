@@ -136,6 +136,8 @@ STACK_FILE_KEYS = {
     "gpu_availability_zone_id": "ray-eks:gpuAvailabilityZoneId",
     "gpu_instance_type": "ray-eks:gpuInstanceType",
     "gpu_node_count": "ray-eks:gpuNodeCount",
+    "gpu_capacity_type": "ray-eks:gpuCapacityType",
+    "gpu_spot_price_usd_per_hour": "ray-eks:gpuSpotPriceUsdPerHour",
     "system_instance_type": "ray-eks:systemInstanceType",
     "kubernetes_version": "ray-eks:kubernetesVersion",
     "ray_image": "ray-eks:rayImage",

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
+
+if TYPE_CHECKING:
+    from workloads.train.preemption import NoticeFn
 
 
 TRAIN_PREFIX = "[train] "
@@ -57,3 +60,9 @@ class TrainContext:
     """The folder of the newest persisted checkpoint to resume from, or None to start fresh."""
     scratch_dir: Path
     """A per-run local folder for checkpoints in flight and per-rank NCCL logs."""
+    preemption_notice: Optional["NoticeFn"] = None
+    """Asks whether a node hosting the run's ranks is being drained (a collective: every rank
+    asks at the same steps); None where the launcher cannot tell (torchrun)."""
+    planned_world_size: int = 0
+    """The world size the config's grad_accum_steps is meant for (an elastic run's largest); the
+    loop rescales accumulation to keep the samples per optimizer step. 0: this world size."""

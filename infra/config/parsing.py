@@ -12,8 +12,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from infra.config.errors import ConfigError, fix_cmd, raise_all
 from infra.config.reservation_rules import reservation_problems
-from infra.config.rules import placement_problems, settings_problems
-from infra.config.schema import (FIELDS, KNOWN_KEYS, PLACEMENT_FIELDS, PROJECT, RESERVATION_FIELDS, StackConfig,
+from infra.config.rules import capacity_type_problems, placement_problems, settings_problems
+from infra.config.schema import (FIELDS, KNOWN_KEYS, PLACEMENT_FIELDS, PROJECT, RESERVATION_FIELDS, SPOT_FIELDS,
+                                 StackConfig,
                                  config_key, format_utc)
 
 
@@ -91,9 +92,10 @@ def _problems(cfg: StackConfig, *, placement: bool = True,
 
     if placement:
         add(placement_problems(cfg, skip={e.key for e in known_bad}))
+        add(capacity_type_problems(cfg))
         # The reservation is judged against the placement: only once both read cleanly, so that
         # one bad value is one problem, not a cascade.
-        watched = {config_key(name) for name in PLACEMENT_FIELDS + RESERVATION_FIELDS}
+        watched = {config_key(name) for name in PLACEMENT_FIELDS + SPOT_FIELDS + RESERVATION_FIELDS}
         if not watched & {e.key for e in found}:
             add(reservation_problems(cfg))
     add(settings_problems(cfg))
@@ -124,7 +126,7 @@ def check_settings(values: Mapping[str, Any]) -> None:
     bad value fails before the probe makes any cloud call."""
     values_by_name, errors = coerce_values(values)
     kwargs = {name: value for name, value in values_by_name.items()
-              if name not in PLACEMENT_FIELDS + RESERVATION_FIELDS}
+              if name not in PLACEMENT_FIELDS + SPOT_FIELDS + RESERVATION_FIELDS}
     cfg = StackConfig(region="", gpu_availability_zone="", gpu_availability_zone_id="", **kwargs)
     raise_all(_problems(cfg, placement=False, known_bad=errors))
 

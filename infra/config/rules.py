@@ -8,7 +8,7 @@ import re
 from typing import Iterator
 
 from infra.config.errors import ConfigError, fix_cmd
-from infra.config.schema import DEFAULT_RAY_IMAGE, StackConfig, config_key
+from infra.config.schema import CAPACITY_TYPES, DEFAULT_RAY_IMAGE, StackConfig, config_key
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
 from infra.sizing import HUGE_PAGE_MIB, max_huge_pages_mib
 
@@ -86,6 +86,36 @@ def placement_problems(cfg: StackConfig, *, skip: set[str]) -> Iterator[ConfigEr
                               "what a full EFA installation reserves)",
                               f"{fix_cmd(k('gpu_huge_pages_mib'), 0)}; or the hugepages-2Mi "
                               f"your GPU nodes report, at most {most}")
+
+
+_PRICE_RE = re.compile(r"^\d{1,4}(\.\d{1,6})?$")
+
+
+def capacity_type_problems(cfg: StackConfig) -> Iterator[ConfigError]:
+    """gpuCapacityType is on-demand or spot; a Spot price is a plain number, and only with spot;
+    Spot capacity has no reservation to launch into."""
+    k = config_key
+    if cfg.gpu_capacity_type not in CAPACITY_TYPES:
+        yield ConfigError(k("gpu_capacity_type"), cfg.gpu_capacity_type,
+                          f"must be one of {', '.join(CAPACITY_TYPES)}",
+                          fix_cmd(k("gpu_capacity_type"), "spot"))
+        return
+    price = cfg.gpu_spot_price_usd_per_hour
+    if price and not _PRICE_RE.match(price):
+        yield ConfigError(k("gpu_spot_price_usd_per_hour"), price,
+                          "is not a price in USD per hour like 1.7412",
+                          "run `python -m capacity probe --capacity-type spot` to read it from EC2, "
+                          "or remove it")
+    elif price and not cfg.is_spot:
+        yield ConfigError(k("gpu_spot_price_usd_per_hour"), price,
+                          f"is set while {k('gpu_capacity_type')} is {cfg.gpu_capacity_type}",
+                          f"remove it, or {fix_cmd(k('gpu_capacity_type'), 'spot')}")
+    if cfg.is_spot and cfg.gpu_reservation_id:
+        yield ConfigError(k("gpu_capacity_type"), cfg.gpu_capacity_type,
+                          f"cannot launch into capacity reservation {cfg.gpu_reservation_id}: a "
+                          "reservation holds On-Demand (or Capacity Block) capacity, never Spot",
+                          "run `python -m capacity release --stack <stack>` first, or remove "
+                          f"{k('gpu_capacity_type')} to use the reservation")
 
 
 def range_problems(cfg: StackConfig, name: str, low: int, high: int, why: str) -> Iterator[ConfigError]:

@@ -29,6 +29,15 @@ class StackConfig:
     """GPU node instance type; must be in infra/instance_types.py and support EFA."""
     gpu_node_count: int = 2
     """GPU nodes, also the Ray worker replicas (desired = min = max)."""
+    gpu_capacity_type: str = "on-demand"
+    """`on-demand` (the default) or `spot`: the GPU managed node group's capacity type. Spot nodes
+    cost a fraction of On-Demand but EC2 may reclaim them on a two-minute notice; the Ray workers
+    then get a grace period that fits a checkpoint inside it (infra/spot.py). Spot has no
+    capacity reservation. Written by `python -m capacity probe --capacity-type spot`."""
+    gpu_spot_price_usd_per_hour: str = ""
+    """The Spot price of one GPU node (USD/hour, e.g. "1.7412") that the probe read in the chosen
+    AZ (DescribeSpotPriceHistory): the cost estimate's GPU price on Spot. Empty: not read; the
+    estimate then counts On-Demand list prices, an upper bound."""
     system_instance_type: str = "m7i.xlarge"
     """Instance type of the system nodes (KubeRay operator, Ray head, CoreDNS); no GPU."""
     system_node_count: int = 2
@@ -111,6 +120,10 @@ class StackConfig:
         return INSTANCE_TYPES[self.gpu_instance_type]
 
     @property
+    def is_spot(self) -> bool:
+        return self.gpu_capacity_type == "spot"
+
+    @property
     def gpu_reservation(self) -> GpuReservation | None:
         """The targeted capacity reservation, None without one."""
         if not self.gpu_reservation_id:
@@ -181,6 +194,14 @@ KNOWN_KEYS = tuple(FIELDS)
 PLACEMENT_FIELDS = ("region", "gpu_availability_zone", "gpu_availability_zone_id",
                     "gpu_instance_type", "gpu_node_count")
 """What `python -m capacity probe` writes into a stack file; it keeps every other key."""
+
+
+SPOT_FIELDS = ("gpu_capacity_type", "gpu_spot_price_usd_per_hour")
+"""What `probe --capacity-type spot` writes beside the placement; a probe for On-Demand removes
+them (the default capacity type is on-demand)."""
+
+CAPACITY_TYPES = ("on-demand", "spot")
+"""The values of gpuCapacityType."""
 
 
 RESERVATION_FIELDS = ("gpu_reservation_id", "gpu_reservation_type", "gpu_reservation_instance_type",

@@ -38,7 +38,7 @@ from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
-from workloads.client.report import clean_log, format_summary, loop_summary, summarize, write_report
+from workloads.client.report import clean_log, format_summary, loop_summary, resize_events, summarize, write_report
 
 STARTED_MARK = "Ray runtime started"
 
@@ -368,7 +368,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
         "status": outcome.status, "preset": args.preset, "config": train,
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
-        "loop_summary": final,
+        "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()),
     }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     console.print(f"[bold]report[/]  {json_path}  {png_path}")

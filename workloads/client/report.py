@@ -50,6 +50,30 @@ def train_records(lines: Iterable[str]) -> list[dict]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def resize_events(lines: Iterable[str]) -> dict[str, list[dict]]:
+    """What an elastic or preempted run went through, from its job log: each start of the worker
+    group with its size and why (`[driver] {"event": "workers", ...}`), each checkpoint saved on a
+    drain notice (`[preemption] {...}`), and each start's world size and accumulation
+    (`[elastic] {...}`). Ray may print a worker's line twice: a record seen already is one event."""
+    from workloads.train.elastic import ELASTIC_PREFIX
+    from workloads.train.preemption import PREEMPTION_PREFIX
+
+    found: dict[str, list[dict]] = {"worker_group_starts": [], "checkpoints_on_notice": [], "world_sizes": []}
+
+    def add(kind: str, record: dict) -> None:
+        if record not in found[kind]:
+            found[kind].append(record)
+
+    for line in lines:
+        if (record := parse_prefixed(line, "[driver] ")) and record.get("event") == "workers":
+            add("worker_group_starts", record)
+        elif record := parse_prefixed(line, PREEMPTION_PREFIX):
+            add("checkpoints_on_notice", record)
+        elif record := parse_prefixed(line, ELASTIC_PREFIX):
+            add("world_sizes", record)
+    return found
+
+
 def loop_summary(lines: Iterable[str]) -> Optional[dict]:
     """The last `[train-summary] {...}` record in `lines`, or None."""
     found = None

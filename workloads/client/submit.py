@@ -98,6 +98,10 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--storage-path", help="Ray Train storage (default: the stack's checkpoint bucket)")
         parser.add_argument("--max-failures", type=int, default=1,
                             help="worker-group restarts after a lost worker or node (default: 1)")
+        parser.add_argument("--min-nodes", type=int, default=0,
+                            help="go on training with at least this many nodes when a node is lost (a Spot "
+                            "interruption), restarting from the latest checkpoint at the same tokens per "
+                            "step, and grow back when it returns (default: all nodes)")
         parser.add_argument("--wait-nodes-s", type=float,
                             help="how long the job waits for a lost node to come back before it fails "
                             "(default: 1200)")
@@ -152,6 +156,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     check_inputs(first, local=local_inputs(first, cwd=Path.cwd(), upload_absolute=upload_absolute), hub=False)
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
+    if args.min_nodes < 0:
+        raise ValueError(f"--min-nodes must be >= 1 (or 0 for all nodes), got {args.min_nodes}")
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
     if args.wait_nodes_s is not None and args.wait_nodes_s <= 0:
@@ -174,7 +180,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
-                                resubmits=args.resubmits)
+                                resubmits=args.resubmits, min_nodes=args.min_nodes)
         if args.no_follow:
             submitted = submit_or_attach(client_factory(conn), request, say=lambda m: print(m, file=sys.stderr))
             if submitted.attached:

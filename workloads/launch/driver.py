@@ -161,6 +161,9 @@ class DriverArgs:
     """Where Ray Train persists checkpoints: `s3://bucket/prefix` on EKS, an absolute folder locally."""
     max_failures: int
     """Worker-group restarts (from the latest checkpoint) before the run fails."""
+    max_preemptions: int = -1
+    """Restarts after a node preemption (a drained node: a Spot interruption), counted apart from
+    `max_failures`; -1: every preemption is retried."""
     cpus_per_worker: Optional[float]
     """Logical CPUs each worker reserves; None shares each GPU node's CPUs out among its GPUs."""
     keep_checkpoints: int
@@ -175,6 +178,9 @@ class DriverArgs:
     workers. Set by --gpus, and by an EFA transport expectation."""
     wait_gpus_s: float
     """How long to wait for the GPUs before failing."""
+    min_nodes: int = 0
+    """An elastic run: it goes on (restarting from its latest checkpoint) with as few as this many
+    of its nodes, and grows back when the others return; 0: all of them, a fixed world size."""
     wait_nodes_s: float
     """How long a run that lost a node waits for it to come back before failing (on EKS the node group
     starts a new instance and KubeRay a new pod on it: boot, image pull and Ray start take minutes)."""
@@ -187,6 +193,8 @@ def parse_args(argv: list[str]) -> DriverArgs:
     parser.add_argument("--run-name", required=True)
     parser.add_argument("--storage-path", required=True, help="s3://bucket/prefix or an absolute folder")
     parser.add_argument("--max-failures", type=int, default=1)
+    parser.add_argument("--max-preemptions", type=int, default=-1,
+                        help="restarts after a node preemption, apart from --max-failures (-1: unlimited)")
     parser.add_argument("--cpus-per-worker", type=float,
                         help="CPUs per worker (default: a GPU node's CPUs shared among its GPUs; 1 without GPUs)")
     parser.add_argument("--keep-checkpoints", type=int, default=2)
@@ -195,6 +203,8 @@ def parse_args(argv: list[str]) -> DriverArgs:
                         help="without GPUs: wait for room for this many CPU workers before training")
     parser.add_argument("--wait-gpus-s", type=float, default=900.0,
                         help="how long to wait for the GPUs or workers (default 900)")
+    parser.add_argument("--min-nodes", type=int, default=0,
+                        help="go on with at least this many nodes after a node loss (default 0: all of them)")
     parser.add_argument("--wait-nodes-s", type=float, default=1200.0,
                         help="how long a run that lost a node waits for it to come back (default 1200)")
     ns = parser.parse_args(argv)
@@ -209,11 +219,15 @@ def parse_args(argv: list[str]) -> DriverArgs:
         raise ValueError(f"--storage-path {storage!r} must be a URI (s3://...) or an absolute folder")
     if ns.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {ns.max_failures}")
+    if ns.max_preemptions < -1:
+        raise ValueError(f"--max-preemptions must be -1 (unlimited) or more, got {ns.max_preemptions}")
     if ns.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be >= 1, got {ns.keep_checkpoints}")
     if ns.gpus < 0 or ns.workers < 0 or ns.wait_gpus_s < 0:
         raise ValueError(f"--gpus, --workers and --wait-gpus-s must be >= 0, got {ns.gpus}, {ns.workers} and "
                          f"{ns.wait_gpus_s:g}")
+    if ns.min_nodes < 0:
+        raise ValueError(f"--min-nodes must be >= 1 (or 0 for all nodes), got {ns.min_nodes}")
     if ns.wait_nodes_s <= 0:
         raise ValueError(f"--wait-nodes-s must be > 0, got {ns.wait_nodes_s:g}")
     expects_efa = (train.get("transport") or {}).get("expect", "efa") == "efa"
@@ -222,6 +236,7 @@ def parse_args(argv: list[str]) -> DriverArgs:
         run_name=ns.run_name,
         storage_path=storage,
         max_failures=ns.max_failures,
+        max_preemptions=ns.max_preemptions,
         cpus_per_worker=ns.cpus_per_worker,
         keep_checkpoints=ns.keep_checkpoints,
         gpus=ns.gpus,
@@ -229,6 +244,7 @@ def parse_args(argv: list[str]) -> DriverArgs:
         require_gpus=ns.gpus > 0 or expects_efa,
         wait_gpus_s=ns.wait_gpus_s,
         wait_nodes_s=ns.wait_nodes_s,
+        min_nodes=ns.min_nodes,
     )
 
 
@@ -280,10 +296,34 @@ START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 """Ray Train's wait for a worker group's resources before it retries the start (default 60 s)."""
 
 
-def start_timeout_s(wait_nodes_s: float) -> float:
+ELASTIC_START_TIMEOUT_S = 20.0
+"""An elastic run's wait for a worker group's resources: just after a node is lost Ray may still
+count its resources and start the old size, which times out; the run then goes on with fewer."""
+
+
+def start_timeout_s(wait_nodes_s: float, *, elastic: bool = False) -> float:
     """How long each start of the worker group waits for its resources: a sixth of the whole wait
-    for a lost node, between 5 and 60 s, so that the job's log says how the wait goes at that pace."""
-    return min(60.0, max(5.0, wait_nodes_s / 6))
+    for a lost node, between 5 and 60 s, so that the job's log says how the wait goes at that pace;
+    at most ELASTIC_START_TIMEOUT_S for an elastic run, which need not wait for the node."""
+    timeout = min(60.0, max(5.0, wait_nodes_s / 6))
+    return min(timeout, ELASTIC_START_TIMEOUT_S) if elastic else timeout
+
+
+ELASTIC_MONITOR_S = 10.0
+"""How often an elastic run that lost nodes looks for them back (Ray's default is 60 s)."""
+
+
+def worker_range(plan: WorkerPlan, *, min_nodes: int) -> int | tuple[int, int]:
+    """ScalingConfig's num_workers: the plan's workers, or (min, max) for an elastic run that goes
+    on with `min_nodes` of the plan's nodes (each node hosting the same number of workers);
+    ValueError for more nodes than the plan has or nodes of unequal size."""
+    if not min_nodes or min_nodes == plan.nodes:
+        return plan.num_workers
+    if min_nodes > plan.nodes:
+        raise ValueError(f"--min-nodes {min_nodes} is more than the {plan.nodes} node(s) the run trains on")
+    if plan.num_workers % plan.nodes:
+        raise ValueError(f"--min-nodes needs nodes of one size: {plan.num_workers} workers on {plan.nodes} nodes")
+    return (min_nodes * plan.num_workers // plan.nodes, plan.num_workers)
 
 
 def run(args: DriverArgs) -> int:
@@ -291,7 +331,7 @@ def run(args: DriverArgs) -> int:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from workloads.launch.ray_train import PreflightRecorder, WorkerGroupWait, train_worker
+    from workloads.launch.ray_train import PreflightRecorder, ResizeReporter, WorkerGroupWait, train_worker
     from workloads.launch.storage import resolve_storage
     from workloads.train.config import TrainConfig
 
@@ -299,7 +339,7 @@ def run(args: DriverArgs) -> int:
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
     preflight_file = Path(tempfile.mkdtemp(prefix="preflight-")) / "failed.txt"
     # Read by Ray Train's controller, which inherits the variables it knows from this process.
-    os.environ.setdefault(START_TIMEOUT_ENV, f"{start_timeout_s(args.wait_nodes_s):g}")
+    os.environ.setdefault(START_TIMEOUT_ENV, f"{start_timeout_s(args.wait_nodes_s, elastic=args.min_nodes > 0):g}")
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
@@ -311,12 +351,16 @@ def run(args: DriverArgs) -> int:
         else:
             nodes = read_nodes()
         plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
-        _emit({"event": "plan", "run_name": args.run_name, **asdict(plan)})
+        workers = worker_range(plan, min_nodes=args.min_nodes)
+        _emit({"event": "plan", "run_name": args.run_name, **asdict(plan),
+               "min_workers": workers[0] if isinstance(workers, tuple) else plan.num_workers})
+        elastic = {"elastic_resize_monitor_interval_s": ELASTIC_MONITOR_S} if isinstance(workers, tuple) else {}
         trainer = TorchTrainer(
             train_worker,
-            train_loop_config={"train": train},
+            train_loop_config={"train": train, "planned_world_size": plan.num_workers if elastic else 0},
             scaling_config=ScalingConfig(
-                num_workers=plan.num_workers,
+                num_workers=workers,
+                **elastic,
                 use_gpu=plan.use_gpu,
                 resources_per_worker={"CPU": plan.cpus_per_worker, **({"GPU": 1} if plan.use_gpu else {})},
             ),
@@ -324,10 +368,14 @@ def run(args: DriverArgs) -> int:
                 name=args.run_name,
                 storage_path=storage_path,
                 storage_filesystem=storage_filesystem,
-                failure_config=FailureConfig(max_failures=args.max_failures),
+                # A preemption (a drained node) has its own budget: it does not use up --max-failures.
+                failure_config=FailureConfig(max_failures=args.max_failures,
+                                             max_preemption_failures=args.max_preemptions),
                 checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
                 callbacks=[PreflightRecorder(str(preflight_file)),
-                           WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers)],
+                           WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers,
+                                           elastic=bool(elastic)),
+                           ResizeReporter(planned_workers=plan.num_workers)],
             ),
         )
         try:

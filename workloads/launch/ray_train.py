@@ -21,7 +21,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import ray.train
 from filelock import FileLock
@@ -33,6 +33,9 @@ from workloads.launch.checkpoints import remove_unregistered
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
 from workloads.transport.gate import nccl_log_env
+
+if TYPE_CHECKING:
+    from workloads.train.preemption import Notice
 
 SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 """Where each worker keeps checkpoints in flight, restored checkpoints and its NCCL log."""
@@ -54,6 +57,18 @@ def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
                          delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
     pause_point("after-report", **where)
+
+
+def preemption_notice() -> Optional["Notice"]:
+    """Ray Train's view of a drain of the run's nodes (`ray.train.get_preemption_info()`, a
+    broadcast from rank 0 that every rank must call at the same steps), as the loop's Notice."""
+    from workloads.train.preemption import Notice
+
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return None
+    return Notice(deadline_unix_s=None if info.deadline_ms is None else info.deadline_ms / 1000,
+                  ranks=tuple(info.preempted_ranks), nodes=tuple(info.preempted_node_ids))
 
 
 def restore_once_per_node(checkpoint, *, restore_root: Path) -> Path:
@@ -90,7 +105,7 @@ def checkpoint_loader(*, restore_root: Path) -> Callable[[], Optional[Path]]:
     return latest_checkpoint
 
 
-def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT) -> TrainContext:
+def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT, planned_world_size: int = 0) -> TrainContext:
     """The TrainContext of the calling Ray Train worker."""
     ray_ctx = ray.train.get_context()
     rank = ray_ctx.get_world_rank()
@@ -106,6 +121,8 @@ def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT) -> TrainContext:
         report=report,
         latest_checkpoint=checkpoint_loader(restore_root=run_dir / "restored"),
         scratch_dir=scratch_dir,
+        preemption_notice=preemption_notice,
+        planned_world_size=planned_world_size,
     )
 
 
@@ -141,9 +158,11 @@ class WorkerGroupWait(ControllerCallback):
     once it has waited `limit_s`."""
 
     def __init__(self, *, limit_s: float, num_workers: int, clock: Callable[[], float] = time.monotonic,
-                 say: Callable[[str], None] = _say_from_controller) -> None:
+                 say: Callable[[str], None] = _say_from_controller, elastic: bool = False) -> None:
         self.limit_s = limit_s
         self.num_workers = num_workers
+        self.elastic = elastic
+        """An elastic run is placed again on as many workers as fit (the ResizeReporter's line says)."""
         self.clock = clock
         self.say = say
         self.waiting_since: Optional[float] = None
@@ -163,7 +182,8 @@ class WorkerGroupWait(ControllerCallback):
             self.start_failed()
         elif isinstance(current_state, RunningState):
             if self.announced:
-                self.say(f"the {self.num_workers} workers are placed again after {self.waited_s():.0f} s; the run "
+                which = "the workers" if self.elastic else f"the {self.num_workers} workers"
+                self.say(f"{which} are placed again after {self.waited_s():.0f} s; the run "
                          "resumes from its latest checkpoint")
             self.waiting_since, self.announced = None, False
 
@@ -183,6 +203,45 @@ class WorkerGroupWait(ControllerCallback):
         self.say(f"waiting for a lost node: the {self.num_workers} workers cannot be placed until its resources "
                  f"come back (on EKS the node group replaces the instance, KubeRay the pod); waited {waited:.0f} s "
                  f"of {self.limit_s:.0f} s")
+
+
+class ResizeReporter(ControllerCallback):
+    """Runs in Ray Train's controller: says in the job's log, as a `[driver] {...}` line, on how
+    many workers each start of the worker group runs and why it was restarted (a preempted node,
+    a failure, capacity back), so that an elastic run's resizes are in its log and its report."""
+
+    def __init__(self, *, planned_workers: int, say: Callable[[str], None] = _say_from_controller) -> None:
+        self.planned_workers = planned_workers
+        self.say = say
+        self.why = "start"
+        self.started = 0
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        from ray.train.v2._internal.execution.controller.state import (
+            PreemptingState,
+            ResizingState,
+            RestartingState,
+            RunningState,
+        )
+
+        # The cause holds over the starts that time out (a lost node's resources still counted)
+        # until the group runs again.
+        if isinstance(current_state, PreemptingState):
+            self.why = "preemption"
+        elif isinstance(current_state, RestartingState) and self.why != "preemption":
+            self.why = "failure"
+        elif isinstance(current_state, ResizingState):
+            self.why = "capacity back"
+        elif isinstance(current_state, RunningState):
+            self.why = "restart"
+
+    def on_controller_start_worker_group(self, *, scaling_config, num_workers: int):
+        import json
+
+        self.started += 1
+        self.say(json.dumps({"event": "workers", "workers": num_workers, "planned_workers": self.planned_workers,
+                             "start": self.started, "why": self.why}, sort_keys=True))
+        return None
 
 
 def echo_nccl_logs(log_dir: Path) -> None:
@@ -234,7 +293,8 @@ def train_worker(config: dict) -> None:
     from workloads.train.loop import train
 
     cfg = TrainConfig.from_dict(config["train"])
-    ctx = ray_train_context()
+    # An elastic run: the world size grad_accum_steps is meant for (workloads/train/elastic.py).
+    ctx = ray_train_context(planned_world_size=int(config.get("planned_world_size", 0)))
     # Ray Train creates the process group without a device, so NCCL starts (and reads its
     # environment) only at the first collective: setting the log file here works. This is the one
     # place that sets it (the worker pods do not), so each rank's log lands in its scratch folder.

@@ -182,6 +182,11 @@ class TrainConfig:
     checkpoint_every: int = 20
     """Save a checkpoint every this many steps and after the last one; 0 disables checkpoints."""
 
+    preemption_check_every: int = 5
+    """Ask every this many steps whether a node of the run is being drained (a Spot interruption)
+    and save a checkpoint at once when one is (workloads/train/preemption.py); 0 never asks. Each
+    ask is a barrier of a few milliseconds (docs/RELIABILITY.md); the drain leaves 95 s."""
+
     log_every: int = 5
     """Report metrics every this many steps (and on the last one). Only log steps read values
     back from the device."""
@@ -219,7 +224,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} is {getattr(self, name)}: it must be at least 1")
-        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_every", "seed", "eval_every")
+        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_every", "seed", "eval_every",
+                        "preemption_check_every")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} is {getattr(self, name)}: it must be 0 or more")

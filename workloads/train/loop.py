@@ -47,6 +47,8 @@ from workloads.train.model import (
     shape_of,
 )
 from workloads.train.optim import build_optimizer, schedule
+from workloads.train.elastic import ELASTIC_PREFIX, accumulation_for
+from workloads.train.preemption import PREEMPTION_PREFIX, PreemptionWatch, notice_record
 from workloads.train.step import train_step
 from workloads.train.paths import resolve_path
 from workloads.train.parallel import (
@@ -333,6 +335,11 @@ def nodes_in_run(ctx: TrainContext, *, device: torch.device) -> int:
 
 
 def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
+    # On fewer ranks than planned (an elastic run after a node loss), more micro-steps per rank keep
+    # the samples per optimizer step (workloads/train/elastic.py); ValueError where none can.
+    planned_world_size = ctx.planned_world_size or ctx.world_size
+    cfg = dataclasses.replace(cfg, grad_accum_steps=accumulation_for(
+        ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size))
     device = resolve_device(ctx)
     # First, before the model is built or a checkpoint restored: a wrong transport is found in
     # seconds, not after minutes of loading (TransportGateError on every rank).
@@ -346,7 +353,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     fetch_s = time.perf_counter() - started
     config = model_config(cfg.model, pretrained=pretrained)
     vocab_size = config.vocab_size
-    eval_rows = cfg.eval_batches * cfg.micro_batch * ctx.world_size if cfg.eval_every else 0
+    # Held out for the planned world size: an elastic run on fewer ranks splits its data the same way.
+    eval_rows = cfg.eval_batches * cfg.micro_batch * planned_world_size if cfg.eval_every else 0
     data = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
                       model_name_or_path=str(pretrained or cfg.model.name_or_path), eval_rows=eval_rows,
                       cache_dir=cfg.cache_dir)
@@ -355,7 +363,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
     held_out = [] if data.eval is None else eval_batches(
         data.eval, rows=data.eval_rows, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size,
-        max_batches=cfg.eval_batches)
+        max_batches=-(-cfg.eval_batches * planned_world_size // ctx.world_size))
 
     built = time.perf_counter()
     model, shape = build_model(cfg, device=device, pretrained=pretrained)
@@ -370,6 +378,10 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
+    if ctx.planned_world_size:  # an elastic run: each start says on how many ranks it goes on
+        print_rank0(ctx, ELASTIC_PREFIX, {"world_size": ctx.world_size, "planned_world_size": planned_world_size,
+                                          "nodes": nodes, "grad_accum_steps": cfg.grad_accum_steps,
+                                          "resumed_from_step": progress.step, "parallelism": plan.kind})
     stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)
     first_batch = next(stream)
     if first_batch.position_ids is not None and packed_attention_leaks(model, first_batch, vocab_size=shape.vocab_size):
@@ -389,6 +401,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         seq_len=cfg.seq_len,
     )
     per_step = samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size)
+    watch = PreemptionWatch(ctx.preemption_notice, every=cfg.preemption_check_every)
     throughput = Throughput()
     first_loss: torch.Tensor | None = None
     first_value: float | None = None
@@ -402,7 +415,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         if first_loss is None:
             first_loss = loss
         final = step == cfg.steps
-        save_now = cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or final)
+        notice = watch.check(step)  # every rank asks at the same steps: a barrier
+        notice_seen = time.time()
+        save_now = notice is not None or cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or final)
         eval_now = cfg.eval_every > 0 and (step % cfg.eval_every == 0 or final)
         if not (save_now or eval_now or step % cfg.log_every == 0 or final):
             continue
@@ -430,6 +445,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
                                      metadata=metadata, export_weights=final and cfg.export_model)
             ctx.report(last, checkpoint_dir=folder)
+            if notice is not None:
+                print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,
+                                                                  saved_unix_s=time.time()))
         else:
             ctx.report(last)
         throughput.restart()
@@ -454,6 +472,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "steps_done": steps_done,
         "resumed_from_step": progress.step,
         "world_size": ctx.world_size,
+        "planned_world_size": planned_world_size,
         "nodes": nodes,
         "parallelism": {"kind": plan.kind, "mesh": list(plan.shape), "reason": plan.reason},
         "grad_accum_steps": cfg.grad_accum_steps,
@@ -462,6 +481,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "transport_gate": dataclasses.asdict(gate),
         "data": data.stats,
         "model_load": load,
+        "preemption_checks": watch.summary(),
     }
     print_rank0(ctx, SUMMARY_PREFIX, summary)
     return summary
