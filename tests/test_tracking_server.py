@@ -277,3 +277,35 @@ def test_a_server_that_goes_away_mid_run_neither_stops_nor_holds_up_training(tmp
     finally:
         again.kill()
 
+
+
+def test_the_driver_tags_the_run_with_its_final_checkpoint_and_exported_model(server, tmp_path):
+    from pyarrow.fs import LocalFileSystem
+
+    from workloads.launch.driver import tell_tracker_where
+
+    mlflow = client(server.uri)
+    experiment = mlflow.create_experiment("driver")
+    run_id = mlflow.create_run(experiment).info.run_id
+    final = tmp_path / "run" / "checkpoint_2026-12-02_10-00-00.000000"
+    (final / "model").mkdir(parents=True)
+    (final / "model" / "model.safetensors").write_bytes(b"weights")
+    (final / PROGRESS_FILE).write_text(json.dumps({"step": 4, "data_position": 32, "world_size": 2,
+                                                   "tracking_run_id": run_id}))
+    train = with_overrides(preset("demo-cpu"), [f"tracking.uri={server.uri}"]).to_dict()
+    assert tell_tracker_where(train, filesystem=LocalFileSystem(), path=str(final))
+    tags = mlflow.get_run(run_id).data.tags
+    assert tags["checkpoint"] == str(final) and tags["model_location"] == str(final / "model")
+    # A checkpoint saved before the run was open names none: the run is found by its name.
+    named = mlflow.create_run(experiment, run_name="drv-2", tags={tracking.RUN_NAME_TAG: "drv-2"}).info.run_id
+    early = tmp_path / "run" / "checkpoint_2026-12-02_10-05-00.000000"
+    early.mkdir()
+    (early / PROGRESS_FILE).write_text(json.dumps({"step": 4, "data_position": 32, "world_size": 2,
+                                                   "tracking_run_id": ""}))
+    train = with_overrides(preset("demo-cpu"), [f"tracking.uri={server.uri}", "tracking.experiment=driver",
+                                                "tracking.run_name=drv-2"]).to_dict()
+    assert tell_tracker_where(train, filesystem=LocalFileSystem(), path=str(early))
+    assert mlflow.get_run(named).data.tags["checkpoint"] == str(early)
+    assert "model_location" not in mlflow.get_run(named).data.tags  # no weights were exported there
+    # Untracked: nothing is asked of any tracker.
+    assert not tell_tracker_where(preset("demo-cpu").to_dict(), filesystem=LocalFileSystem(), path=str(final))

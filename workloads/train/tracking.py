@@ -197,6 +197,11 @@ class MlflowSink:
                 return runs[0]
         return None
 
+    def find_run(self, experiment: str, *, run_name: str):
+        """The newest run of `experiment` named `run_name`, or None (nothing is created)."""
+        found = self.client.get_experiment_by_name(experiment)
+        return None if found is None else self.existing_run(found.experiment_id, run_id="", run_name=run_name)
+
     def create_run(self, experiment_id: str, *, run_name: str, tags: dict[str, str]):
         return self.client.create_run(experiment_id, run_name=run_name or None, tags=tags)
 
@@ -473,19 +478,26 @@ def annotate_run(settings: TrackingConfig, *, run_id: str, tags: dict[str, str],
                  files: tuple[Path, ...] = (), say: Callable[[str], None] = print,
                  sink_factory: Optional[Callable[[], Any]] = None, environ: Optional[dict] = None) -> bool:
     """Add tags and files to a run that has ended (the exported model's place, the client's report),
-    waiting at most `timeout_s`; False, with one warning, when it could not. Never raises."""
+    waiting at most `timeout_s`; False, with one warning, when it could not. Never raises. Without
+    `run_id` (a checkpoint saved before the run was open) the run is found by `settings.run_name`."""
     uri = tracking_uri(settings, environ)
-    if not uri or not run_id:
+    if not uri or not (run_id or settings.run_name):
         return False
     outcome: list[BaseException] = []
+    target = [run_id]
 
     def send() -> None:
         try:
             sink = (sink_factory or (lambda: MlflowSink(uri)))()
+            if not target[0]:
+                found = sink.find_run(settings.experiment_name, run_name=settings.run_name)
+                if found is None:
+                    raise LookupError(f"no run named {settings.run_name} in experiment {settings.experiment_name}")
+                target[0] = found.info.run_id
             if tags:
-                sink.log_batch(run_id, tags=tags)
+                sink.log_batch(target[0], tags=tags)
             for path in files:
-                sink.log_file(run_id, path)
+                sink.log_file(target[0], path)
         except BaseException as exc:  # reported below; this thread must not die with a traceback
             outcome.append(exc)
 
@@ -495,6 +507,6 @@ def annotate_run(settings: TrackingConfig, *, run_id: str, tags: dict[str, str],
     if thread.is_alive() or outcome:
         why = first_line(outcome[0]) if outcome else f"no answer within {timeout_s:g} s"
         say(f"{TRACKING_PREFIX}warning: could not add {', '.join([*tags, *(p.name for p in files)])} to run "
-            f"{run_id} at {public_uri(uri)}: {why}")
+            f"{target[0] or settings.run_name} at {public_uri(uri)}: {why}")
         return False
     return True
