@@ -12,6 +12,7 @@ own that SageMaker assumes.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,11 @@ SAGEMAKER_TRUST = {
     "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                    "Principal": {"Service": "sagemaker.amazonaws.com"}}],
 }
+
+
+def server_name(stack_name: str) -> str:
+    """A tracking server name SageMaker takes (letters, digits, single dashes between them)."""
+    return re.sub(r"-+", "-", re.sub(r"[^A-Za-z0-9]", "-", stack_name)).strip("-")[:256]
 
 
 def artifact_prefix(key_prefix: str) -> str:
@@ -103,7 +109,7 @@ class MlflowTracking(pulumi.ComponentResource):
                 lambda arn: json.dumps(server_artifact_policy(bucket_arn=arn, key_prefix=args.key_prefix))),
             opts=child)
         server = aws.sagemaker.MlflowTrackingServer(
-            f"{name}-server", tracking_server_name=args.server_name, tracking_server_size=args.size,
+            f"{name}-server", tracking_server_name=server_name(args.server_name), tracking_server_size=args.size,
             artifact_store_uri=pulumi.Output.concat("s3://", args.bucket_name, "/", artifact_prefix(args.key_prefix)),
             role_arn=role.arn, automatic_model_registration=False,
             # SageMaker checks the role's access to the artifact store as it creates the server.

@@ -15,7 +15,7 @@ from test_infra_program import REPO_ROOT, _Mocks, run_program
 from infra import outputs
 from infra.config import ConfigError, parse_stack_config, read_stack_values
 from infra.cost import cost_summary, estimated_cost_per_hour
-from infra.tracking import POD_ACTIONS
+from infra.tracking import POD_ACTIONS, server_name
 
 sys.path.insert(0, str(REPO_ROOT / "policy"))
 import rules  # noqa: E402
@@ -195,3 +195,8 @@ def test_the_mlflow_rules_as_data():
     named = rules.StackResource(urn="urn:s", type=SERVER, props={"artifactStoreUri": f"s3://{BUCKET}/ray-train/mlflow"})
     assert rules.tracking_server_violations([bucket, linked]) == rules.tracking_server_violations([bucket, named]) == []
     assert [v.urn for v in rules.tracking_server_violations([named])] == ["urn:s"]  # no bucket of the stack
+
+
+def test_a_stack_name_becomes_a_name_sagemaker_takes():
+    assert server_name("ray-eks-us-west-2") == "ray-eks-us-west-2"
+    assert server_name("ray-eks-dev_1.b") == "ray-eks-dev-1-b"
