@@ -20,6 +20,7 @@ from infra.raycluster import (AUTH_SECRET_KEY, DASHBOARD_PORT, SERVICE_ACCOUNT,
                               build_raycluster, head_service_name)
 from infra.reservation import reservation_output
 from infra.storage import CheckpointStorage, CheckpointStorageArgs
+from infra.tracking import MlflowTracking, MlflowTrackingArgs
 
 cfg = load_running_stack_config()
 gpu_window = gpu_launch_window(cfg)  # a reservation that has ended stops the program here
@@ -58,6 +59,10 @@ storage = CheckpointStorage("checkpoints", CheckpointStorageArgs(
     incomplete_upload_days=cfg.checkpoint_incomplete_upload_days, key_prefix=ray_cluster_name,
     cluster_name=cluster.cluster_name, namespace=cfg.ray_namespace,
     service_account=SERVICE_ACCOUNT, cluster=cluster))
+tracking = MlflowTracking("mlflow", MlflowTrackingArgs(
+    server_name=name, size=cfg.mlflow_size, bucket_name=storage.bucket_name, bucket_arn=storage.bucket_arn,
+    key_prefix=storage.key_prefix, pod_role_name=storage.pod_role_name, cluster_name=cluster.cluster_name,
+    namespace=cfg.ray_namespace, service_account=SERVICE_ACCOUNT)) if cfg.mlflow else None
 ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
     manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator,
     pod_identity=storage.pod_identity, kubeconfig=cluster.kubeconfig,
@@ -82,3 +87,6 @@ pulumi.export(outputs.GPU_INSTANCE_TYPE, cfg.gpu_instance_type)
 pulumi.export(outputs.GPU_MEMORY_GIB, cfg.gpu_instance.gpu_memory_gib)
 pulumi.export(outputs.RAY_WORKER_GPUS, cfg.gpu_node_count * cfg.gpu_instance.gpus)
 pulumi.export(outputs.GPU_RESERVATION, reservation_output(cfg, stack=pulumi.get_stack()))
+if tracking is not None:
+    pulumi.export(outputs.MLFLOW_TRACKING_SERVER_ARN, tracking.arn)
+    pulumi.export(outputs.MLFLOW_UI_URL, tracking.ui_url)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from infra.config import StackConfig
 from infra.instance_types import (EKS_CONTROL_PLANE_USD_PER_HOUR, GP3_USD_PER_GIB_MONTH,
-                                  HOURS_PER_MONTH, INSTANCE_TYPES, NAT_GATEWAY_USD_PER_HOUR,
-                                  PRICE_TABLE_DATE, PRICE_TABLE_REGION)
+                                  HOURS_PER_MONTH, INSTANCE_TYPES, MLFLOW_TRACKING_SERVER_USD_PER_HOUR,
+                                  NAT_GATEWAY_USD_PER_HOUR, PRICE_TABLE_DATE, PRICE_TABLE_REGION)
 from infra.nodes import SYSTEM_ROOT_VOLUME_GIB
 
 PRICES_NOTE = (f"{PRICE_TABLE_REGION} On-Demand list prices of {PRICE_TABLE_DATE}; other regions "
@@ -32,10 +32,13 @@ def _gpu_label(cfg: StackConfig) -> str:
 
 def cost_items(cfg: StackConfig) -> dict[str, float]:
     """USD per hour of each part at the table's On-Demand list prices (the GPU nodes on Spot at
-    the price the probe read): GPU nodes, system nodes, their root volumes, the EKS control plane
-    and the NAT gateway (data transfer and S3 not included)."""
+    the price the probe read): GPU nodes, system nodes, their root volumes, the EKS control plane,
+    the NAT gateway and, with `ray-eks:mlflow`, the MLflow tracking server (data transfer and S3
+    not included)."""
     volumes_gib = (cfg.gpu_node_count * cfg.gpu_root_volume_gib
                    + cfg.system_node_count * SYSTEM_ROOT_VOLUME_GIB)
+    tracking = ({f"MLflow tracking server ({cfg.mlflow_size})": MLFLOW_TRACKING_SERVER_USD_PER_HOUR[cfg.mlflow_size]}
+                if cfg.mlflow else {})
     return {
         _gpu_label(cfg): cfg.gpu_node_count * gpu_node_usd_per_hour(cfg),
         f"{cfg.system_node_count}x {cfg.system_instance_type}":
@@ -43,6 +46,7 @@ def cost_items(cfg: StackConfig) -> dict[str, float]:
         "EKS control plane": EKS_CONTROL_PLANE_USD_PER_HOUR,
         "NAT gateway": NAT_GATEWAY_USD_PER_HOUR,
         f"{volumes_gib} GiB gp3": volumes_gib * GP3_USD_PER_GIB_MONTH / HOURS_PER_MONTH,
+        **tracking,
     }
 
 

@@ -19,6 +19,9 @@ NAT_GATEWAY_USD_PER_HOUR = 0.045
 GP3_USD_PER_GIB_MONTH = 0.08
 """gp3 EBS storage, the node root volumes."""
 HOURS_PER_MONTH = 730
+MLFLOW_TRACKING_SERVER_USD_PER_HOUR = {"Small": 0.60, "Medium": 1.40, "Large": 2.70}
+"""A SageMaker managed MLflow tracking server by size (`ray-eks:mlflowSize`), billed while it exists;
+its metadata storage (about 0.10 per GB-month) and the S3 artifacts are not included."""
 
 
 @dataclass(frozen=True, kw_only=True)

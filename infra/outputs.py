@@ -35,6 +35,15 @@ GPU_RESERVATION = "gpuReservation"
 """The capacity reservation the GPU nodes launch into (id, type, AZ, start, end, idle cost per
 hour, and what `pulumi destroy` leaves of it), or null. Destroy lists it as it removes it."""
 
+MLFLOW_TRACKING_SERVER_ARN = "mlflowTrackingServerArn"
+"""With `ray-eks:mlflow`: the SageMaker managed MLflow tracking server, the runs' tracking URI
+(`workloads submit --stack` passes it to the job)."""
+MLFLOW_UI_URL = "mlflowUiUrl"
+"""With `ray-eks:mlflow`: the tracking server's UI (open it through a presigned URL: docs/WORKLOAD.md)."""
+
+TRACKING = (MLFLOW_TRACKING_SERVER_ARN, MLFLOW_UI_URL)
+"""Exported only by a stack with `ray-eks:mlflow`; a stack without it exports ALL alone."""
+
 ALL = (KUBECONFIG, CLUSTER_NAME, REGION, GPU_AVAILABILITY_ZONE, RAY_NAMESPACE, RAY_CLUSTER_NAME,
        RAY_HEAD_SERVICE, RAY_DASHBOARD_PORT, RAY_AUTH_SECRET_NAME, RAY_AUTH_SECRET_KEY,
        CHECKPOINT_BUCKET_URI, ESTIMATED_COST_PER_HOUR_USD, PRICE_TABLE_DATE, GPU_INSTANCE_TYPE,

@@ -14,15 +14,21 @@ OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMu
                   "s3:ListMultipartUploadParts")
 
 
-def checkpoint_policy(*, bucket_arn: str, key_prefix: str, cluster_name: str, namespace: str,
-                      service_account: str) -> dict[str, Any]:
-    """Read/write under `key_prefix` only, and only for sessions Pod Identity tagged with this
-    cluster, namespace and service account."""
-    principal = {"StringEquals": {
+def pod_session_condition(*, cluster_name: str, namespace: str, service_account: str) -> dict[str, Any]:
+    """Only sessions Pod Identity tagged with this cluster, namespace and service account."""
+    return {"StringEquals": {
         "aws:PrincipalTag/eks-cluster-name": cluster_name,
         "aws:PrincipalTag/kubernetes-namespace": namespace,
         "aws:PrincipalTag/kubernetes-service-account": service_account,
     }}
+
+
+def checkpoint_policy(*, bucket_arn: str, key_prefix: str, cluster_name: str, namespace: str,
+                      service_account: str) -> dict[str, Any]:
+    """Read/write under `key_prefix` only, and only for sessions Pod Identity tagged with this
+    cluster, namespace and service account."""
+    principal = pod_session_condition(cluster_name=cluster_name, namespace=namespace,
+                                      service_account=service_account)
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -137,5 +143,9 @@ class CheckpointStorage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]))
 
         self.bucket_name = bucket.bucket
+        self.bucket_arn = bucket.arn
+        self.key_prefix = args.key_prefix
+        self.pod_role_name = role.id
+        """The Ray pods' role: infra/tracking.py adds its tracking server's access to it."""
         self.uri = pulumi.Output.concat("s3://", bucket.bucket, "/", args.key_prefix)
         self.register_outputs({"bucketName": self.bucket_name, "uri": self.uri})

@@ -142,6 +142,17 @@ POLICIES = [
                     "configuration of its own.",
         rule=rules.bucket_violations),
     _resource_policy(
+        name="mlflow-access-least-privilege",
+        description="An IAM policy that allows SageMaker MLflow actions names each one, on tracking "
+                    "server ARNs only (no wildcard action or resource).",
+        types=rules.IAM_POLICIES,
+        rule=lambda _type, props: rules.mlflow_access_violations(props)),
+    _stack_policy(
+        name="mlflow-artifacts-in-stack-bucket",
+        description="Every MLflow tracking server keeps its artifacts in a bucket of this stack (held "
+                    "private and encrypted by the bucket policies).",
+        rule=rules.tracking_server_violations),
+    _resource_policy(
         name="eks-api-not-open-to-all",
         description="The public EKS API endpoint is limited to known CIDRs, not 0.0.0.0/0 "
                     "(advisory).",

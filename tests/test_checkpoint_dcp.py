@@ -76,6 +76,18 @@ def test_load_restores_weights_optimizer_state_and_progress(one_rank_group, tmp_
         assert torch.equal(restored[key], value), key
 
 
+def test_the_world_size_and_tracker_run_id_are_kept_beside_the_shards(one_rank_group, tmp_path):
+    _, model, optimizer = sharded_model_and_optimizer()
+    saved = checkpoint.Progress(step=3, data_position=48, world_size=8, tracking_run_id="0a1b2c")
+    folder = checkpoint.save(tmp_path / "ckpt", model=model, optimizer=optimizer, progress=saved)
+    assert checkpoint.read_progress(folder) == {"step": 3, "data_position": 48, "world_size": 8,
+                                                "tracking_run_id": "0a1b2c"}
+    assert checkpoint.load(folder, model=model, optimizer=optimizer) == saved
+    # A checkpoint from before progress.json existed loads as one that recorded neither.
+    (folder / checkpoint.PROGRESS_FILE).unlink()
+    assert checkpoint.load(folder, model=model, optimizer=optimizer) == checkpoint.Progress(step=3, data_position=48)
+
+
 def test_loading_a_folder_that_is_not_a_checkpoint_is_a_clear_error(one_rank_group, tmp_path):
     _, model, optimizer = sharded_model_and_optimizer()
     with pytest.raises(ValueError, match=r"not a torch\.distributed\.checkpoint folder"):

@@ -166,6 +166,8 @@ STACK_FILE_KEYS = {
     "gpu_reservation_instance_count": "ray-eks:gpuReservationInstanceCount",
     "gpu_reservation_start": "ray-eks:gpuReservationStart",
     "gpu_reservation_end": "ray-eks:gpuReservationEnd",
+    "mlflow": "ray-eks:mlflow",
+    "mlflow_size": "ray-eks:mlflowSize",
 }
 
 

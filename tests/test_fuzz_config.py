@@ -218,6 +218,12 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:retainCheckpointsOnDestroy": st.one_of(
         st.sampled_from(["maybe", "yes", "no", "1", "0", "", "on"]), st.integers(), st.none(),
         st.lists(st.booleans(), max_size=1), st.floats()),
+    "ray-eks:mlflow": st.one_of(
+        st.sampled_from(["maybe", "yes", "on", "Small", ""]), st.integers(), st.none(),
+        st.lists(st.booleans(), max_size=1), st.floats()),
+    "ray-eks:mlflowSize": st.one_of(
+        st.sampled_from(["small", "MEDIUM", "XL", "ml.t3.medium", ""]),
+        st.text(max_size=12).filter(lambda s: s.strip() not in ("Small", "Medium", "Large")), not_a_scalar),
     "ray-eks:rayNamespace": st.one_of(
         st.sampled_from(["Ray_NS", "-ray", "ray-", "ray.ns", "r" * 64, ""]),
         regex(r"[a-z0-9]*[A-Z_.][a-z0-9]*"), not_a_scalar),

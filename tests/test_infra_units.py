@@ -118,5 +118,5 @@ def test_docs_list_every_output_and_setting():
     from infra import outputs
     from infra.config import StackConfig, config_key
     docs = (REPO_ROOT / "docs" / "INFRA.md").read_text()
-    assert [name for name in outputs.ALL if f"`{name}`" not in docs] == []
+    assert [name for name in outputs.ALL + outputs.TRACKING if f"`{name}`" not in docs] == []
     assert [f.name for f in fields(StackConfig) if f"`{config_key(f.name)}`" not in docs] == []

@@ -1,7 +1,8 @@
 """`make demo`'s code path end to end (`python -m workloads run --local` as a subprocess): a local Ray
 cluster in the RayCluster's shape (a head that runs no training worker, two worker nodes), the real
-loop, a falling loss, the post-run checks of a cloud run, the run report, and no process left behind,
-also when the demo is stopped with SIGTERM."""
+loop, a falling loss, the post-run checks of a cloud run, the run report, the run in the local MLflow
+store (read back with MLflow's client), and no process left behind, also when the demo is stopped
+with SIGTERM."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert "placement check passed: 2 ranks trained on 2 node(s), as planned" in out
     assert "on 2 node(s)" in out.split("summary", 1)[1]
 
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "SUCCEEDED" and report["cluster"]["worker_nodes"] == 2
     assert report["trained_on_nodes"] == 2 and report["summary"]["nodes"] == 2
@@ -104,6 +105,27 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert f"(eval {summary['eval_loss']:.4f})" in out
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (run_dir / "model").iterdir()}
     assert "generate What is the capital of France? -> " in out
+    _assert_tracked(tmp_path, run_dir, report, out)
+
+
+def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> None:
+    """The run is in runs/mlflow with every step's metrics, its report, plot and model, and the demo
+    said how to open the UI on it."""
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{runs_dir / 'mlflow' / 'mlflow.db'}"
+    assert f"mlflow ui --backend-store-uri {store} --port 5000" in " ".join(out.split())
+    mlflow = MlflowClient(tracking_uri=store)
+    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("local").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == f"demo-cpu-{run_dir.name}"
+    assert f"tracking run {run.info.run_id} in experiment local;" in " ".join(out.split())
+    assert [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "train_loss")] == [
+        (r["step"], r["loss"]) for r in report["steps"]]
+    assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "eval_loss")] == [10, 20]
+    assert run.data.params["steps"] == "20" and run.data.params["model.name_or_path"] == str(run_dir / "base-model")
+    assert run.data.tags["model_location"] == str(run_dir / "model")
+    assert run.data.tags["checkpoint"].startswith(str(run_dir / "checkpoints"))
+    assert {"summary.json", "report.json", "loss.png"} <= {a.path for a in mlflow.list_artifacts(run.info.run_id)}
 
 
 def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
@@ -115,7 +137,7 @@ def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
     assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
     assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
     _assert_all_stopped(groups)

@@ -86,7 +86,7 @@ def test_every_policy_but_the_api_cidr_warning_is_mandatory():
     assert {n for n, level in levels.items() if level != EnforcementLevel.MANDATORY} == \
         ADVISORY_POLICIES
     assert levels["eks-api-not-open-to-all"] == EnforcementLevel.ADVISORY
-    assert len(POLICY_NAMES) == len(policies.POLICIES) == 11
+    assert len(POLICY_NAMES) == len(policies.POLICIES) == 13
 
 
 def test_an_api_endpoint_open_to_all_is_an_advisory_warning(servicer):

@@ -26,6 +26,9 @@ DATA_PREFIX = "[data] "
 """Rank 0's line describing the training data (records, packed rows, held-out share)."""
 LOAD_PREFIX = "[model-load] "
 """Rank 0's line with every rank's pretrained-weights load: seconds, bytes read, peak memory."""
+TRACKING_PREFIX = "[tracking] "
+"""Rank 0's line once its experiment-tracker run is open (JSON: run id, experiment, URI), and its
+warnings about the tracker (plain text after the prefix)."""
 
 
 PREFLIGHT_FAILED_KEY = "preflight_failed"

@@ -8,7 +8,7 @@ import re
 from typing import Iterator
 
 from infra.config.errors import ConfigError, fix_cmd
-from infra.config.schema import CAPACITY_TYPES, DEFAULT_RAY_IMAGE, StackConfig, config_key
+from infra.config.schema import CAPACITY_TYPES, DEFAULT_RAY_IMAGE, MLFLOW_SIZES, StackConfig, config_key
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
 from infra.sizing import HUGE_PAGE_MIB, max_huge_pages_mib
 
@@ -197,6 +197,11 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("gpu_huge_pages_mib"), cfg.gpu_huge_pages_mib,
                           f"must be 0 or more, in whole {HUGE_PAGE_MIB} MiB pages (an even number)",
                           fix_cmd(k("gpu_huge_pages_mib"), 0))
+    if cfg.mlflow_size not in MLFLOW_SIZES:
+        close = next((s for s in MLFLOW_SIZES if s.lower() == str(cfg.mlflow_size).lower()), "Small")
+        yield ConfigError(k("mlflow_size"), cfg.mlflow_size,
+                          f"is not a tracking server size ({', '.join(MLFLOW_SIZES)})",
+                          fix_cmd(k("mlflow_size"), close))
     if not _ACCOUNT_RE.match(cfg.eks_image_registry_account):
         yield ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
                           "must be a 12-digit AWS account ID",

@@ -114,6 +114,13 @@ class StackConfig:
     gpu_reservation_end: str = ""
     """When the reservation ends (ISO 8601, UTC). EC2 reclaims a Capacity Block's instances from
     30 minutes before this."""
+    mlflow: bool = False
+    """A SageMaker managed MLflow tracking server for the runs (infra/tracking.py): its artifact
+    store under the checkpoint bucket's prefix, the Ray pods allowed to log to it and nothing more,
+    its ARN and UI URL exported. `python -m workloads submit --stack` then tracks every run there. It
+    is billed by the hour while it exists (the cost estimate counts it)."""
+    mlflow_size: str = "Small"
+    """The tracking server's size: Small (AWS suggests it for up to 25 users), Medium or Large."""
 
     @property
     def gpu_instance(self):
@@ -211,3 +218,6 @@ RESERVATION_FIELDS = ("gpu_reservation_id", "gpu_reservation_type", "gpu_reserva
 
 
 RESERVATION_KINDS = ("on-demand", "capacity-block")
+
+MLFLOW_SIZES = ("Small", "Medium", "Large")
+"""SageMaker's MLflow tracking server sizes, spelt as its API takes them."""

@@ -11,7 +11,7 @@ policy wrappers hand it over as `UNKNOWN`. A rule says nothing about a value it 
 same rule runs again at `pulumi up`, where every input is known before the resource is created.
 
 The package, one module per concern: `resources` (type tokens, UNKNOWN, the helpers), `gpu_nodes`,
-`reservations`, `ray_pods`, `images`, `buckets`, `api_endpoint`. The policy pack imports them from
+`reservations`, `ray_pods`, `images`, `buckets`, `api_endpoint`, `tracking`. The policy pack imports them from
 here (`import rules`: policy/ is the pack's import root).
 """
 
@@ -25,6 +25,8 @@ from .images import helm_violations, image_pin_violation, tag_pin_violation, wor
 from .ray_pods import (ALLOWED_SERVICE_TYPES, EFA_RESOURCE, parse_quantity, ray_head_exposure_violations,
                        ray_worker_violations, selects_ray_pods, service_exposure_violations)
 from .reservations import RESERVATION_TAG_KEYS, capacity_reservation_violations, reservation_target
+from .tracking import (IAM_POLICIES, MLFLOW_TRACKING_SERVER, mlflow_access_violations,
+                       tracking_server_violations)
 from .resources import (BUCKETS, CAPACITY_BLOCK, CAPACITY_RESERVATION, EKS_CLUSTER, ENCRYPTION_CONFIGS, HELM_CHART,
                         HELM_RELEASE, LAUNCH_TEMPLATE, NODE_GROUP, PLACEMENT_GROUP, POD_SPEC_PATHS,
                         PUBLIC_ACCESS_BLOCK, RAY_CLUSTER, SERVICE, SUBNET, UNKNOWN, StackResource, StackViolation)
@@ -39,6 +41,7 @@ __all__ = [
     "ALLOWED_SERVICE_TYPES", "EFA_RESOURCE", "parse_quantity", "ray_head_exposure_violations",
     "ray_worker_violations", "selects_ray_pods", "service_exposure_violations",
     "RESERVATION_TAG_KEYS", "capacity_reservation_violations", "reservation_target",
+    "IAM_POLICIES", "MLFLOW_TRACKING_SERVER", "mlflow_access_violations", "tracking_server_violations",
     "BUCKETS", "CAPACITY_BLOCK", "CAPACITY_RESERVATION", "EKS_CLUSTER", "ENCRYPTION_CONFIGS", "HELM_CHART",
     "HELM_RELEASE", "LAUNCH_TEMPLATE", "NODE_GROUP", "PLACEMENT_GROUP", "POD_SPEC_PATHS", "PUBLIC_ACCESS_BLOCK",
     "RAY_CLUSTER", "SERVICE", "SUBNET", "UNKNOWN", "StackResource", "StackViolation",

@@ -52,6 +52,10 @@ class StackOutputs:
     """Memory of one GPU of the stack's GPU nodes (absent from stacks deployed before it existed)."""
     ray_worker_gpus: Optional[int] = None
     """GPUs of all Ray worker pods together (absent from stacks deployed before it existed)."""
+    mlflow_tracking_server_arn: Optional[str] = None
+    """The stack's SageMaker managed MLflow tracking server (`ray-eks:mlflow`), the jobs' tracking URI."""
+    mlflow_ui_url: Optional[str] = None
+    """Its UI (opened through a presigned URL: docs/WORKLOAD.md)."""
 
 
 STACK_OUTPUT_NAMES = {
@@ -86,6 +90,10 @@ def stack_outputs_from_json(data: dict, *, stack: str) -> StackOutputs:
         values["gpu_memory_gib"] = int(data["gpuMemoryGib"])
     if data.get("rayWorkerGpus") is not None:
         values["ray_worker_gpus"] = int(data["rayWorkerGpus"])
+    if data.get("mlflowTrackingServerArn"):
+        values["mlflow_tracking_server_arn"] = str(data["mlflowTrackingServerArn"])
+    if data.get("mlflowUiUrl"):
+        values["mlflow_ui_url"] = str(data["mlflowUiUrl"])
     return StackOutputs(**values)
 
 
@@ -245,6 +253,8 @@ class Connection:
     """Memory of one GPU of the cluster's workers, when the stack says (sizes the default preset)."""
     ray_worker_gpus: Optional[int] = None
     """GPUs the cluster's workers have together, when the stack says (the job waits for them)."""
+    tracking_uri: Optional[str] = None
+    """The stack's MLflow tracking server (its ARN), when it has one."""
     reconnect: Optional[Callable[[], str]] = field(default=None, compare=False, repr=False)
     """Restores the way to the cluster (a new port-forward) and returns the Jobs API URL; None
     when the address needs nothing restored."""
@@ -264,6 +274,7 @@ def stack_connection(stack: str) -> Iterator[Connection]:
             yield Connection(address=f"http://127.0.0.1:{forward.port}", token=token,
                              storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack),
                              gpu_memory_gib=outputs.gpu_memory_gib, ray_worker_gpus=outputs.ray_worker_gpus,
+                             tracking_uri=outputs.mlflow_tracking_server_arn,
                              reconnect=lambda: f"http://127.0.0.1:{forward.ensure()}")
 
 

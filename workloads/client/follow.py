@@ -13,7 +13,7 @@ from rich.console import Console
 
 from workloads.client.cluster import UnreachableError, first_line
 from workloads.client.report import format_record, parse_prefixed, parse_train_line
-from workloads.context import GATE_PREFIX
+from workloads.context import GATE_PREFIX, TRACKING_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 
 class LogPrinter:
@@ -29,6 +29,7 @@ class LogPrinter:
         """The driver's plan record, once the job has logged it."""
         # Ray Train forwards each worker line to the job logs twice; show a record once.
         self._last_shown: Optional[str] = None
+        self._tracking_shown: set[str] = set()
 
     def feed(self, chunk: str) -> None:
         lines = (self._partial + chunk).split("\n")
@@ -53,6 +54,8 @@ class LogPrinter:
             style = "red" if not gate.get("passed") else "green" if gate.get("applies") else "dim"
             self.console.print(f"[bold cyan]gate[/] [{style}]{gate.get('message', '')}[/]")
             return
+        if self._tracking(line):
+            return
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
             self.plan = plan
@@ -69,6 +72,24 @@ class LogPrinter:
             return
         if not self.quiet:
             self.console.out(line, highlight=False)
+
+    def _tracking(self, line: str) -> bool:
+        """Rank 0's tracker lines: the run it logs to, and its warnings (shown also when quiet)."""
+        at = line.find(TRACKING_PREFIX)
+        if at < 0:
+            return False
+        if line[at:] in self._tracking_shown:
+            return True
+        self._tracking_shown.add(line[at:])
+        run = parse_prefixed(line, TRACKING_PREFIX)
+        if run is not None:
+            again = " (continued)" if run.get("continued") else ""
+            self.console.print(f"[bold cyan]tracking[/] run {run.get('run_id')}{again} in experiment "
+                               f"{run.get('experiment')} at {run.get('uri')}", highlight=False)
+        else:
+            self.console.print(f"[bold cyan]tracking[/] [yellow]{line[at + len(TRACKING_PREFIX):]}[/]",
+                               highlight=False)
+        return True
 
     def _is_repeat(self, line: str) -> bool:
         keyed = parse_train_line(line) is not None or self._gate_prefix in line

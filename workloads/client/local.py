@@ -7,7 +7,9 @@ has its own IP (127.0.0.2, 127.0.0.3). It submits the "demo-cpu" preset
 through the same code as `submit --address`, runs the same post-run checks as a cloud run (the
 node count the driver planned is the number of nodes that trained), prints a summary, writes
 runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints, and the exported model/ with the
-demo's inputs: workloads/client/demo.py), and stops every process it started,
+demo's inputs: workloads/client/demo.py), tracks the run into the MLflow store runs/mlflow (or the
+tracking URI the user gives: workloads/client/tracking.py) and prints the command that opens its UI,
+and stops every process it started,
 also on failure, Ctrl-C or SIGTERM. Other Ray clusters on the machine are left alone: each node is
 one `ray start --block` in its own process group.
 """
@@ -33,7 +35,7 @@ from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import demo, submit
+from workloads.client import demo, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
@@ -318,6 +320,9 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpus-per-node", type=int, default=1, help="logical CPUs (= workers) per worker node")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run reports go (default: runs)")
     parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
+    parser.add_argument("--no-tracking", action="store_true",
+                        help="do not track the run (default: MLflow, in <runs-dir>/mlflow unless --set tracking.uri "
+                        "or MLFLOW_TRACKING_URI names another tracker)")
     return parser
 
 
@@ -339,6 +344,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
     train, inputs = local_train_config(args, run_dir)
+    run_name = f"{args.preset}-{stamp}"
+    train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     if inputs.model is not None and inputs.chats is None:
         console.print(f"[bold cyan]local[/] your data trains a toy model made in {inputs.model} (random weights; its "
                       "tokenizer reads any text); --set model.name_or_path=FOLDER starts from another, such as "
@@ -350,7 +357,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     with local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
         console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
         with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
-            request = submit.SubmitRequest(train=train, run_name=f"{args.preset}-{stamp}",
+            request = submit.SubmitRequest(train=train, run_name=run_name,
                                            storage_path=str(run_dir / "checkpoints"), max_failures=0,
                                            expect="any", quiet=not args.verbose)
             submitted: list[str] = []
@@ -376,7 +383,34 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
         from workloads.model_io.toy import DEMO_PROMPT
 
         demo.show_model(run_dir, console, prompt=DEMO_PROMPT if inputs.chats else demo.first_question(train))
+    show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",
+                 console=console)
     return outcome.exit_code
+
+
+def local_tracking(train: dict, args: argparse.Namespace, *, run_name: str, console: Console) -> tuple[dict, str]:
+    """The run's config with its tracker (the local store by default) and the URI; ("", ...) untracked."""
+    if args.no_tracking:  # also when the environment names a tracker the workers would see
+        return {**train, "tracking": {**train["tracking"], "uri": "off"}}, ""
+    uri = tracking.resolve_uri(train)
+    if not uri:
+        if not tracking.mlflow_installed():
+            console.print("[bold cyan]local[/] not tracked: MLflow is not installed (pip install -e '.[tracking]')")
+            return train, ""
+        uri = tracking.local_store_uri(args.runs_dir)
+    return tracking.with_tracking(train, uri=uri, run_name=run_name, tags=tracking.client_tags()), uri
+
+
+def show_tracked(logs: str, *, train: dict, uri: str, files: tuple[Path, ...], model: Path, console: Console) -> None:
+    """Add the report, loss plot and exported model to the run's tracker run, and say how to open it."""
+    run = tracking.tracked_run(logs) if uri else None
+    if run is None:
+        if uri:
+            console.print(f"[bold]tracking[/] the job's log names no tracker run at {uri}")
+        return
+    tracking.add_local_results(run, train=train, files=files, model=model if model.is_dir() else None,
+                               say=lambda line: console.print(line, highlight=False))
+    console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=uri)}", highlight=False)
 
 
 def main(command: str, argv: list[str]) -> int:

@@ -25,6 +25,11 @@ GPU_PACKAGES = ("liger-kernel==0.8.5",)
 """Installed into GPU jobs' runtime_env: the loop's fused linear cross-entropy uses liger-kernel when
 importable (docs/PERFORMANCE.md). The same pin as pyproject's `gpu` extra."""
 
+TRACKING_PACKAGES = ("mlflow-skinny==3.17.2", "sagemaker-mlflow==0.5.0")
+"""Installed into the runtime_env of a tracked job on EKS (and of any job tracked to a SageMaker ARN):
+MLflow's client, and the plugin that signs its requests with the pod's IAM credentials. The same
+pins as pyproject's `tracking` extra."""
+
 JOB_ENV = {
     "RAY_DEDUP_LOGS": "0",
     "PYTHONUNBUFFERED": "1",
@@ -40,16 +45,21 @@ class Submission:
     metadata: dict
 
 
-def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: bool = True) -> dict:
+def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: bool = True,
+                tracking_uri: str = "") -> dict:
     """The job's pinned runtime_env. Only an EFA (GPU) run declares the transport and installs
-    GPU_PACKAGES, unless `install` is off (a cluster that cannot reach PyPI: the loop then uses its
-    chunked loss); a CPU run needs no network at job start."""
-    if expect != "efa":
-        return {"working_dir": working_dir, "env_vars": dict(JOB_ENV)}
-    env = {"working_dir": working_dir, "env_vars": {**JOB_ENV, **EFA_TRANSPORT_ENV}}
-    if install:
+    GPU_PACKAGES, and, when tracked, TRACKING_PACKAGES (also installed for a SageMaker ARN on any
+    cluster: nothing else reads one), unless `install` is off (a cluster that cannot reach PyPI: the
+    loop then uses its chunked loss, and tracks only with an MLflow of its own); a CPU run needs no
+    network at job start."""
+    packages = list(GPU_PACKAGES) if expect == "efa" else []
+    if tracking_uri and (expect == "efa" or tracking_uri.startswith("arn:")):
+        packages += TRACKING_PACKAGES
+    env_vars = {**JOB_ENV, **EFA_TRANSPORT_ENV} if expect == "efa" else dict(JOB_ENV)
+    env: dict = {"working_dir": working_dir, "env_vars": env_vars}
+    if install and packages:
         # pip_check off: `pip check` would also judge the image's own packages, not just these.
-        env["pip"] = {"packages": list(GPU_PACKAGES), "pip_check": False}
+        env["pip"] = {"packages": packages, "pip_check": False}
     return env
 
 
@@ -70,7 +80,8 @@ def build_submission(*, train: dict, run_name: str, storage_path: str, max_failu
         driver_args += ["--min-nodes", str(min_nodes)]
     return Submission(
         entrypoint=shlex.join(driver_args),
-        runtime_env=runtime_env(working_dir=working_dir, expect=expect, install=install),
+        runtime_env=runtime_env(working_dir=working_dir, expect=expect, install=install,
+                                tracking_uri=(train.get("tracking") or {}).get("uri", "")),
         metadata={"run_name": run_name, "storage_path": storage_path},
     )
 

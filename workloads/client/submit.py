@@ -27,6 +27,7 @@ from pathlib import Path
 from ray.exceptions import AuthenticationError
 from rich.console import Console
 
+from workloads.client import tracking
 from workloads.client.cluster import UnreachableError, client_factory, connect, first_line, job_client
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
@@ -59,6 +60,7 @@ from workloads.client.submission import (  # noqa: F401
     GPU_PACKAGES,
     JOB_ENV,
     PACKAGE_DIR,
+    TRACKING_PACKAGES,
     Submission,
     SubmitRequest,
     build_submission,
@@ -177,6 +179,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"--storage-path {storage_path!r} must be a URI (s3://...) or an absolute folder "
                              "on the cluster's nodes")
         gpus = args.gpus if args.gpus is not None else conn.ray_worker_gpus or 0
+        tracking_uri = tracking.resolve_uri(train, stack_uri=conn.tracking_uri)
+        if tracking_uri:
+            train = tracking.with_tracking(train, uri=tracking_uri, run_name=run_name, experiment=args.stack or "",
+                                           tags=tracking.client_tags(stack=args.stack))
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
@@ -202,6 +208,9 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                           f"--run-name {run_name} resumes the run from its latest checkpoint")
             return EXIT_FAILED
     report_outcome(outcome, console)
+    run = tracking.tracked_run(outcome.logs) if tracking_uri else None
+    if run is not None:
+        console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=tracking_uri)}", highlight=False)
     return outcome.exit_code
 
 

@@ -326,6 +326,40 @@ def worker_range(plan: WorkerPlan, *, min_nodes: int) -> int | tuple[int, int]:
     return (min_nodes * plan.num_workers // plan.nodes, plan.num_workers)
 
 
+def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
+    """Tag the run's tracker run (its id kept in the final checkpoint) with where that checkpoint and
+    the exported model are, when the run is tracked. Waits a bounded time; never fails the job."""
+    from workloads.train import tracking
+    from workloads.train.checkpoint import PROGRESS_FILE
+    from workloads.train.config import TrainConfig
+
+    settings = TrainConfig.from_dict(train).tracking
+    if not tracking.tracking_uri(settings):
+        return False
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # The job's working_dir, this process's folder, can be gone by now: on one machine the local
+        # cluster's nodes share one runtime_resources folder, and the workers' runtime env removes it
+        # as they exit. MLflow's plugin discovery reads the current folder.
+        os.chdir(tempfile.gettempdir())
+    try:
+        with filesystem.open_input_stream(f"{path}/{PROGRESS_FILE}") as stream:
+            run_id = str(json.loads(stream.read()).get("tracking_run_id") or "")
+        exported = any(filesystem.get_file_info(f"{path}/model/{name}").is_file
+                       for name in ("model.safetensors", "model.safetensors.index.json"))
+    except (OSError, ValueError) as exc:
+        _say(f"tracking: the final checkpoint names no tracker run ({exc})")
+        return False
+    location = path if filesystem.type_name == "local" else f"{filesystem.type_name}://{path}"
+    tags = {"checkpoint": location, **({"model_location": f"{location}/model"} if exported else {})}
+    if tracking.annotate_run(settings, run_id=run_id, tags=tags, say=print):
+        _say(f"tracking: run {run_id or settings.run_name} tagged with "
+             f"{', '.join(f'{k}={v}' for k, v in tags.items())}")
+        return True
+    return False
+
+
 def run(args: DriverArgs) -> int:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -391,6 +425,8 @@ def run(args: DriverArgs) -> int:
             else:
                 checkpoint = result.checkpoint.path if result.checkpoint else None
                 _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
+                if result.checkpoint is not None:
+                    tell_tracker_where(train, filesystem=result.checkpoint.filesystem, path=result.checkpoint.path)
                 return 0
     finally:
         ray.shutdown()

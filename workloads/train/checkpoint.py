@@ -3,15 +3,21 @@
 Every rank writes its own shards of the model and optimizer into one folder (rank 0 adds the
 metadata), so a checkpoint is written in parallel and can be loaded on another number of ranks.
 The folder also holds the step and the data position, the two numbers that make a resumed run
-continue exactly where the saved one stopped (the learning rate is a function of the step).
+continue exactly where the saved one stopped (the learning rate is a function of the step). Beside
+the DCP files, rank 0 writes `progress.json`: the same numbers with the world size that saved them
+and the run's experiment-tracker id, so that a resumed run continues the same tracker run and
+knows whether it was resized. A checkpoint without that file (from before it existed) loads as one
+that recorded neither.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -23,6 +29,13 @@ class Progress:
     """Optimizer steps completed."""
     data_position: int
     """Samples consumed by all ranks together (see workloads/train/data.py)."""
+    world_size: int = 0
+    """Ranks that saved the checkpoint; 0: not recorded."""
+    tracking_run_id: str = ""
+    """The experiment tracker's run id (workloads/train/tracking.py); empty: none known."""
+
+
+PROGRESS_FILE = "progress.json"
 
 
 def checkpoint_dir(scratch_dir: Path, *, step: int) -> Path:
@@ -37,7 +50,18 @@ def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, pr
         "progress": {"step": progress.step, "data_position": progress.data_position},
     }
     dcp.save(state, checkpoint_id=str(folder))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        (folder / PROGRESS_FILE).write_text(json.dumps(asdict(progress)) + "\n")
     return folder
+
+
+def read_progress(folder: Path) -> dict:
+    """`progress.json` of a checkpoint folder as saved, or {} when it has none."""
+    try:
+        saved = json.loads((folder / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> Progress:
@@ -48,6 +72,8 @@ def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) ->
     state = {"model": model_state, "optim": optim_state, "progress": {"step": 0, "data_position": 0}}
     dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    saved = read_progress(folder)
     return Progress(
-        step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"])
+        step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"]),
+        world_size=int(saved.get("world_size") or 0), tracking_run_id=str(saved.get("tracking_run_id") or ""),
     )

@@ -107,6 +107,54 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    """Where rank 0 logs the run (workloads/train/tracking.py): MLflow, when a URI is set. Not a
+    hyperparameter: this section is left out of the run's logged parameters."""
+
+    uri: str = ""
+    """The MLflow tracking URI: `http(s)://host:port`, `sqlite:///file.db`, or a SageMaker managed
+    MLflow tracking server's ARN (with the sagemaker-mlflow plugin). Empty: $MLFLOW_TRACKING_URI
+    where rank 0 runs, else no tracking (and MLflow is never imported); "off": no tracking, whatever
+    the environment says."""
+
+    experiment: str = ""
+    """The MLflow experiment, created when missing; empty: "local". `submit --stack` sets the stack."""
+
+    run_name: str = ""
+    """The run's name in the tracker; the client sets the Ray Train run name. A run resumed under the
+    same name continues the same tracker run (its id is also kept with each checkpoint)."""
+
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags of the run besides those the loop sets (the client adds stack, image, git commit)."""
+
+    artifact_location: str = ""
+    """Where a new experiment keeps its artifacts; empty: the server's default, or, for a sqlite
+    store, an `artifacts` folder beside its database file."""
+
+    flush_timeout_s: float = 30.0
+    """At the end of the run, how long rank 0 waits for records not yet sent (a tracker that is down)
+    before it gives up on them and returns."""
+
+    buffer_records: int = 10_000
+    """Records kept while the tracker does not answer; beyond this the oldest step records are
+    dropped (and counted in the final warning)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tags, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.tags.items()):
+            raise ValueError(f"tracking.tags is {self.tags!r}: use a mapping of strings, e.g. "
+                             '--set \'tracking.tags={"team":"ml"}\'')
+        if not self.flush_timeout_s >= 0:
+            raise ValueError(f"tracking.flush_timeout_s is {self.flush_timeout_s}: use 0 or more seconds")
+        if self.buffer_records < 1:
+            raise ValueError(f"tracking.buffer_records is {self.buffer_records}: it must be at least 1")
+
+    @property
+    def experiment_name(self) -> str:
+        return self.experiment or "local"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """What to train."""
@@ -218,6 +266,9 @@ class TrainConfig:
 
     transport: GateConfig = field(default_factory=GateConfig)
     """The in-band transport gate run before the first step (workloads/transport/gate.py)."""
+
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """The experiment tracker rank 0 logs to (off unless a URI is set)."""
 
     def __post_init__(self) -> None:
         positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size", "eval_batches")

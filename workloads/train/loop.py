@@ -32,7 +32,7 @@ from workloads.model_io.export import (
     write_weights_from_shards,
 )
 from workloads.model_io.sources import fetch_model
-from workloads.train import checkpoint, metrics
+from workloads.train import checkpoint, metrics, tracking
 from workloads.train.config import TrainConfig
 from workloads.train.data import Batch, Data, batches, build_data, eval_batches, samples_per_step
 from workloads.train.encode import load_tokenizer
@@ -210,11 +210,13 @@ def save_checkpoint(
     data_position: int,
     metadata: ModelMetadata,
     export_weights: bool,
+    tracking_run_id: str = "",
 ) -> Path:
     """Save the sharded state; rank 0 adds `model/` (config, generation config, tokenizer) and, with
     `export_weights`, the weights gathered into a Hugging Face folder there."""
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
-    progress = checkpoint.Progress(step=step, data_position=data_position)
+    progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
+                                   tracking_run_id=tracking_run_id)
     checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
@@ -392,6 +394,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "flash_attention_2 keeps packed samples apart only with micro_batch=1"
         )
     stream = itertools.chain([first_batch], stream)
+    tracker = tracking.start(cfg, rank=ctx.rank, progress=progress, world_size=ctx.world_size, nodes=nodes,
+                             plan=plan)
 
     flops = metrics.flops_per_token(
         n_params=shape.n_params,
@@ -440,10 +444,12 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             eval_loss = evaluate(model, held_out, device=device)
             last["eval_loss"] = eval_loss
         print_rank0(ctx, TRAIN_PREFIX, last)
+        tracker.log_step(last)
         if save_now:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
-                                     metadata=metadata, export_weights=final and cfg.export_model)
+                                     metadata=metadata, export_weights=final and cfg.export_model,
+                                     tracking_run_id=tracker.run_id)
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,
@@ -484,4 +490,5 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "preemption_checks": watch.summary(),
     }
     print_rank0(ctx, SUMMARY_PREFIX, summary)
+    tracker.finish(summary)
     return summary

@@ -1,0 +1,172 @@
+"""The run's experiment tracker as the commands set it up: which URI, experiment, run name and tags
+the job's config carries (workloads/train/tracking.py does the logging), the local store of
+`run --local`, what a local run adds at its end (its report, loss plot and exported model), and how
+to open the UI.
+
+The URI is, first to last: `--set tracking.uri=...`, $MLFLOW_TRACKING_URI where the command runs,
+the stack's SageMaker managed MLflow tracking server (`ray-eks:mlflow`: its ARN, a stack output),
+and for `run --local` a sqlite store under runs/mlflow. The experiment defaults to the stack's name,
+or `local`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from workloads.client.report import parse_prefixed
+from workloads.context import TRACKING_PREFIX
+
+STORE_DIR = "mlflow"
+"""The local store's folder under runs/: mlflow.db and artifacts/."""
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+
+def local_store_uri(runs_dir: Path) -> str:
+    """The sqlite URI of the local store under `runs_dir` (absolute: the Ray workers write it too)."""
+    folder = (runs_dir / STORE_DIR).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def mlflow_installed() -> bool:
+    return importlib.util.find_spec("mlflow") is not None
+
+
+def git_commit(project_dir: Path = PROJECT_DIR) -> Optional[str]:
+    """The checkout's commit, with `-dirty` when tracked files have changes; None outside git."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            done = subprocess.run(["git", "-C", str(project_dir), *args], capture_output=True, text=True,
+                                  timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def stack_image(stack: str, project_dir: Path = PROJECT_DIR) -> Optional[str]:
+    """The Ray image the stack file names (its default when it names none); None when unreadable."""
+    try:
+        from infra.config import DEFAULT_RAY_IMAGE, config_key, read_stack_values, stack_file
+
+        values = read_stack_values(stack_file(stack, project_dir))
+    except Exception:  # a tag is not worth failing a submission for
+        return None
+    return str(values.get(config_key("ray_image")) or DEFAULT_RAY_IMAGE)
+
+
+def with_tracking(train: dict, *, uri: str, run_name: str, experiment: str = "",
+                  tags: Optional[dict[str, str]] = None) -> dict:
+    """The job's config with the tracker filled in where the user set nothing: the URI, experiment
+    and run name, and the tags (a user's own tag of the same key wins)."""
+    section = dict(train.get("tracking") or {})
+    section["uri"] = section.get("uri") or uri
+    section["experiment"] = section.get("experiment") or experiment
+    section["run_name"] = section.get("run_name") or run_name
+    section["tags"] = {**(tags or {}), **(section.get("tags") or {})}
+    return {**train, "tracking": section}
+
+
+def resolve_uri(train: dict, *, stack_uri: Optional[str] = None, local_default: Optional[str] = None,
+                environ: Optional[dict] = None) -> str:
+    """The URI the run logs to (module docstring's order); empty: not tracked."""
+    env = os.environ if environ is None else environ
+    mine = (train.get("tracking") or {}).get("uri") or ""
+    if mine == "off":
+        return ""
+    return mine or env.get("MLFLOW_TRACKING_URI") or stack_uri or local_default or ""
+
+
+def client_tags(*, stack: Optional[str] = None) -> dict[str, str]:
+    """What only the submitting machine knows: the checkout's commit, and with a stack its name and image."""
+    tags: dict[str, str] = {}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    if stack:
+        tags["stack"] = stack
+        image = stack_image(stack)
+        if image:
+            tags["image"] = image
+    return tags
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrackedRun:
+    run_id: str
+    experiment: str
+    experiment_id: str
+    uri: str
+
+
+def tracked_run(logs: str) -> Optional[TrackedRun]:
+    """The tracker run a job's log names (rank 0's last `[tracking] {...}` line), or None."""
+    found = None
+    for line in logs.splitlines():
+        record = parse_prefixed(line, TRACKING_PREFIX)
+        if record and record.get("run_id"):
+            found = record
+    if found is None:
+        return None
+    return TrackedRun(run_id=str(found["run_id"]), experiment=str(found.get("experiment", "")),
+                      experiment_id=str(found.get("experiment_id", "")), uri=str(found.get("uri", "")))
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working folder when it is under it (what a user types), else absolute."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def ui_command(uri: str) -> Optional[str]:
+    """The one command that opens the MLflow UI on a local store (sqlite or a folder); None for a server."""
+    if uri.startswith("sqlite:///"):
+        store = f"sqlite:///{_shown(Path(uri.removeprefix('sqlite:///')))}"
+    elif uri.startswith("file:") or ":" not in uri:
+        store = _shown(Path(uri.removeprefix("file://")))
+    else:
+        return None
+    mlflow = Path(sys.executable).with_name("mlflow")
+    program = _shown(mlflow) if mlflow.exists() else "mlflow"
+    return shlex.join([program, "ui", "--backend-store-uri", store, "--port", "5000"])
+
+
+def where_to_look(run: TrackedRun, *, uri: str) -> str:
+    """One line: the run, and how to open it (the UI command of a local store, the server's page)."""
+    command = ui_command(uri)
+    if command is not None:
+        return f"run {run.run_id} in experiment {run.experiment}; open the UI: {command} (then http://127.0.0.1:5000)"
+    if uri.startswith("arn:"):
+        return (f"run {run.run_id} in experiment {run.experiment} on {uri}; open the UI: aws sagemaker "
+                f"create-presigned-mlflow-tracking-server-url --tracking-server-name {uri.rsplit('/', 1)[-1]}")
+    page = f"{uri.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+    return f"run {run.run_id} in experiment {run.experiment}: {page}"
+
+
+def add_local_results(run: TrackedRun, *, train: dict, files: tuple[Path, ...], model: Optional[Path],
+                      say: Callable[[str], None]) -> bool:
+    """Add what a local run made after the job (the report, the loss plot, the exported model's
+    folder) to its tracker run. Bounded wait; never raises."""
+    from workloads.train.config import TrackingConfig
+    from workloads.train.tracking import annotate_run
+
+    settings = TrackingConfig(**{k: v for k, v in (train.get("tracking") or {}).items()
+                                 if k in {f.name for f in dataclasses.fields(TrackingConfig)}})
+    tags = {"model_location": str(model.resolve())} if model is not None and model.is_dir() else {}
+    return annotate_run(settings, run_id=run.run_id, tags=tags, files=tuple(p for p in files if p.is_file()),
+                        say=say)
