@@ -5,14 +5,16 @@ import dataclasses
 import pulumi
 
 from infra import outputs
+from infra import scale_to_zero
 from infra.addons import Addons, AddonsArgs
+from infra.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
 from infra.cluster import EksCluster, EksClusterArgs
-from infra.cost import estimated_cost_per_hour
+from infra.cost import estimated_cost_per_hour, estimated_idle_cost_per_hour, reservation_idle_note
 from infra.health import NodeHealth, NodeHealthArgs
-from infra.helm_values import chart_values, chart_versions
+from infra.helm_values import CLUSTER_AUTOSCALER, chart_values, chart_versions
 from infra.instance_types import PRICE_TABLE_DATE
 from infra.network import Network, NetworkArgs
-from infra.nodegroups import GpuNodeGroup, GpuNodeGroupArgs, SystemNodeGroup, SystemNodeGroupArgs
+from infra.nodegroups import GpuNodeGroup, GpuNodeGroupArgs, ScaleToZero, SystemNodeGroup, SystemNodeGroupArgs
 from infra.nodegroups import gpu_launch_window
 from infra.pulumi_config import load_running_stack_config
 from infra.raycluster import (AUTH_SECRET_KEY, DASHBOARD_PORT, SERVICE_ACCOUNT,
@@ -25,6 +27,9 @@ from infra.tracking import MlflowTracking, MlflowTrackingArgs
 cfg = load_running_stack_config()
 gpu_window = gpu_launch_window(cfg)  # a reservation that has ended stops the program here
 name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
+idle_to_zero = scale_to_zero.enabled(cfg)
+if reservation_idle_note(cfg):
+    pulumi.log.warn(f"ray-eks:gpuIdleMinutes scales the GPU nodes to zero, but {reservation_idle_note(cfg)}")
 
 network = Network("network", NetworkArgs(
     cluster_name=name, region=cfg.region, gpu_availability_zone_id=cfg.gpu_availability_zone_id,
@@ -46,12 +51,21 @@ gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
     root_volume_gib=cfg.gpu_root_volume_gib, capacity_type=cfg.gpu_capacity_type,
     reservation=cfg.gpu_reservation,
-    window=gpu_window, cluster_name=cluster.cluster_name))
+    window=gpu_window, cluster_name=cluster.cluster_name,
+    scale_to_zero=ScaleToZero(asg_tags=scale_to_zero.node_template_tags(cfg, cluster_name=name),
+                              extra_labels=scale_to_zero.accelerator_label(cfg))
+    if idle_to_zero else None))
 node_health = NodeHealth("node-health", NodeHealthArgs(
     cluster_name=cluster.cluster_name, cluster=cluster.cluster, version=cfg.node_monitoring_agent_version))
+helm_values = chart_values(cfg, cluster_name=name)
 addons = Addons("addons", AddonsArgs(
-    provider=cluster.provider, values=chart_values(cfg), versions=chart_versions(cfg),
+    provider=cluster.provider, values=helm_values, versions=chart_versions(cfg),
     system_nodes=system_nodes, gpu_nodes=gpu_nodes))
+if idle_to_zero:
+    ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
+        provider=cluster.provider, cluster_name=name, region=cfg.region,
+        values=helm_values[CLUSTER_AUTOSCALER.name], version=cfg.cluster_autoscaler_chart_version,
+        cluster=cluster.cluster, system_nodes=system_nodes))
 storage = CheckpointStorage("checkpoints", CheckpointStorageArgs(
     bucket_prefix=cfg.checkpoint_bucket_prefix,
     retain_on_destroy=cfg.retain_checkpoints_on_destroy,
@@ -67,8 +81,8 @@ ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
     manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator,
     pod_identity=storage.pod_identity, kubeconfig=cluster.kubeconfig,
     workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes,
-    workers_now=gpu_window.desired_nodes if gpu_window else None,
-    workers_note=gpu_window.note if gpu_window else ""))
+    workers_now=0 if idle_to_zero else gpu_window.desired_nodes if gpu_window else None,
+    workers_note=scale_to_zero.idle_note(cfg) if idle_to_zero else gpu_window.note if gpu_window else ""))
 
 pulumi.export(outputs.KUBECONFIG, cluster.kubeconfig)
 pulumi.export(outputs.CLUSTER_NAME, cluster.cluster_name)
@@ -82,6 +96,8 @@ pulumi.export(outputs.RAY_AUTH_SECRET_NAME, auth_secret_name(ray_cluster_name))
 pulumi.export(outputs.RAY_AUTH_SECRET_KEY, AUTH_SECRET_KEY)
 pulumi.export(outputs.CHECKPOINT_BUCKET_URI, storage.uri)
 pulumi.export(outputs.ESTIMATED_COST_PER_HOUR_USD, estimated_cost_per_hour(cfg))
+pulumi.export(outputs.ESTIMATED_IDLE_COST_PER_HOUR_USD, estimated_idle_cost_per_hour(cfg))
+pulumi.export(outputs.GPU_IDLE_MINUTES, cfg.gpu_idle_minutes)
 pulumi.export(outputs.PRICE_TABLE_DATE, PRICE_TABLE_DATE)
 pulumi.export(outputs.GPU_INSTANCE_TYPE, cfg.gpu_instance_type)
 pulumi.export(outputs.GPU_MEMORY_GIB, cfg.gpu_instance.gpu_memory_gib)

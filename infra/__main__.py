@@ -36,7 +36,7 @@ def _render(args: argparse.Namespace) -> int:
         for line in str(exc).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    sys.stdout.write(f"# {cost_summary(cfg)}\n{render_yaml(cfg)}")
+    sys.stdout.write(f"# {cost_summary(cfg)}\n{render_yaml(cfg, stack=args.stack)}")
     return 0
 
 

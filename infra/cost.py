@@ -1,4 +1,5 @@
-"""An estimate of what the stack costs per hour while it runs, from the dated price table."""
+"""An estimate of what the stack costs per hour, busy (a job on the GPU nodes) and idle (no job:
+with `gpuIdleMinutes` the GPU nodes are gone), from the dated price table."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from infra.instance_types import (EKS_CONTROL_PLANE_USD_PER_HOUR, GP3_USD_PER_GI
                                   HOURS_PER_MONTH, INSTANCE_TYPES, MLFLOW_TRACKING_SERVER_USD_PER_HOUR,
                                   NAT_GATEWAY_USD_PER_HOUR, PRICE_TABLE_DATE, PRICE_TABLE_REGION)
 from infra.nodes import SYSTEM_ROOT_VOLUME_GIB
+from infra.reservation import idle_usd_per_hour
 
 PRICES_NOTE = (f"{PRICE_TABLE_REGION} On-Demand list prices of {PRICE_TABLE_DATE}; other regions "
                "differ by up to ~30%")
@@ -51,8 +53,49 @@ def cost_items(cfg: StackConfig) -> dict[str, float]:
 
 
 def estimated_cost_per_hour(cfg: StackConfig) -> float:
-    """The sum of `cost_items`, rounded to cents."""
+    """The sum of `cost_items`, rounded to cents: the stack with its GPU nodes up."""
     return round(sum(cost_items(cfg).values()), 2)
+
+
+def idle_cost_items(cfg: StackConfig) -> dict[str, float]:
+    """USD per hour of each part while no job runs. Without `gpuIdleMinutes` that is every part of
+    `cost_items`. With it the GPU nodes and their root volumes are gone (deleted on termination),
+    and what remains is the system nodes, their volumes, the control plane, the NAT gateway, and
+    a targeted On-Demand Capacity Reservation, billed by the hour whether a node uses it or not
+    (a Capacity Block was paid up front, so it costs nothing more while idle)."""
+    if not cfg.gpu_idle_minutes:
+        return cost_items(cfg)
+    volumes_gib = cfg.system_node_count * SYSTEM_ROOT_VOLUME_GIB
+    items = {
+        f"{cfg.system_node_count}x {cfg.system_instance_type}":
+            cfg.system_node_count * cfg.system_instance.usd_per_hour,
+        "EKS control plane": EKS_CONTROL_PLANE_USD_PER_HOUR,
+        "NAT gateway": NAT_GATEWAY_USD_PER_HOUR,
+        f"{volumes_gib} GiB gp3": volumes_gib * GP3_USD_PER_GIB_MONTH / HOURS_PER_MONTH,
+    }
+    reservation = cfg.gpu_reservation
+    if reservation is not None and not reservation.is_capacity_block:
+        items[f"reservation {reservation.reservation_id} (idle, still billed)"] = idle_usd_per_hour(cfg)
+    return items
+
+
+def estimated_idle_cost_per_hour(cfg: StackConfig) -> float:
+    """The sum of `idle_cost_items`, rounded to cents."""
+    return round(sum(idle_cost_items(cfg).values()), 2)
+
+
+def reservation_idle_note(cfg: StackConfig) -> str:
+    """What a targeted reservation costs while the GPU nodes are scaled to zero ("" without
+    either)."""
+    reservation = cfg.gpu_reservation
+    if reservation is None or not cfg.gpu_idle_minutes:
+        return ""
+    if reservation.is_capacity_block:
+        return (f"Capacity Block {reservation.reservation_id} was paid up front: scaling to zero "
+                "saves none of it")
+    return (f"idle still pays On-Demand Capacity Reservation {reservation.reservation_id}, "
+            f"{_usd(idle_usd_per_hour(cfg))}/hour whether a node uses it or not (cancel it with "
+            "`python -m capacity release` to stop that)")
 
 
 def _usd(amount: float) -> str:
@@ -60,10 +103,18 @@ def _usd(amount: float) -> str:
 
 
 def cost_summary(cfg: StackConfig) -> str:
-    """One line: the stack's hourly estimate and what it is made of."""
+    """One line: the stack's hourly estimate and what it is made of; with `gpuIdleMinutes`, busy
+    and idle."""
     items = ", ".join(f"{name} {_usd(usd)}" for name, usd in cost_items(cfg).items())
-    return (f"estimated cost while it runs: about {_usd(estimated_cost_per_hour(cfg))}/hour "
-            f"({items}; {PRICES_NOTE}; data transfer and S3 not included)")
+    if not cfg.gpu_idle_minutes:
+        return (f"estimated cost while it runs: about {_usd(estimated_cost_per_hour(cfg))}/hour "
+                f"({items}; {PRICES_NOTE}; data transfer and S3 not included)")
+    idle = ", ".join(f"{name} {_usd(usd)}" for name, usd in idle_cost_items(cfg).items())
+    note = reservation_idle_note(cfg)
+    return (f"estimated cost: about {_usd(estimated_cost_per_hour(cfg))}/hour busy ({items}), "
+            f"{_usd(estimated_idle_cost_per_hour(cfg))}/hour idle, the GPU nodes scaled to zero "
+            f"{cfg.gpu_idle_minutes} min after the last job ({idle}{'; ' + note if note else ''}); "
+            f"{PRICES_NOTE}; data transfer and S3 not included")
 
 
 def gpu_nodes_cost_note(instance_type: str, count: int, *, spot_usd_per_hour: float | None = None) -> str:

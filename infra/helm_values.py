@@ -1,5 +1,6 @@
-"""Helm values of the three add-on charts, as plain dicts (tests check every key against the
-chart's own values.yaml)."""
+"""Helm values of the add-on charts, as plain dicts (tests check every key against the chart's own
+values.yaml): the NVIDIA and EFA device plugins and the KubeRay operator, and with `gpuIdleMinutes`
+the Cluster Autoscaler."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
+from infra.scale_to_zero import CLUSTER_AUTOSCALER_NAMESPACE, cluster_autoscaler_values
+from infra.scale_to_zero import enabled as scales_to_zero
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +29,9 @@ EFA_DEVICE_PLUGIN = Chart(name="aws-efa-k8s-device-plugin",
 KUBERAY_OPERATOR = Chart(name="kuberay-operator",
                          repository="https://ray-project.github.io/kuberay-helm/",
                          namespace="kuberay-system")
+CLUSTER_AUTOSCALER = Chart(name="cluster-autoscaler",
+                           repository="https://kubernetes.github.io/autoscaler",
+                           namespace=CLUSTER_AUTOSCALER_NAMESPACE)
 
 
 def nvidia_device_plugin_values() -> dict[str, Any]:
@@ -52,21 +58,28 @@ def kuberay_operator_values() -> dict[str, Any]:
     return {"nodeSelector": dict(SYSTEM_NODE_LABELS)}
 
 
-def chart_values(cfg: StackConfig) -> dict[str, dict[str, Any]]:
-    """Values by chart name, exactly as the Helm releases receive them."""
-    return {
+def chart_values(cfg: StackConfig, *, cluster_name: str) -> dict[str, dict[str, Any]]:
+    """Values by chart name, exactly as the Helm releases receive them. `cluster_name` is the EKS
+    cluster's (the Cluster Autoscaler finds the GPU group by it)."""
+    values = {
         NVIDIA_DEVICE_PLUGIN.name: nvidia_device_plugin_values(),
         EFA_DEVICE_PLUGIN.name: efa_device_plugin_values(cfg),
         KUBERAY_OPERATOR.name: kuberay_operator_values(),
     }
+    if scales_to_zero(cfg):
+        values[CLUSTER_AUTOSCALER.name] = cluster_autoscaler_values(cfg, cluster_name=cluster_name)
+    return values
 
 
 def chart_versions(cfg: StackConfig) -> dict[str, str]:
-    return {
+    versions = {
         NVIDIA_DEVICE_PLUGIN.name: cfg.nvidia_device_plugin_chart_version,
         EFA_DEVICE_PLUGIN.name: cfg.efa_device_plugin_chart_version,
         KUBERAY_OPERATOR.name: cfg.kuberay_operator_chart_version,
     }
+    if scales_to_zero(cfg):
+        versions[CLUSTER_AUTOSCALER.name] = cfg.cluster_autoscaler_chart_version
+    return versions
 
 
 def _dns_suffix(region: str) -> str:

@@ -4,9 +4,10 @@ GPU nodes in one AZ and one cluster placement group."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -98,7 +99,21 @@ class GpuNodeGroupArgs:
     """With a reservation: how many nodes to ask for now (gpu_launch_window)."""
     cluster_name: pulumi.Input[str] = ""
     """Name of the EKS cluster (needed with a reservation: its security group goes on the EFA
-    interfaces of the group's own launch template)."""
+    interfaces of the group's own launch template; and to scale to zero)."""
+    scale_to_zero: ScaleToZero | None = None
+    """With `gpuIdleMinutes`: the group may shrink to no node and the Cluster Autoscaler sets its
+    size; None: its size is the stack's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleToZero:
+    """How the GPU node group scales to zero (infra/scale_to_zero.py)."""
+
+    asg_tags: Mapping[str, str]
+    """Tags of the group's Auto Scaling group: the Cluster Autoscaler's discovery tag and the
+    node template it plans an empty group's nodes by."""
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    """Node labels beside the GPU labels (the accelerator label)."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -108,12 +123,36 @@ class GpuNodeGroup(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("ray-eks:infra:GpuNodeGroup", name, None, opts)
         role = _node_role(name, self)
-        n = args.node_count
         if args.reservation is not None:
             self.node_group = _reserved_node_group(name, args, role=role, parent=self)
-            self.register_outputs({})
-            return
-        self.node_group = eks.ManagedNodeGroup(
+        else:
+            self.node_group = _on_demand_node_group(name, args, role=role, parent=self)
+        if args.scale_to_zero is not None:
+            tag_autoscaling_group(name, tags=args.scale_to_zero.asg_tags,
+                                  cluster_name=args.cluster_name, node_group=self.node_group,
+                                  labels=GPU_NODE_LABELS, parent=self)
+        self.register_outputs({})
+
+
+def gpu_node_labels(args: GpuNodeGroupArgs) -> dict[str, str]:
+    extra = args.scale_to_zero.extra_labels if args.scale_to_zero is not None else {}
+    return {**GPU_NODE_LABELS, **extra}
+
+
+def gpu_scaling_config(args: GpuNodeGroupArgs, *, now: int) -> aws.eks.NodeGroupScalingConfigArgs:
+    """The group's size: `now` nodes (the stack's count, or fewer while a Capacity Block has not
+    started) between `now` and `node_count`; when it scales to zero, none to start with, between 0
+    and `node_count` (the desired size is then the Cluster Autoscaler's, and ignored by Pulumi)."""
+    if args.scale_to_zero is not None:
+        return aws.eks.NodeGroupScalingConfigArgs(desired_size=0, min_size=0,
+                                                  max_size=args.node_count)
+    return aws.eks.NodeGroupScalingConfigArgs(desired_size=now, min_size=now,
+                                              max_size=args.node_count)
+
+
+def _on_demand_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Role,
+                          parent: pulumi.Resource) -> eks.ManagedNodeGroup:
+    return eks.ManagedNodeGroup(
             f"{name}-nodes",
             cluster=args.cluster,
             node_role=role,
@@ -125,15 +164,58 @@ class GpuNodeGroup(pulumi.ComponentResource):
             enable_efa_support=True,
             placement_group_availability_zone=args.availability_zone,
             subnet_ids=[args.subnet_id],
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(desired_size=n, min_size=n,
-                                                              max_size=n),
-            labels=dict(GPU_NODE_LABELS),
+            scaling_config=gpu_scaling_config(args, now=args.node_count),
+            **_scaling_ownership(args),
+            labels=gpu_node_labels(args),
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                                effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
             disk_size=args.root_volume_gib,
             # Replaces a node that the monitoring agent reports unhealthy (infra/health.py).
-            opts=pulumi.ResourceOptions(parent=self, transforms=[enable_node_auto_repair]))
-        self.register_outputs({})
+            opts=pulumi.ResourceOptions(parent=parent, transforms=[enable_node_auto_repair]))
+
+
+def _scaling_ownership(args: GpuNodeGroupArgs) -> dict[str, bool]:
+    """pulumi-eks's `ignore_scaling_changes` puts `scalingConfig.desiredSize` in the node group's
+    `ignore_changes` (pulumi-eks nodejs/eks/nodes/nodegroup.ts, createManagedNodeGroup): once the
+    Cluster Autoscaler sets the size, `pulumi up` leaves it. Unset without scaling to zero, so
+    those stacks declare what they always did."""
+    return {"ignore_scaling_changes": True} if args.scale_to_zero is not None else {}
+
+
+def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], cluster_name: pulumi.Input[str],
+                          node_group: pulumi.Resource, labels: Mapping[str, str],
+                          parent: pulumi.Resource) -> list[aws.autoscaling.Tag]:
+    """Tags on the Auto Scaling group EKS made for the node group labelled `labels`, one
+    resource each (EKS does not pass a managed node group's tags on to its Auto Scaling group).
+    Not propagated to instances: they are for the Cluster Autoscaler."""
+    group_name = autoscaling_group_name(cluster_name=cluster_name, labels=labels,
+                                        after=node_group, parent=parent)
+    return [aws.autoscaling.Tag(
+        f"{name}-asg-{re.sub(r'[^A-Za-z0-9]+', '-', key).strip('-')}",
+        autoscaling_group_name=group_name,
+        tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
+        opts=pulumi.ResourceOptions(parent=parent)) for key, value in tags.items()]
+
+
+def autoscaling_group_name(*, cluster_name: pulumi.Input[str], labels: Mapping[str, str],
+                           after: pulumi.Resource, parent: pulumi.Resource) -> pulumi.Output[str]:
+    """The Auto Scaling group of the cluster's node group whose labels include `labels`, read from
+    the EKS API once the node group exists (EKS names the group; nothing here can predict it)."""
+    names = aws.eks.get_node_groups_output(
+        cluster_name=cluster_name,
+        opts=pulumi.InvokeOutputOptions(parent=parent, depends_on=[after])).names
+
+    def pick(args: list) -> str:
+        cluster, group_names = args
+        for group_name in sorted(group_names or []):
+            group = aws.eks.get_node_group(cluster_name=cluster, node_group_name=group_name,
+                                           opts=pulumi.InvokeOptions(parent=parent))
+            if all((group.labels or {}).get(k) == v for k, v in labels.items()):
+                return group.resources[0].autoscaling_groups[0].name
+        raise pulumi.RunError(f"no node group of EKS cluster {cluster} has the labels {dict(labels)}: "
+                              f"its Auto Scaling group cannot be tagged for the Cluster Autoscaler")
+
+    return pulumi.Output.all(cluster_name, names).apply(pick)
 
 
 def gpu_launch_window(cfg: StackConfig) -> LaunchWindow | None:
@@ -192,12 +274,11 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
             "delete_on_termination": "true"}}],
         **reservation_launch_options(reservation),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[target]))
-    n = args.node_count
     # An update (a new launch template version, a new AMI) adds nodes before it removes old ones;
     # inside a reservation with no spare instance none could launch and the update would stall.
     # Then it replaces one node at a time, terminating each before launching its replacement.
     transforms = [enable_node_auto_repair]
-    update_config = reservation_update_config(reservation, node_count=n)
+    update_config = reservation_update_config(reservation, node_count=args.node_count)
     if update_config is not None:
         transforms.append(set_update_config(update_config))
     return eks.ManagedNodeGroup(
@@ -209,9 +290,9 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
             id=template.id, version=template.latest_version.apply(str)),
         subnet_ids=[args.subnet_id],
-        scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-            desired_size=window.desired_nodes, min_size=window.desired_nodes, max_size=n),
-        labels=dict(GPU_NODE_LABELS),
+        scaling_config=gpu_scaling_config(args, now=window.desired_nodes),
+        **_scaling_ownership(args),
+        labels=gpu_node_labels(args),
         taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                            effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
         opts=pulumi.ResourceOptions(parent=parent, transforms=transforms))

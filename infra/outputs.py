@@ -22,7 +22,14 @@ RAY_AUTH_SECRET_KEY = "rayAuthSecretKey"
 CHECKPOINT_BUCKET_URI = "checkpointBucketUri"
 """s3://bucket/prefix where Ray Train writes checkpoints."""
 ESTIMATED_COST_PER_HOUR_USD = "estimatedCostPerHourUsd"
-"""On-Demand list prices of infra/instance_types.py; see PRICE_TABLE_DATE."""
+"""Busy: with the GPU nodes up. On-Demand list prices of infra/instance_types.py; see
+PRICE_TABLE_DATE."""
+ESTIMATED_IDLE_COST_PER_HOUR_USD = "estimatedIdleCostPerHourUsd"
+"""While no job runs: the same as busy unless the GPU nodes scale to zero (GPU_IDLE_MINUTES), and
+then the stack without them, plus a targeted On-Demand Capacity Reservation, billed regardless."""
+GPU_IDLE_MINUTES = "gpuIdleMinutes"
+"""Minutes without a job after which the GPU nodes scale to zero; 0: they stay up. `workloads
+submit` then reports the nodes coming back while its job waits for them."""
 PRICE_TABLE_DATE = "priceTableDate"
 """The date of the prices behind ESTIMATED_COST_PER_HOUR_USD."""
 GPU_INSTANCE_TYPE = "gpuInstanceType"
@@ -46,6 +53,7 @@ TRACKING = (MLFLOW_TRACKING_SERVER_ARN, MLFLOW_UI_URL)
 
 ALL = (KUBECONFIG, CLUSTER_NAME, REGION, GPU_AVAILABILITY_ZONE, RAY_NAMESPACE, RAY_CLUSTER_NAME,
        RAY_HEAD_SERVICE, RAY_DASHBOARD_PORT, RAY_AUTH_SECRET_NAME, RAY_AUTH_SECRET_KEY,
-       CHECKPOINT_BUCKET_URI, ESTIMATED_COST_PER_HOUR_USD, PRICE_TABLE_DATE, GPU_INSTANCE_TYPE,
-       GPU_MEMORY_GIB, RAY_WORKER_GPUS, GPU_RESERVATION)
+       CHECKPOINT_BUCKET_URI, ESTIMATED_COST_PER_HOUR_USD, ESTIMATED_IDLE_COST_PER_HOUR_USD,
+       PRICE_TABLE_DATE, GPU_INSTANCE_TYPE, GPU_MEMORY_GIB, RAY_WORKER_GPUS, GPU_RESERVATION,
+       GPU_IDLE_MINUTES)
 SECRET = (KUBECONFIG,)

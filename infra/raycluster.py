@@ -16,6 +16,7 @@ import pulumi_kubernetes as k8s
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.readiness import RayWorkersReady, manifest_fingerprint
+from infra.scale_to_zero import SAFE_TO_EVICT_ANNOTATION, enabled as scales_to_zero, ray_autoscaler_options
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
 from infra.spot import worker_shutdown
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
@@ -72,10 +73,19 @@ def _shm_volume() -> dict[str, Any]:
     return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 
 
+def _pod_metadata(cfg: StackConfig) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}}
+    if scales_to_zero(cfg):
+        # The Cluster Autoscaler never removes a node that runs a Ray pod: only Ray's autoscaler
+        # ends a worker, once it is idle.
+        metadata["annotations"] = {SAFE_TO_EVICT_ANNOTATION: "false"}
+    return metadata
+
+
 def _head_template(cfg: StackConfig) -> dict[str, Any]:
     resources = head_pod_size(cfg.system_instance).resources()
     return {
-        "metadata": {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}},
+        "metadata": _pod_metadata(cfg),
         "spec": {
             "serviceAccountName": SERVICE_ACCOUNT,
             "nodeSelector": dict(SYSTEM_NODE_LABELS),
@@ -105,7 +115,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
     # On Spot: a grace period and Ray drain that fit a checkpoint in the notice (infra/spot.py).
     shutdown_spec, shutdown_env = worker_shutdown(cfg.gpu_capacity_type)
     return {
-        "metadata": {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}},
+        "metadata": _pod_metadata(cfg),
         "spec": {
             **shutdown_spec,
             "serviceAccountName": SERVICE_ACCOUNT,
@@ -128,10 +138,28 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
     }
 
 
+def _worker_group(cfg: StackConfig) -> dict[str, Any]:
+    """One worker per GPU node. A fixed count (replicas = min = max) unless the GPU nodes scale to
+    zero: then Ray's autoscaler sets the count between 0 and `gpuNodeCount`, and `replicas` is left
+    out so that `pulumi up` never owns (and never resets) the field the autoscaler writes."""
+    nodes = cfg.gpu_node_count
+    counts = ({"minReplicas": 0, "maxReplicas": nodes} if scales_to_zero(cfg)
+              else {"replicas": nodes, "minReplicas": nodes, "maxReplicas": nodes})
+    return {"groupName": WORKER_GROUP, **counts, "rayStartParams": {},
+            "template": _worker_template(cfg)}
+
+
+def worker_counts(manifest: dict[str, Any]) -> tuple[int, int]:
+    """(worker pods the RayCluster starts with, the most it may have) of a built manifest."""
+    (group,) = manifest["spec"]["workerGroupSpecs"]
+    return group.get("replicas", group["minReplicas"]), group["maxReplicas"]
+
+
 def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[str, Any]:
     """The RayCluster manifest for this stack: one head on a system node, one worker per GPU
-    node."""
-    nodes = cfg.gpu_node_count
+    node (with `gpuIdleMinutes`, as many as the jobs ask for, none when idle)."""
+    autoscaling = ({"enableInTreeAutoscaling": True, "autoscalerOptions": ray_autoscaler_options(cfg)}
+                   if scales_to_zero(cfg) else {"enableInTreeAutoscaling": False})
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -141,7 +169,7 @@ def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[
             # KubeRay generates the token Secret (auth_secret_name) and injects RAY_AUTH_MODE and
             # RAY_AUTH_TOKEN into every Ray container.
             "authOptions": {"mode": "token"},
-            "enableInTreeAutoscaling": False,
+            **autoscaling,
             "headGroupSpec": {
                 "serviceType": "ClusterIP",
                 # No GPU and no CPU for tasks: the job's driver and Ray Train's controller reserve
@@ -149,14 +177,7 @@ def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[
                 "rayStartParams": {"num-gpus": "0", "num-cpus": "0", "dashboard-host": "0.0.0.0"},
                 "template": _head_template(cfg),
             },
-            "workerGroupSpecs": [{
-                "groupName": WORKER_GROUP,
-                "replicas": nodes,
-                "minReplicas": nodes,
-                "maxReplicas": nodes,
-                "rayStartParams": {},
-                "template": _worker_template(cfg),
-            }],
+            "workerGroupSpecs": [_worker_group(cfg)],
         },
     }
 
@@ -177,17 +198,18 @@ class RayClusterDeploymentArgs:
     workers_ready_timeout_minutes: int
     """How long `pulumi up` waits for every worker pod to be Ready; 0 does not wait."""
     workers_now: int | None = None
-    """Worker pods the GPU node group can run now, which `pulumi up` waits for: fewer than the
-    worker group's replicas while a Capacity Block has not started (0 nodes until then). None:
-    every replica."""
+    """Worker pods `pulumi up` waits for: fewer than the worker group's replicas while a Capacity
+    Block has not started (0 nodes until then), none when the GPU nodes scale to zero (the workers
+    come with a job). None: every replica."""
     workers_note: str = ""
-    """Why fewer workers than replicas can run now, and when the rest come (a line for
+    """Why fewer workers than the most the group may have are waited for (a line for
     `pulumi up`)."""
 
 
 class RayClusterDeployment(pulumi.ComponentResource):
     """The Ray namespace, the Ray pods' service account, the RayCluster itself, and (unless the
-    timeout is 0) `workers_ready`, which exists once every worker pod is Ready."""
+    timeout is 0, or the workers scale to zero) `workers_ready`, which exists once every worker
+    pod is Ready."""
 
     def __init__(self, name: str, args: RayClusterDeploymentArgs,
                  opts: pulumi.ResourceOptions | None = None):
@@ -212,12 +234,18 @@ class RayClusterDeployment(pulumi.ComponentResource):
                             args.pod_identity])))
         self.workers_ready = None
         (group,) = args.manifest["spec"]["workerGroupSpecs"]
-        workers_now = group["replicas"] if args.workers_now is None else args.workers_now
-        if workers_now < group["replicas"]:
-            pulumi.log.warn(f"pulumi up waits for {workers_now} of the {group['replicas']} Ray "
+        replicas, _ = worker_counts(args.manifest)
+        workers_now = replicas if args.workers_now is None else args.workers_now
+        autoscaled = args.manifest["spec"]["enableInTreeAutoscaling"]
+        if autoscaled:
+            # The workers come with a job (the client reports their coming); none to wait for.
+            pulumi.log.info(f"pulumi up waits for no Ray worker pod: {args.workers_note}",
+                            resource=self)
+        elif workers_now < replicas:
+            pulumi.log.warn(f"pulumi up waits for {workers_now} of the {replicas} Ray "
                             f"worker pods, the rest stay Pending until their GPU nodes exist: "
                             f"{args.workers_note}", resource=self)
-        if args.workers_ready_timeout_minutes:
+        if args.workers_ready_timeout_minutes and not autoscaled:
             requests = group["template"]["spec"]["containers"][0]["resources"]["requests"]
             self.workers_ready = RayWorkersReady(
                 f"{name}-workers-ready", kubeconfig=args.kubeconfig,

@@ -158,6 +158,8 @@ STACK_FILE_KEYS = {
     "checkpoint_noncurrent_version_days": "ray-eks:checkpointNoncurrentVersionDays",
     "checkpoint_incomplete_upload_days": "ray-eks:checkpointIncompleteUploadDays",
     "gpu_huge_pages_mib": "ray-eks:gpuHugePagesMib",
+    "gpu_idle_minutes": "ray-eks:gpuIdleMinutes",
+    "cluster_autoscaler_chart_version": "ray-eks:clusterAutoscalerChartVersion",
     "workers_ready_timeout_minutes": "ray-eks:workersReadyTimeoutMinutes",
     "gpu_reservation_id": "ray-eks:gpuReservationId",
     "gpu_reservation_type": "ray-eks:gpuReservationType",

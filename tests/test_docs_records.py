@@ -225,3 +225,22 @@ def test_the_kernel_and_cap_figures_are_the_recorded_ones():
     peak = cap["runs"][0]["peak_mem_gib"]
     assert cap["settings"]["memory_cap_gib"] == 22 and peak < 22
     assert f"peak {peak:.1f} GiB per rank" in section
+
+
+def test_the_idle_to_zero_figures_are_the_recorded_run():
+    folder = DOCS / "cpu" / "2026-12-02-idle-to-zero"
+    record = (folder / "run.txt").read_text()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert record.rstrip().endswith("exit 0")
+    section = _section("RELIABILITY.md", "## 7. Idle to zero")
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    assert record.startswith(block.splitlines()[0])  # the command
+    for line in block.splitlines()[1:]:
+        assert line in record.splitlines(), line
+    for at, what in summary["events"]:
+        assert f"{at:7.1f} s  {what}" in block
+    measured = _table_rows(section, r"\| (idle to training|training to idle) \|")
+    rows = {what: seconds for what, seconds, _ in measured}
+    assert rows == {"idle to training": str(summary["idle_to_training_s"]),
+                    "training to idle": str(summary["training_to_idle_s"])}
+    assert (summary["workers_at_start"], summary["most_workers"], summary["workers_at_end"]) == (0, 2, 0)

@@ -222,3 +222,30 @@ def test_a_resumed_cpu_run_waits_until_its_worker_nodes_have_rejoined():
     with pytest.raises(GpusMissingError, match=r"room for 1 of 2 CPU worker\(s\) within 10 s"):
         wait_for_cpu_workers(2, read_nodes=lambda: [head, worker], timeout_s=10, say=lambda _: None,
                              clock=clock, sleep=clock.sleep)
+
+
+def test_a_waiting_job_asks_for_what_it_waits_for():
+    from workloads.launch.driver import demand_bundles
+
+    assert demand_bundles(require_gpus=True, gpus=8, workers=0, cpus_per_worker=None) == [{"GPU": 1.0}] * 8
+    assert demand_bundles(require_gpus=True, gpus=0, workers=0, cpus_per_worker=None) == [{"GPU": 1.0}]
+    assert demand_bundles(require_gpus=False, gpus=0, workers=2, cpus_per_worker=None) == [{"CPU": 1.0}] * 2
+    assert demand_bundles(require_gpus=False, gpus=0, workers=3, cpus_per_worker=2) == [{"CPU": 2.0}] * 3
+
+
+def test_the_demand_is_held_while_the_job_waits_and_removed_after_even_when_the_wait_fails():
+    from workloads.launch.driver import GpusMissingError, ask_for
+
+    made, removed = [], []
+
+    def placement_group(bundles, *, strategy):
+        made.append((bundles, strategy))
+        return "pg-1"
+
+    with ask_for([{"GPU": 1.0}] * 2, placement_group=placement_group, remove=removed.append):
+        assert made == [([{"GPU": 1.0}] * 2, "PACK")] and removed == []
+    assert removed == ["pg-1"]
+    with pytest.raises(GpusMissingError):
+        with ask_for([{"GPU": 1.0}], placement_group=placement_group, remove=removed.append):
+            raise GpusMissingError("0 of 1 GPU(s)")
+    assert removed == ["pg-1", "pg-1"]

@@ -78,6 +78,7 @@ def valid_configs(draw) -> dict:
         "ray-eks:nvidiaDevicePluginChartVersion": valid_versions,
         "ray-eks:efaDevicePluginChartVersion": valid_versions.map(lambda v: "v" + v),
         "ray-eks:kuberayOperatorChartVersion": valid_versions,
+        "ray-eks:clusterAutoscalerChartVersion": valid_versions,
         "ray-eks:apiAccessCidrs": as_list_or_string(st.lists(valid_cidrs, min_size=1,
                                                              max_size=4)),
         "ray-eks:adminPrincipalArns": as_list_or_string(st.lists(valid_arns, max_size=3)),
@@ -93,6 +94,7 @@ def valid_configs(draw) -> dict:
         "ray-eks:checkpointNoncurrentVersionDays": as_int_or_string(st.integers(0, 3650)),
         "ray-eks:checkpointIncompleteUploadDays": as_int_or_string(st.integers(1, 365)),
         "ray-eks:workersReadyTimeoutMinutes": as_int_or_string(st.integers(0, 180)),
+        "ray-eks:gpuIdleMinutes": as_int_or_string(st.integers(0, 1440)),
         # Whole 2 MiB pages, within what the smallest GPU type of the table can offer.
         "ray-eks:gpuHugePagesMib": as_int_or_string(st.integers(0, 5281).map(lambda n: 2 * n)),
     }
@@ -100,6 +102,12 @@ def valid_configs(draw) -> dict:
         values[key] = draw(optional[key])
     if draw(st.booleans()):  # a capacity reservation for the placement, as the tools write it
         values.update(draw(valid_reservations(values)))
+    elif draw(st.booleans()):  # or Spot, with or without the price the probe read (no reservation)
+        values["ray-eks:gpuCapacityType"] = "spot"
+        if draw(st.booleans()):
+            values["ray-eks:gpuSpotPriceUsdPerHour"] = draw(regex(r"\d{1,2}\.\d{1,4}"))
+    elif draw(st.booleans()):
+        values["ray-eks:gpuCapacityType"] = "on-demand"
     if draw(st.booleans()):  # other namespaces are not this program's to judge
         values.update({"aws:profile": "dev", "pulumi:tags": {"team": "ml"}})
     return values
@@ -198,6 +206,7 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:nvidiaDevicePluginChartVersion": bad_versions,
     "ray-eks:efaDevicePluginChartVersion": bad_versions,
     "ray-eks:kuberayOperatorChartVersion": bad_versions,
+    "ray-eks:clusterAutoscalerChartVersion": bad_versions,
     "ray-eks:apiAccessCidrs": st.one_of(
         st.just([]), st.just("[]"), st.just(" , "), not_a_string_list,
         st.lists(valid_cidrs, min_size=1, max_size=3).map(",".join),  # a scalar, not a list
@@ -260,6 +269,11 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:checkpointNoncurrentVersionDays": out_of_range(0, 3650),
     "ray-eks:checkpointIncompleteUploadDays": out_of_range(1, 365),
     "ray-eks:workersReadyTimeoutMinutes": out_of_range(0, 180),
+    "ray-eks:gpuIdleMinutes": out_of_range(0, 1440),
+    "ray-eks:gpuCapacityType": st.one_of(
+        st.sampled_from(["Spot", "SPOT", "ondemand", "on_demand", "capacity-block", ""]), st.integers()),
+    "ray-eks:gpuSpotPriceUsdPerHour": st.one_of(
+        st.sampled_from(["cheap", "$1.83", "1,83", "-1.5", "1.8.3"]), no_digits),
     "ray-eks:gpuHugePagesMib": st.one_of(
         as_int_or_string(st.integers(max_value=-1)),
         as_int_or_string(st.integers(0, 10**6).map(lambda n: 2 * n + 1)),  # half a page

@@ -14,6 +14,7 @@ from infra.helm_values import chart_values, chart_versions
 
 CFG = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
                   gpu_availability_zone_id="euw1-az2")
+CLUSTER = "ray-eks-eu-west-1"
 # Keys whose values are free-form maps in the chart (any label, any selector).
 FREE_FORM = {"nodeSelector"}
 
@@ -33,13 +34,13 @@ def _chart_file(shared_dir: Path, chart: str, kind: str) -> Any:
     return YAML(typ="safe").load((shared_dir / "charts" / f"{chart}.{kind}.yaml").read_text())
 
 
-@pytest.mark.parametrize("chart", sorted(chart_values(CFG)))
+@pytest.mark.parametrize("chart", sorted(chart_values(CFG, cluster_name=CLUSTER)))
 def test_every_value_key_exists_in_the_charts_values_yaml(shared_dir, chart):
     defaults = _chart_file(shared_dir, chart, "values")
-    assert list(_unknown_keys(chart_values(CFG)[chart], defaults)) == []
+    assert list(_unknown_keys(chart_values(CFG, cluster_name=CLUSTER)[chart], defaults)) == []
 
 
-@pytest.mark.parametrize("chart", sorted(chart_values(CFG)))
+@pytest.mark.parametrize("chart", sorted(chart_values(CFG, cluster_name=CLUSTER)))
 def test_reference_chart_is_the_pinned_version(shared_dir, chart):
     assert str(_chart_file(shared_dir, chart, "Chart")["version"]) == chart_versions(CFG)[chart]
 
@@ -51,7 +52,7 @@ def test_the_key_check_catches_a_misspelled_key(shared_dir):
 
 
 def test_plugins_tolerate_the_gpu_taint_and_the_operator_runs_on_the_system_node():
-    values = chart_values(CFG)
+    values = chart_values(CFG, cluster_name=CLUSTER)
     toleration = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
                   "effect": "NoSchedule"}
     assert toleration in values["nvidia-device-plugin"]["tolerations"]
@@ -61,10 +62,10 @@ def test_plugins_tolerate_the_gpu_taint_and_the_operator_runs_on_the_system_node
 
 
 def test_efa_plugin_image_comes_from_the_stacks_region():
-    repo = chart_values(CFG)["aws-efa-k8s-device-plugin"]["image"]["repository"]
+    repo = chart_values(CFG, cluster_name=CLUSTER)["aws-efa-k8s-device-plugin"]["image"]["repository"]
     assert repo == "602401143452.dkr.ecr.eu-west-1.amazonaws.com/eks/aws-efa-k8s-device-plugin"
     other = StackConfig(region="af-south-1", gpu_availability_zone="af-south-1a",
                         gpu_availability_zone_id="afs1-az1",
                         eks_image_registry_account="877085696533")
-    assert chart_values(other)["aws-efa-k8s-device-plugin"]["image"]["repository"].startswith(
+    assert chart_values(other, cluster_name=CLUSTER)["aws-efa-k8s-device-plugin"]["image"]["repository"].startswith(
         "877085696533.dkr.ecr.af-south-1.amazonaws.com/")

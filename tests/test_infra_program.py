@@ -369,7 +369,8 @@ def test_helm_releases_are_pinned_and_get_exactly_the_rendered_values(program):
     cfg = parse_stack_config(config)
     releases = {r.inputs["chart"]: r.inputs for r in run.of_type("kubernetes:helm.sh/v3:Release")}
     assert {c: r["version"] for c, r in releases.items()} == chart_versions(cfg)
-    assert {c: r["values"] for c, r in releases.items()} == chart_values(cfg)
+    assert {c: r["values"] for c, r in releases.items()} == chart_values(
+        cfg, cluster_name=run.outputs[outputs.CLUSTER_NAME])
     efa_image = releases["aws-efa-k8s-device-plugin"]["values"]["image"]["repository"]
     assert f".dkr.ecr.{cfg.region}.amazonaws.com/" in efa_image
 

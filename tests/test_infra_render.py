@@ -23,7 +23,7 @@ def test_render_prints_the_raycluster_and_each_charts_values(capsys, monkeypatch
     assert main(["render", "--stack", "us-west-2"]) == 0
     out = capsys.readouterr().out
     docs = list(YAML(typ="safe").load_all(out))
-    expected = rendered_objects(load_stack_config("us-west-2", REPO_ROOT))
+    expected = rendered_objects(load_stack_config("us-west-2", REPO_ROOT), stack="us-west-2")
     assert docs[0] == expected["raycluster"]
     assert docs[1:] == [release["values"] for release in expected["helm"].values()]
     for chart, release in expected["helm"].items():

@@ -109,7 +109,8 @@ def _chart_defaults(shared_dir: Path, chart: str) -> dict:
 @pytest.mark.parametrize("chart", [EFA_DEVICE_PLUGIN.name, NVIDIA_DEVICE_PLUGIN.name])
 def test_device_plugin_requests_are_the_charts_own(shared_dir, chart):
     requests = (_chart_defaults(shared_dir, chart).get("resources") or {}).get("requests") or {}
-    assert "resources" not in chart_values(BASE)[chart]  # the program keeps the chart's requests
+    # The program keeps the chart's requests.
+    assert "resources" not in chart_values(BASE, cluster_name="ray-eks-eu-west-1")[chart]
     (modelled,) = [d for d in GPU_NODE_DAEMONSETS if d.name == chart]
     assert modelled.cpu_millicores == parse_quantity(requests.get("cpu", 0)) * 1000
     assert modelled.memory_mib * 2**20 == parse_quantity(requests.get("memory", 0))

@@ -266,7 +266,8 @@ def registered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
             incomplete_upload_days=cfg.checkpoint_incomplete_upload_days, key_prefix="runs",
             cluster_name="ray-eks", namespace=cfg.ray_namespace, service_account=SERVICE_ACCOUNT,
             cluster=provider))
-        addons = Addons("addons", AddonsArgs(provider=provider, values=chart_values(cfg),
+        addons = Addons("addons", AddonsArgs(provider=provider,
+                                             values=chart_values(cfg, cluster_name="ray-eks-us-west-2"),
                                              versions=chart_versions(cfg), system_nodes=provider,
                                              gpu_nodes=provider))
         ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(

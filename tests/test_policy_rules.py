@@ -48,7 +48,7 @@ def raycluster() -> dict[str, Any]:
 def helm_releases() -> dict[str, dict[str, Any]]:
     """Each add-on's Helm Release inputs as the program declares them."""
     cfg = load_stack_config("us-west-2", REPO_ROOT)
-    versions, values = chart_versions(cfg), chart_values(cfg)
+    versions, values = chart_versions(cfg), chart_values(cfg, cluster_name="ray-eks-us-west-2")
     return {chart: {"chart": chart, "version": versions[chart], "values": values[chart]}
             for chart in versions}
 

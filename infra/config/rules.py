@@ -142,7 +142,7 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("ray_version"), cfg.ray_version, "must be a Ray release like 2.58.0",
                           fix_cmd(k("ray_version"), "2.58.0"))
     for name in ("nvidia_device_plugin_chart_version", "efa_device_plugin_chart_version",
-                 "kuberay_operator_chart_version"):
+                 "kuberay_operator_chart_version", "cluster_autoscaler_chart_version"):
         value = getattr(cfg, name)
         if not _SEMVER_RE.match(value):
             yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
@@ -193,6 +193,8 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
     yield from range_problems(cfg, "checkpoint_noncurrent_version_days", 0, 3650, "0 keeps every version")
     yield from range_problems(cfg, "checkpoint_incomplete_upload_days", 1, 365, "S3 counts whole days")
     yield from range_problems(cfg, "workers_ready_timeout_minutes", 0, 180, "0 does not wait")
+    yield from range_problems(cfg, "gpu_idle_minutes", 0, 1440,
+                              "0 keeps the GPU nodes up; at most a day")
     if cfg.gpu_huge_pages_mib < 0 or cfg.gpu_huge_pages_mib % HUGE_PAGE_MIB:
         yield ConfigError(k("gpu_huge_pages_mib"), cfg.gpu_huge_pages_mib,
                           f"must be 0 or more, in whole {HUGE_PAGE_MIB} MiB pages (an even number)",

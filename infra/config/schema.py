@@ -89,6 +89,17 @@ class StackConfig:
     Set it to what the GPU nodes report (`kubectl get nodes -l role=gpu -o
     custom-columns=NAME:.metadata.name,HUGEPAGES:.status.allocatable.hugepages-2Mi`), at most what
     a full EFA installation reserves (infra/sizing.py)."""
+    gpu_idle_minutes: int = 0
+    """Scale the GPU nodes to zero once no job has used them for this many minutes; 0 (the
+    default) is off: the GPU nodes run, and bill, from `pulumi up` to `pulumi destroy`. On, Ray's
+    autoscaler removes a worker pod idle this long, the Cluster Autoscaler then removes its empty
+    node (about 2 minutes later), and the next submitted job brings them back, which costs that job
+    the node launch and the image pull (minutes; docs/INFRA.md). A targeted capacity reservation
+    keeps billing while the nodes are gone: an On-Demand Capacity Reservation by the hour, a
+    Capacity Block up front."""
+    cluster_autoscaler_chart_version: str = "9.59.0"
+    """Helm chart version of cluster-autoscaler (installed with gpuIdleMinutes only); its image is
+    the release of the cluster's Kubernetes minor (infra/scale_to_zero.py)."""
     workers_ready_timeout_minutes: int = 30
     """How long `pulumi up` waits for every Ray worker pod to be Ready (GPU nodes joining and the
     image pull take most of it) before failing with why they are not; 0 does not wait."""

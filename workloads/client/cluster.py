@@ -56,6 +56,9 @@ class StackOutputs:
     """The stack's SageMaker managed MLflow tracking server (`ray-eks:mlflow`), the jobs' tracking URI."""
     mlflow_ui_url: Optional[str] = None
     """Its UI (opened through a presigned URL: docs/WORKLOAD.md)."""
+    gpu_idle_minutes: int = 0
+    """Minutes without a job after which the stack's GPU nodes scale to zero; 0 (and absent from
+    stacks deployed before it existed): they stay up."""
 
 
 STACK_OUTPUT_NAMES = {
@@ -94,6 +97,8 @@ def stack_outputs_from_json(data: dict, *, stack: str) -> StackOutputs:
         values["mlflow_tracking_server_arn"] = str(data["mlflowTrackingServerArn"])
     if data.get("mlflowUiUrl"):
         values["mlflow_ui_url"] = str(data["mlflowUiUrl"])
+    if data.get("gpuIdleMinutes") is not None:
+        values["gpu_idle_minutes"] = int(data["gpuIdleMinutes"])
     return StackOutputs(**values)
 
 
@@ -240,6 +245,20 @@ def port_forward(*, kubeconfig: Path, namespace: str, service: str, remote_port:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WakeTarget:
+    """Where to watch a stack's GPU nodes come back from zero (workloads/client/wakeup.py)."""
+
+    kubeconfig: Path
+    """The connection's private kubeconfig file (it exists while the connection is open)."""
+    namespace: str
+    ray_cluster: str
+    cluster_name: str
+    """The EKS cluster's name: the GPU Auto Scaling group's discovery tag carries it."""
+    region: str
+    idle_minutes: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Connection:
     address: str
     """The Jobs API URL (the local end of the port-forward for a stack)."""
@@ -258,6 +277,9 @@ class Connection:
     reconnect: Optional[Callable[[], str]] = field(default=None, compare=False, repr=False)
     """Restores the way to the cluster (a new port-forward) and returns the Jobs API URL; None
     when the address needs nothing restored."""
+    wake: Optional[WakeTarget] = None
+    """Where to watch the GPU nodes come back, for a stack whose GPU nodes scale to zero; None
+    otherwise (and with --address)."""
 
     def current_address(self) -> str:
         return self.reconnect() if self.reconnect else self.address
@@ -271,11 +293,15 @@ def stack_connection(stack: str) -> Iterator[Connection]:
                                secret=outputs.ray_auth_secret_name, key=outputs.ray_auth_secret_key)
         with port_forward(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
                           service=outputs.ray_head_service, remote_port=outputs.ray_dashboard_port) as forward:
+            wake = (WakeTarget(kubeconfig=kubeconfig, namespace=outputs.ray_namespace,
+                               ray_cluster=outputs.ray_cluster_name, cluster_name=outputs.cluster_name,
+                               region=outputs.region, idle_minutes=outputs.gpu_idle_minutes)
+                    if outputs.gpu_idle_minutes else None)
             yield Connection(address=f"http://127.0.0.1:{forward.port}", token=token,
                              storage_path=outputs.checkpoint_bucket_uri, target_args=("--stack", stack),
                              gpu_memory_gib=outputs.gpu_memory_gib, ray_worker_gpus=outputs.ray_worker_gpus,
                              tracking_uri=outputs.mlflow_tracking_server_arn,
-                             reconnect=lambda: f"http://127.0.0.1:{forward.ensure()}")
+                             reconnect=lambda: f"http://127.0.0.1:{forward.ensure()}", wake=wake)
 
 
 DEFAULT_DASHBOARD_PORT = 8265

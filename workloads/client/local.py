@@ -176,6 +176,10 @@ class LocalNodes:
         self.spec, self.token, self.log_dir, self.temp_dir = spec, token, log_dir, temp_dir
         self.gcs_port, self.dashboard_port = free_ports(2)
         self.procs: dict[int, subprocess.Popen] = {}
+        self.head_args: list[str] = []
+        """More `ray start` options of the head (an autoscaling config: workloads/client/local_autoscaling.py)."""
+        self.head_env: dict[str, str] = {}
+        """More environment of the head's processes."""
 
     def log(self, index: int) -> Path:
         return self.log_dir / ("ray-head.log" if index == 0 else f"ray-node-{index}.log")
@@ -186,8 +190,8 @@ class LocalNodes:
         # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
         argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port,
                           temp_dir=self.temp_dir, cpus=0 if head else self.spec.cpus_per_node,
-                          gpus=0 if head else self.spec.gpus_per_node)
-        extra = None if head or not self.spec.worker_env else self.spec.worker_env[index - 1]
+                          gpus=0 if head else self.spec.gpus_per_node) + (self.head_args if head else [])
+        extra = self.head_env if head else (self.spec.worker_env[index - 1] if self.spec.worker_env else None)
         log = self.log(index)
         offset = len(log.read_text(errors="replace")) if log.exists() else 0
         with log.open("a") as out:

@@ -66,7 +66,7 @@ def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: boo
 def build_submission(*, train: dict, run_name: str, storage_path: str, max_failures: int,
                      working_dir: str, expect: Literal["efa", "any"], gpus: int = 0,
                      install: bool = True, wait_nodes_s: Optional[float] = None, workers: int = 0,
-                     min_nodes: int = 0) -> Submission:
+                     min_nodes: int = 0, wait_gpus_s: Optional[float] = None) -> Submission:
     """The Jobs API request: the driver command, a pinned runtime_env and searchable metadata."""
     driver_args = ["python", "-m", "workloads.launch.driver", "--config-json", json.dumps(train, separators=(",", ":")),
                    "--run-name", run_name, "--storage-path", storage_path, "--max-failures", str(max_failures)]
@@ -74,6 +74,8 @@ def build_submission(*, train: dict, run_name: str, storage_path: str, max_failu
         driver_args += ["--gpus", str(gpus)]
     if wait_nodes_s is not None:
         driver_args += ["--wait-nodes-s", f"{wait_nodes_s:g}"]
+    if wait_gpus_s is not None:
+        driver_args += ["--wait-gpus-s", f"{wait_gpus_s:g}"]
     if workers:
         driver_args += ["--workers", str(workers)]
     if min_nodes:
@@ -124,6 +126,9 @@ class SubmitRequest:
     """CPU workers a run without GPUs waits for (set on a resubmission: the world size it had)."""
     min_nodes: int = 0
     """An elastic run goes on with at least this many nodes after a node loss; 0: all of them."""
+    wait_gpus_s: Optional[float] = None
+    """How long the job waits for its GPUs (or CPU workers) before it fails (None: the driver's
+    default)."""
 
 
 def submit_job(client, request: SubmitRequest, *, submission_id: Optional[str] = None) -> str:
@@ -133,7 +138,8 @@ def submit_job(client, request: SubmitRequest, *, submission_id: Optional[str] =
                                       storage_path=request.storage_path, max_failures=request.max_failures,
                                       working_dir=str(working_dir), expect=request.expect, gpus=request.gpus,
                                       install=request.install, wait_nodes_s=request.wait_nodes_s,
-                                      workers=request.workers, min_nodes=request.min_nodes)
+                                      workers=request.workers, min_nodes=request.min_nodes,
+                                      wait_gpus_s=request.wait_gpus_s)
         return client.submit_job(entrypoint=submission.entrypoint, runtime_env=submission.runtime_env,
                                  metadata=submission.metadata, submission_id=submission_id)
 

@@ -8,7 +8,9 @@ A run has one job on a cluster at a time: its submission id is derived from the 
 `submit` of a run whose job is already running attaches to that job, and a submission whose answer
 was lost is looked up before it is sent again. While following, a dropped connection is restored;
 a job that the cluster lost with a restarted head is submitted again (`--resubmits`), and resumes
-from its latest checkpoint.
+from its latest checkpoint. On a stack whose GPU nodes scale to zero, while the job waits for its
+GPUs it says what comes (nodes requested, launched, joined; worker pods pulling the image, ready)
+and why the nodes do not, if EC2 says (workloads/client/wakeup.py).
 
 Exit codes: 0 the job succeeded (its ranks ran on the nodes the driver planned and, on GPUs, its
 NCCL connections passed the transport check); 1 it failed, was stopped, or failed a check; 2 bad
@@ -20,9 +22,12 @@ following and could not be restored (the job keeps running; the message says how
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator, Optional
 
 from ray.exceptions import AuthenticationError
 from rich.console import Console
@@ -32,6 +37,7 @@ from workloads.client.cluster import UnreachableError, client_factory, connect, 
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
+from workloads.client.wakeup import WAKE_WAIT_S, WakeWatching, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
 from workloads.client.follow import (  # noqa: F401
     FollowLostError,
@@ -107,6 +113,9 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--wait-nodes-s", type=float,
                             help="how long the job waits for a lost node to come back before it fails "
                             "(default: 1200)")
+        parser.add_argument("--wait-gpus-s", type=float,
+                            help="how long the job waits for its GPUs before it trains, or fails (default: 900; "
+                            "1800 on a stack whose GPU nodes scale to zero, which come back for the job)")
         parser.add_argument("--resubmits", type=int, default=3,
                             help="times the run is submitted again when the cluster loses its job with a "
                             "restarted head (default: 3)")
@@ -164,6 +173,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
     if args.wait_nodes_s is not None and args.wait_nodes_s <= 0:
         raise ValueError(f"--wait-nodes-s must be > 0, got {args.wait_nodes_s:g}")
+    if args.wait_gpus_s is not None and args.wait_gpus_s <= 0:
+        raise ValueError(f"--wait-gpus-s must be > 0, got {args.wait_gpus_s:g}")
     if args.resubmits < 0:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
@@ -183,10 +194,11 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if tracking_uri:
             train = tracking.with_tracking(train, uri=tracking_uri, run_name=run_name, experiment=args.stack or "",
                                            tags=tracking.client_tags(stack=args.stack))
+        wait_gpus_s = args.wait_gpus_s or (WAKE_WAIT_S if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
-                                resubmits=args.resubmits, min_nodes=args.min_nodes)
+                                resubmits=args.resubmits, min_nodes=args.min_nodes, wait_gpus_s=wait_gpus_s)
         if args.no_follow:
             submitted = submit_or_attach(client_factory(conn), request, say=lambda m: print(m, file=sys.stderr))
             if submitted.attached:
@@ -195,7 +207,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             return EXIT_OK
         job_ids: list[str] = []
         try:
-            outcome = submit_and_follow(conn, request, console=console, on_submitted=job_ids.append)
+            with _waking(conn, console, limit_s=wait_gpus_s or DRIVER_WAIT_GPUS_S) as waking:
+                outcome = submit_and_follow(conn, request, console=console, on_submitted=job_ids.append)
+            if waking is not None and outcome.exit_code != EXIT_OK and waking.failure_note():
+                outcome = dataclasses.replace(outcome, reason=f"{outcome.reason} ({waking.failure_note()})")
         except KeyboardInterrupt:
             if job_ids:
                 console.print(reattach_hint(job_ids[-1], conn.target_args))
@@ -212,6 +227,22 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if run is not None:
         console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=tracking_uri)}", highlight=False)
     return outcome.exit_code
+
+
+DRIVER_WAIT_GPUS_S = 900.0
+"""The driver's own default wait for its GPUs (workloads/launch/driver.py --wait-gpus-s)."""
+
+
+@contextlib.contextmanager
+def _waking(conn, console: Console, *, limit_s: float) -> Iterator[Optional[WakeWatching]]:
+    """On a stack whose GPU nodes scale to zero, a watch of them coming back while the block runs;
+    None elsewhere."""
+    if conn.wake is None:
+        yield None
+        return
+    with watch_for(conn.wake, limit_s=limit_s, say=lambda m: console.print(f"[bold cyan]nodes[/] {m}"),
+                   warn=lambda m: console.print(f"[bold red]nodes[/] {m}")) as waking:
+        yield waking
 
 
 def _logs(args: argparse.Namespace, console: Console) -> int:

@@ -10,6 +10,11 @@ back (`--wait-nodes-s`), saying so in its log, and then fails with the reason ra
 ever. A check that fails before step 1 (the transport gate, the storage write check) stops the run
 without a retry. A failed run exits non-zero
 with the reason on its last line.
+
+On a cluster whose workers scale to zero there is nothing to size the job by until they come, and
+Ray's autoscaler adds workers only for demand it can see: while the driver waits for its GPUs (or
+CPU workers) it holds a placement group of what it waits for (`ask_for`), the demand that brings
+the workers (and, on EKS, their nodes) back, and removes it before Ray Train reserves them.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 DRIVER_PREFIX = "[driver] "
 """Prefix of the driver's machine-readable lines in the job logs (see `parse_driver_line`)."""
@@ -149,6 +155,30 @@ def _wait_for(want: int, unit: str, *, count: Callable[[list[Mapping[str, float]
             say(f"waiting for {want} {unit}: {have} registered; {left:.0f} s left")
             next_say = clock() + every_s
         sleep(min(poll_s, max(left, 0.0)))
+
+
+def demand_bundles(*, require_gpus: bool, gpus: int, workers: int,
+                   cpus_per_worker: Optional[float]) -> list[dict[str, float]]:
+    """What a job that waits asks the autoscaler for: one bundle per GPU it waits for (one when it
+    requires GPUs without knowing how many: the wait's own floor), else one per CPU worker."""
+    if require_gpus:
+        return [{"GPU": 1.0}] * max(1, gpus)
+    return [{"CPU": float(cpus_per_worker or 1.0)}] * workers
+
+
+@contextmanager
+def ask_for(bundles: list[dict[str, float]], *, placement_group: Callable[..., Any],
+            remove: Callable[[Any], None]) -> Iterator[None]:
+    """Hold a placement group of `bundles` while the block waits: on a cluster that autoscales,
+    the pending group is the demand that adds the nodes; elsewhere it is placed or stays pending,
+    and changes nothing. Soft packing: the bundles may spread over as many nodes as they need.
+    Removed on the way out (the group also ends with the job, should the driver be killed), so
+    that Ray Train can reserve what it brought and an idle cluster can shrink again."""
+    group = placement_group(bundles, strategy="PACK")
+    try:
+        yield
+    finally:
+        remove(group)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,11 +407,17 @@ def run(args: DriverArgs) -> int:
     ray.init(address="auto", log_to_driver=True)
     try:
         read_nodes = lambda: node_resources(ray.nodes())  # noqa: E731
-        if args.require_gpus:
-            nodes = wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
-        elif args.workers:
-            nodes = wait_for_cpu_workers(args.workers, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say,
-                                         cpus_per_worker=args.cpus_per_worker, poll_s=1.0, every_s=10.0)
+        if args.require_gpus or args.workers:
+            bundles = demand_bundles(require_gpus=args.require_gpus, gpus=args.gpus, workers=args.workers,
+                                     cpus_per_worker=args.cpus_per_worker)
+            with ask_for(bundles, placement_group=ray.util.placement_group,
+                         remove=ray.util.remove_placement_group):
+                if args.require_gpus:
+                    nodes = wait_for_gpus(args.gpus, read_nodes=read_nodes, timeout_s=args.wait_gpus_s, say=_say)
+                else:
+                    nodes = wait_for_cpu_workers(args.workers, read_nodes=read_nodes, timeout_s=args.wait_gpus_s,
+                                                 say=_say, cpus_per_worker=args.cpus_per_worker, poll_s=1.0,
+                                                 every_s=10.0)
         else:
             nodes = read_nodes()
         plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
