@@ -197,18 +197,23 @@ def test_the_packed_chats_table_is_the_recorded_runs():
     section = _section("PERFORMANCE.md", "## The job users run: packed chats")
     recorded = []
     for run, strategy in (("bench", "tuned"), ("bench", "tuned-chats"), ("synthetic-50", "tuned"),
+                          ("bench-50", "tuned"), ("bench-50", "tuned-chats"),
                           ("bench-sdpa", "tuned-chats"), ("bench-flex_attention", "tuned-chats")):
         bench = json.loads((CHATS_RECORD / run / "bench.json").read_text())
         (figures,) = [f for f in bench["figures"] if f["strategy"] == strategy]
         recorded.append((f"{figures['tokens_per_s_per_gpu']:,.0f}", f"{figures['mfu_vs_peak']:.1%}",
                          f"{figures['step_s_median']:.4f}", f"{figures['peak_mem_gib']:.1f}"))
     rows = _table_rows(section, r"\| [\w-]+/ \(")
-    assert [row[0].split()[0] for row in rows] == ["bench/", "bench/", "synthetic-50/", "bench-sdpa/",
-                                                   "bench-flex_attention/"]
+    assert [row[0].split()[0] for row in rows] == ["bench/", "bench/", "synthetic-50/", "bench-50/", "bench-50/",
+                                                   "bench-sdpa/", "bench-flex_attention/"]
     assert [row[3:] for row in rows] == recorded
+    ratios = []
+    for run in ("bench", "bench-50"):
+        document = json.loads((CHATS_RECORD / run / "bench.json").read_text())
+        ratios += [c["ratio"] for c in document["comparisons"] if "chat vs synthetic" in c["label"]]
+    assert (f"Chats against synthetic tokens in the same call: {ratios[0]:.3f}x at 30 steps" in section
+            and f"and {ratios[1]:.3f}x at 50" in section)
     bench = json.loads((CHATS_RECORD / "bench" / "bench.json").read_text())
-    (ratio,) = [c["ratio"] for c in bench["comparisons"] if "chat vs synthetic" in c["label"]]
-    assert f"Chats against synthetic tokens in the same call: {ratio:.3f}x" in section
     chats = bench["chats"]
     assert f"{chats['mean_tokens']:,.0f} tokens a conversation" in section
     assert f"{chats['answer_share']:.1%} of them" in section
