@@ -121,7 +121,7 @@ def test_a_rank_killed_while_the_checkpoint_is_written_resumes_from_the_last_com
             f"never registered): {broken}") in logs
     kept = checkpoint_folders(s3, f"{PREFIX}/{run}")
     assert broken not in kept and len(kept) == 2  # --keep-checkpoints 2, each complete
-    assert all(files == {".metadata", "__0_0.distcp", "__1_0.distcp"} for files in kept.values())
+    assert all(files == {".metadata", "__0_0.distcp", "__1_0.distcp", "progress.json"} for files in kept.values())
     final = _final_checkpoint(s3, logs, tmp_path / "final")
     assert final == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
     print(f"\nsave kill: rank 1 SIGKILLed during step 4's checkpoint, {broken} removed, resumed from step 2, "

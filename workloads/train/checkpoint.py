@@ -49,9 +49,13 @@ def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, pr
         "optim": optim_state,
         "progress": {"step": progress.step, "data_position": progress.data_position},
     }
-    dcp.save(state, checkpoint_id=str(folder))
+    # progress.json before the DCP files, whose .metadata (rank 0's, written last) marks a complete
+    # checkpoint: written after it, a restarted head's resubmitted run resumed from the checkpoint
+    # before (tests/test_cluster_faults.py, the restarted head, failed every time).
     if not dist.is_initialized() or dist.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / PROGRESS_FILE).write_text(json.dumps(asdict(progress)) + "\n")
+    dcp.save(state, checkpoint_id=str(folder))
     return folder
 
 
