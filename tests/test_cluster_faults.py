@@ -22,6 +22,7 @@ from fault_support import (BUCKET, attempts, checkpoint_folders, download, fake_
                            steps_logged, wait_for)
 
 from workloads.client import submit
+from workloads.launch.checkpoints import SNAPSHOT_NAME, registered_names
 from workloads.client.cluster import connect, job_client
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.client.report import loop_summary
@@ -194,6 +195,15 @@ def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason(faults, ca
     print(f"\nnode gone: node {killed['node']} killed after step 1, job failed {ended - killed['at']:.1f} s later")
 
 
+def registered_checkpoints(s3, run_prefix: str) -> set[str]:
+    """The checkpoint folders the run's Ray Train snapshot in the bucket registers (none yet: empty)."""
+    try:
+        text = s3.client.get_object(Bucket=BUCKET, Key=f"{run_prefix}/{SNAPSHOT_NAME}")["Body"].read().decode()
+    except s3.client.exceptions.NoSuchKey:
+        return set()
+    return registered_names(text) or set()
+
+
 def test_a_restarted_head_loses_the_job_and_the_submitter_resubmits_the_run(faults, tmp_path, capsys):
     cluster, s3, work = faults
     run = "head-loss"
@@ -202,6 +212,11 @@ def test_a_restarted_head_loses_the_job_and_the_submitter_resubmits_the_run(faul
 
     def restart_the_head() -> None:
         paused(plan, run=run, timeout_s=240)
+        # Ray Train registers a checkpoint once every rank has reported it and writes its snapshot
+        # to storage on its own time: the head goes only once step 4's is there, so that the run's
+        # latest checkpoint is known (a head lost before that would rightly resume from step 2).
+        wait_for(lambda: len(registered_checkpoints(s3, f"{PREFIX}/{run}")) >= 2, timeout_s=60,
+                 what="the step-4 checkpoint registered in the run's snapshot")
         restarted["at"] = time.monotonic()
         cluster.nodes.restart_head()
         restarted["up"] = time.monotonic()
