@@ -49,9 +49,8 @@ def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, pr
         "optim": optim_state,
         "progress": {"step": progress.step, "data_position": progress.data_position},
     }
-    # progress.json before the DCP files, whose .metadata (rank 0's, written last) marks a complete
-    # checkpoint: written after it, a restarted head's resubmitted run resumed from the checkpoint
-    # before (tests/test_cluster_faults.py, the restarted head, failed every time).
+    # progress.json before the DCP files, so that their .metadata, which marks a complete checkpoint
+    # to torch.distributed.checkpoint and to the orphan cleanup, stays the last file written.
     if not dist.is_initialized() or dist.get_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / PROGRESS_FILE).write_text(json.dumps(asdict(progress)) + "\n")
