@@ -106,23 +106,32 @@ def attempts(logs: str) -> list[list[dict]]:
     return [[steps[step] for step in sorted(steps)] for steps in by_process.values()]
 
 
-def wait_for(predicate, *, timeout_s: float, what: str, poll_s: float = 0.2):
+def job_log_tail(client, job_id: str, lines: int = 60) -> str:
+    return "\n".join(client.get_job_logs(job_id).splitlines()[-lines:])
+
+
+def wait_for(predicate, *, timeout_s: float, what: str, poll_s: float = 0.2, job: tuple | None = None):
+    """`predicate()` once it is true. `job`: (JobSubmissionClient, job id) of the run the wait is on:
+    if that job ends first the wait fails at once, with the end of its log, not at the timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if job is not None and (status := job[0].get_job_status(job[1])).is_terminal():
+            raise AssertionError(f"job {job[1]} ended {status} while waiting for {what}:\n{job_log_tail(*job)}")
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    tail = f":\n{job_log_tail(*job)}" if job is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{tail}")
 
 
-def paused(plan: Path, *, run: str, timeout_s: float) -> dict:
+def paused(plan: Path, *, run: str, timeout_s: float, job: tuple | None = None) -> dict:
     """The marker of the run's pause that the plan lists (which process paused), once it is taken."""
     def marker():
         found = sorted(plan.parent.glob(f"paused-{run}-*.json"))
         return json.loads(found[0].read_text()) if found else None
 
-    return wait_for(marker, timeout_s=timeout_s, what=f"a process of run {run} to pause as {plan} says")
+    return wait_for(marker, timeout_s=timeout_s, what=f"a process of run {run} to pause as {plan} says", job=job)
 
 
 def train_worker_pids(*, address: str, token: str) -> list[int]:

@@ -58,7 +58,8 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
             request = submit.SubmitRequest(train=train, run_name=RUN, storage_path=f"s3://{BUCKET}/runs",
                                            max_failures=0, expect="any", quiet=True, min_nodes=1)
             job_id = submit.submit_job(client, request)
-            paused_at_4 = paused(plan, run=RUN, timeout_s=300)
+            job = (client, job_id)
+            paused_at_4 = paused(plan, run=RUN, timeout_s=300, job=job)
             assert paused_at_4["step"] == 4
             node = 2
             sigterm_at = time.time()
@@ -68,7 +69,7 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
             node_gone_at = time.time()
             # The one-node run waits at step 9: node 2 comes back, as the node group replaces it.
             wait_for(lambda: (work / f"paused-{RUN}-after-report-step9-rank0.json").exists(), timeout_s=300,
-                     what="the one-node run to reach step 9")
+                     what="the one-node run to reach step 9", job=job)
             cluster.nodes.start(node)
             back_at = time.time()
             status = submit.wait_terminal(client, job_id)

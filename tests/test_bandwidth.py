@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import run_ranks
 
 from workloads.transport.bandwidth import bus_bandwidth_gbps, measure_allreduce
 
@@ -46,7 +46,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_gloo_measurement_is_the_same_on_every_rank(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_worker, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=2)
     samples = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert samples[0] == samples[1]
     sample = samples[0]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_data_jsonl import write_corpus
 from transformers import AutoModelForCausalLM
+from ranks import run_ranks
 
 from workloads.client.cluster import free_port
 from workloads.context import DATA_PREFIX, LOAD_PREFIX
@@ -132,7 +132,7 @@ def runs(tmp_path_factory) -> tuple[dict, dict[str, list[dict]]]:
     plan = scenarios(root)
     # The config crosses the process boundary as JSON, as it does from the Ray driver.
     wire = {name: {**s, "cfg": s["cfg"].to_dict()} for name, s in plan.items()}
-    mp.spawn(worker, args=(free_port(), root, wire), nprocs=WORLD_SIZE, join=True)
+    run_ranks(worker, args=(free_port(), root, wire), nprocs=WORLD_SIZE)
     records = {
         name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
         for name in plan

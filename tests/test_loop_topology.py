@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 
 from uneven_chats import data_overrides, one_batch_step, write_uneven_chats
+from ranks import run_ranks
 
 from workloads.client.cluster import free_port
 from workloads.context import TrainContext
@@ -222,7 +222,7 @@ def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
 def records(tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("topology")
     plan = scenarios(root)
-    mp.spawn(worker, args=(free_port(), root, plan), nprocs=WORLD_SIZE, join=True)
+    run_ranks(worker, args=(free_port(), root, plan), nprocs=WORLD_SIZE)
     names = [*plan, "count", "grads"]
     out = {
         name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)] for name in names

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from moto_s3 import moto_s3  # noqa: F401  (a fixture)
 from safetensors.torch import load_file
+from ranks import run_ranks
 
 from workloads.client.cluster import free_port
 from workloads.model_io.architectures import named_architecture
@@ -86,7 +86,7 @@ def worker(rank: int, port: int, sources: dict[str, str], cache: Path, out: Path
 def loaded(saved_model, s3, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     out = tmp_path_factory.mktemp("loaded")
     sources = {"local": str(saved_model), "s3": f"s3://{BUCKET}/qwen/tiny"}
-    mp.spawn(worker, args=(free_port(), sources, out / "cache", out), nprocs=WORLD_SIZE, join=True)
+    run_ranks(worker, args=(free_port(), sources, out / "cache", out), nprocs=WORLD_SIZE)
     return out, sources
 
 

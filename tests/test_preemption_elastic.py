@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import run_ranks
 
 from workloads.client.cluster import free_port
 from workloads.client.report import resize_events
@@ -147,7 +147,7 @@ def train(cfg, ctx):
 
 
 def _run(root: Path, name: str, world: int, scenario: dict) -> list[dict]:
-    mp.spawn(_worker, args=(world, free_port(), root, name, scenario), nprocs=world, join=True)
+    run_ranks(_worker, args=(world, free_port(), root, name, scenario), nprocs=world)
     return [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(world)]
 
 

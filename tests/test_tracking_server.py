@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from mlflow_server import MlflowServer, kill_group
+from ranks import run_ranks
 
 from workloads.client.cluster import free_port
 from workloads.context import SUMMARY_PREFIX, TRACKING_PREFIX, TrainContext
@@ -182,7 +182,7 @@ def train_loop(cfg: TrainConfig, ctx: TrainContext) -> dict:
 def spawn(root: Path, plan: dict) -> dict[str, list[dict]]:
     root.mkdir(parents=True, exist_ok=True)
     wire = {**plan, "scenarios": {name: {**s, "cfg": s["cfg"].to_dict()} for name, s in plan["scenarios"].items()}}
-    mp.spawn(worker, args=(free_port(), root, wire), nprocs=WORLD_SIZE, join=True)
+    run_ranks(worker, args=(free_port(), root, wire), nprocs=WORLD_SIZE)
     return {name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
             for name in plan["scenarios"]}
 

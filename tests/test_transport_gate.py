@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import run_ranks
 
 from workloads.context import TrainContext
 from workloads.transport.gate import (
@@ -287,11 +287,8 @@ def _all_gather(obj: Any) -> list[Any]:
 
 @pytest.mark.slow
 def test_gloo_run_says_the_gate_does_not_apply_and_ranks_stop_together(shared_dir, tmp_path):
-    mp.spawn(
-        _gloo_worker,
-        args=(str(tmp_path / "pg"), str(tmp_path), str(shared_dir / "fixtures/nccl/h200x2-forced-socket.log")),
-        nprocs=2, join=True,
-    )
+    run_ranks(_gloo_worker, nprocs=2,
+              args=(str(tmp_path / "pg"), str(tmp_path), str(shared_dir / "fixtures/nccl/h200x2-forced-socket.log")))
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert (r["applies"], r["passed"]) == (False, True)
