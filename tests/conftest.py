@@ -26,6 +26,24 @@ RAY_TEST_ENV = {
 """Ray settings of every Ray process the tests start (inherited from this process's environment)."""
 SHARED_DIR = Path(os.environ.get("SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
+RAY_CLUSTER_MODULES = frozenset({
+    "test_cluster_faults", "test_fault_injection", "test_idle_rehearsal", "test_local_demo",
+    "test_preflight_cluster", "test_spot_rehearsal", "test_submit_cluster",
+})
+"""The modules that start local Ray clusters. `make test` runs two pytest-xdist workers: these modules
+run one after another on one of them, first (they are the longest part of the suite), while the
+other worker takes every other module, one module at a time. Two Ray clusters at once on two cores
+slowed both to twice their time, past the faults' timeouts; one cluster leaves about a third of
+the machine idle (its processes wait on polls and health checks), which the other modules use."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("ray-clusters" if module in RAY_CLUSTER_MODULES else module))
+    items.sort(key=lambda item: item.path.stem not in RAY_CLUSTER_MODULES)  # stable: each module keeps its order
+
 
 def running_under_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

@@ -17,7 +17,7 @@ def run_probe(*, repo_root: Path, shared: Path, ci: str | None) -> subprocess.Co
     env["SHARED_DIR"] = str(shared)
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", str(PROBE), "-q", "-p", "no:cacheprovider"],
+    return subprocess.run([sys.executable, "-m", "pytest", str(PROBE), "-q", "-p", "no:cacheprovider", "-n", "0"],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -68,7 +68,7 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
             gone.wait(timeout=DRAIN_S + 60)
             node_gone_at = time.time()
             # The one-node run waits at step 9: node 2 comes back, as the node group replaces it.
-            wait_for(lambda: (work / f"paused-{RUN}-after-report-step9-rank0.json").exists(), timeout_s=300,
+            wait_for(lambda: (work / f"paused-{RUN}-after-report-step9-rank0.json").exists(), timeout_s=480,
                      what="the one-node run to reach step 9", job=job)
             cluster.nodes.start(node)
             back_at = time.time()
