@@ -4,6 +4,7 @@ and once per node however many ranks restore at the same time."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -12,6 +13,7 @@ import fsspec
 import pyarrow.fs
 import ray.train
 
+from workloads.context import RESTORE_PREFIX
 from workloads.launch import ray_train
 
 
@@ -28,7 +30,7 @@ def test_a_local_checkpoint_is_used_in_place(monkeypatch, tmp_path):
     assert not (tmp_path / "restored").exists()
 
 
-def test_a_remote_checkpoint_is_downloaded_once(monkeypatch, tmp_path):
+def test_a_remote_checkpoint_is_downloaded_once_and_its_cost_is_reported(monkeypatch, tmp_path, capsys):
     memory = fsspec.filesystem("memory")
     memory.pipe("/bucket/run/checkpoint_000004/.metadata", b"dcp metadata")
     memory.pipe("/bucket/run/checkpoint_000004/__0_0.distcp", b"shard 0")
@@ -36,12 +38,16 @@ def test_a_remote_checkpoint_is_downloaded_once(monkeypatch, tmp_path):
     checkpoint = ray.train.Checkpoint("/bucket/run/checkpoint_000004", filesystem=remote)
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: checkpoint)
 
-    latest = ray_train.checkpoint_loader(restore_root=tmp_path)
+    latest = ray_train.checkpoint_loader(restore_root=tmp_path, rank=3)
     folder = latest()
     assert folder == tmp_path / "checkpoint_000004"
     assert (folder / "__0_0.distcp").read_bytes() == b"shard 0" and (folder / ".metadata").is_file()
     memory.rm("/bucket/run", recursive=True)  # a second call must not fetch again
     assert latest() == folder
+    (line,) = capsys.readouterr().out.splitlines()  # one download, one line
+    restore = json.loads(line.removeprefix(RESTORE_PREFIX))
+    assert (restore["checkpoint"], restore["rank"], restore["files"]) == ("checkpoint_000004", 3, 2)
+    assert restore["bytes"] == len(b"dcp metadata") + len(b"shard 0") and restore["seconds"] >= 0
 
 
 class _CountingCheckpoint:

@@ -95,10 +95,12 @@ def test_the_job_log_resizes_are_collected_for_the_report():
              '(RayTrainWorker pid=1) [preemption] {"event":"checkpoint-on-notice","step":6}',
              '(RayTrainWorker pid=1) [preemption] {"event":"checkpoint-on-notice","step":6}',  # Ray's second copy
              '[driver] {"event": "workers", "planned_workers": 2, "start": 2, "why": "preemption", "workers": 1}',
+             '(RayTrainWorker pid=2) [restore] {"bytes": 4096, "files": 4, "rank": 0, "seconds": 0.5}',
              '(RayTrainWorker pid=2) [elastic] {"world_size":1,"planned_world_size":2,"grad_accum_steps":2}']
     events = resize_events(lines)
     assert [(e["workers"], e["why"]) for e in events["worker_group_starts"]] == [(2, "start"), (1, "preemption")]
     assert events["checkpoints_on_notice"][0]["step"] == 6 and events["world_sizes"][0]["grad_accum_steps"] == 2
+    assert events["restores"] == [{"bytes": 4096, "files": 4, "rank": 0, "seconds": 0.5}]
 
 
 # --- the loop, in gloo processes ------------------------------------------------------------------

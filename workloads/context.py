@@ -29,6 +29,8 @@ LOAD_PREFIX = "[model-load] "
 TRACKING_PREFIX = "[tracking] "
 """Rank 0's line once its experiment-tracker run is open (JSON: run id, experiment, URI), and its
 warnings about the tracker (plain text after the prefix)."""
+RESTORE_PREFIX = "[restore] "
+"""The line of the rank that downloaded a checkpoint for its node: what a resume cost that node."""
 
 
 PREFLIGHT_FAILED_KEY = "preflight_failed"

@@ -53,12 +53,15 @@ def train_records(lines: Iterable[str]) -> list[dict]:
 def resize_events(lines: Iterable[str]) -> dict[str, list[dict]]:
     """What an elastic or preempted run went through, from its job log: each start of the worker
     group with its size and why (`[driver] {"event": "workers", ...}`), each checkpoint saved on a
-    drain notice (`[preemption] {...}`), and each start's world size and accumulation
-    (`[elastic] {...}`). Ray may print a worker's line twice: a record seen already is one event."""
+    drain notice (`[preemption] {...}`), each start's world size and accumulation (`[elastic] {...}`)
+    and each node's download of the checkpoint it resumed from (`[restore] {...}`). Ray may print a
+    worker's line twice: a record seen already is one event."""
+    from workloads.context import RESTORE_PREFIX
     from workloads.train.elastic import ELASTIC_PREFIX
     from workloads.train.preemption import PREEMPTION_PREFIX
 
-    found: dict[str, list[dict]] = {"worker_group_starts": [], "checkpoints_on_notice": [], "world_sizes": []}
+    found: dict[str, list[dict]] = {"worker_group_starts": [], "checkpoints_on_notice": [], "world_sizes": [],
+                                    "restores": []}
 
     def add(kind: str, record: dict) -> None:
         if record not in found[kind]:
@@ -71,6 +74,8 @@ def resize_events(lines: Iterable[str]) -> dict[str, list[dict]]:
             add("checkpoints_on_notice", record)
         elif record := parse_prefixed(line, ELASTIC_PREFIX):
             add("world_sizes", record)
+        elif record := parse_prefixed(line, RESTORE_PREFIX):
+            add("restores", record)
     return found
 
 

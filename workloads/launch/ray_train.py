@@ -15,6 +15,7 @@ unless its environment variable is set).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -28,7 +29,7 @@ from filelock import FileLock
 # Ray Train's controller hooks (a DeveloperAPI of the pinned Ray): the only way to see its retries.
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
-from workloads.context import PREFLIGHT_FAILED_KEY, PreflightError, TrainContext
+from workloads.context import PREFLIGHT_FAILED_KEY, RESTORE_PREFIX, PreflightError, TrainContext
 from workloads.launch.checkpoints import remove_unregistered
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
@@ -71,10 +72,12 @@ def preemption_notice() -> Optional["Notice"]:
                   ranks=tuple(info.preempted_ranks), nodes=tuple(info.preempted_node_ids))
 
 
-def restore_once_per_node(checkpoint, *, restore_root: Path) -> Path:
+def restore_once_per_node(checkpoint, *, restore_root: Path, rank: int = 0) -> Path:
     """A local copy of a persisted checkpoint, downloaded by the first rank of this node to get
     here and used by the others: one download per node, not per rank (a 1.5B model's checkpoint is
-    about 18.5 GB). Copies of other checkpoints from earlier attempts are removed."""
+    about 18.5 GB). Copies of other checkpoints from earlier attempts are removed. Every rank of an
+    HSDP run holds a shard of a whole replica, so a node's ranks together need the whole checkpoint:
+    there is nothing a node could leave out of the download under the default two-node mesh."""
     restore_root.mkdir(parents=True, exist_ok=True)
     target = restore_root / Path(checkpoint.path).name
     with FileLock(str(restore_root / ".lock")):
@@ -84,12 +87,20 @@ def restore_once_per_node(checkpoint, *, restore_root: Path) -> Path:
                     shutil.rmtree(stale, ignore_errors=True)
             partial = restore_root / f".{target.name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
+            started = time.perf_counter()
             checkpoint.to_directory(str(partial))
+            seconds = time.perf_counter() - started
+            files = [f.stat().st_size for f in partial.rglob("*") if f.is_file()]
             partial.rename(target)  # complete or absent, never half there
+            size = sum(files)
+            print(RESTORE_PREFIX + json.dumps({"checkpoint": target.name, "rank": rank, "node": socket.gethostname(),
+                                               "files": len(files), "bytes": size, "seconds": round(seconds, 3),
+                                               "mb_per_s": round(size / 1e6 / seconds, 1) if seconds else None},
+                                              sort_keys=True), flush=True)
     return target
 
 
-def checkpoint_loader(*, restore_root: Path) -> Callable[[], Optional[Path]]:
+def checkpoint_loader(*, restore_root: Path, rank: int = 0) -> Callable[[], Optional[Path]]:
     """Return a function giving the newest persisted checkpoint as a local folder (or None).
 
     On local storage the checkpoint is used in place; from S3 it is downloaded once per node."""
@@ -100,7 +111,7 @@ def checkpoint_loader(*, restore_root: Path) -> Callable[[], Optional[Path]]:
             return None
         if checkpoint.filesystem.type_name == "local":
             return Path(checkpoint.path)
-        return restore_once_per_node(checkpoint, restore_root=restore_root)
+        return restore_once_per_node(checkpoint, restore_root=restore_root, rank=rank)
 
     return latest_checkpoint
 
@@ -119,7 +130,7 @@ def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT, planned_world_size: 
         local_world_size=ray_ctx.get_local_world_size(),
         node_rank=ray_ctx.get_node_rank(),
         report=report,
-        latest_checkpoint=checkpoint_loader(restore_root=run_dir / "restored"),
+        latest_checkpoint=checkpoint_loader(restore_root=run_dir / "restored", rank=rank),
         scratch_dir=scratch_dir,
         preemption_notice=preemption_notice,
         planned_world_size=planned_world_size,
