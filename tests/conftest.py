@@ -34,11 +34,26 @@ RAY_CLUSTER_MODULES = frozenset({
 run one after another on one of them, first (they are the longest part of the suite), while the
 other worker takes every other module, one module at a time. Two Ray clusters at once on two cores
 slowed both to twice their time, past the faults' timeouts; one cluster leaves about a third of
-the machine idle (its processes wait on polls and health checks), which the other modules use."""
+the machine idle (its processes wait on polls and health checks), which the other modules use, at
+a lower priority (OTHER_MODULES_NICENESS)."""
 
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.stem not in RAY_CLUSTER_MODULES)  # stable: each module keeps its order
+
+
+OTHER_MODULES_NICENESS = 5
+"""Under xdist, the worker of the other modules runs at this niceness (about a quarter of a core's
+share against a process at 0), with every process it starts: the Ray clusters' processes, whose
+health checks and start timeouts run on the clock, come first, and the other modules run mostly in
+what those leave idle. A niceness once raised cannot be lowered: the worker that runs the Ray
+modules (first) is raised only when it goes on to other modules after them."""
+
+
+def pytest_runtest_setup(item):
+    if os.environ.get("PYTEST_XDIST_WORKER") and item.path.stem not in RAY_CLUSTER_MODULES:
+        if (now := os.nice(0)) < OTHER_MODULES_NICENESS:
+            os.nice(OTHER_MODULES_NICENESS - now)
 
 
 @pytest.hookimpl(optionalhook=True)
