@@ -33,9 +33,9 @@ RAY_CLUSTER_MODULES = frozenset({
 """The modules that start local Ray clusters. `make test` runs two pytest-xdist workers: these modules
 run one after another on one of them, first (they are the longest part of the suite), while the
 other worker takes every other module, one module at a time. Two Ray clusters at once on two cores
-slowed both to twice their time, past the faults' timeouts; one cluster leaves about a third of
-the machine idle (its processes wait on polls and health checks), which the other modules use, at
-a lower priority (OTHER_MODULES_NICENESS)."""
+made a fault test take up to 2.5 times as long as alone (its timeouts are sized for one); one
+cluster leaves 20-40% of the machine idle (its processes wait on polls and health checks), which
+the other modules use, at a lower priority (OTHER_MODULES_NICENESS)."""
 
 
 def pytest_collection_modifyitems(config, items):
