@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import asdict
 
 import pytest
 from fault_support import BUCKET, attempts, fake_s3, paused, steps_logged, wait_for
@@ -28,7 +29,7 @@ from workloads.client import submit
 from workloads.client.cluster import connect, job_client
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.client.report import loop_summary, resize_events
-from workloads.launch.faults import PAUSE_PLAN_ENV
+from workloads.launch.faults import PAUSE_PLAN_ENV, Pause
 from workloads.train.config import preset, with_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
@@ -51,11 +52,10 @@ instead of two ranks reducing one each): single steps redone that way differ by 
 def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_grows_back(tmp_path, capsys):
     work = tmp_path
     plan = work / "plan.json"
-    plan.write_text(json.dumps({"pauses": [
-        {"point": "after-report", "run": RUN, "step": 4, "rank": 0, "max_s": 4},
-        {"point": "after-report", "run": RUN, "step": 6, "rank": 0, "max_s": DRAIN_S + 30},
-        {"point": "after-report", "run": RUN, "step": 9, "rank": 0, "max_s": 120},
-        {"point": "after-report", "run": RUN, "step": 13, "rank": 0, "max_s": 120}]}))
+    pauses = [Pause(point="after-report", run=RUN, step=step, rank=0, max_s=max_s)
+              for step, max_s in ((4, 4), (6, DRAIN_S + 30), (9, 120), (13, 120))]
+    plan.write_text(json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
+    taken = {pause.step: work / pause.marker_name() for pause in pauses}  # each pause's marker, once taken
     with pytest.MonkeyPatch.context() as env, fake_s3(env):
         env.setenv(PAUSE_PLAN_ENV, str(plan))
         env.setenv("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", str(DRAIN_S))
@@ -79,12 +79,12 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
             gone.wait(timeout=DRAIN_S + 60)
             node_gone_at = time.time()
             # The one-node run waits at step 9: node 2 comes back, as the node group replaces it.
-            wait_for(lambda: (work / f"paused-{RUN}-after-report-step9-rank0.json").exists(), timeout_s=480,
+            wait_for(taken[9].exists, timeout_s=480,
                      what="the one-node run to reach step 9", job=job)
             cluster.nodes.start(node)
             back_at = time.time()
             # The two-node run again waits at step 13: node 2 is lost without notice.
-            wait_for(lambda: (work / f"paused-{RUN}-after-report-step13-rank0.json").exists(), timeout_s=480,
+            wait_for(taken[13].exists, timeout_s=480,
                      what="the grown-back run to reach step 13", job=job)
             cluster.nodes.kill(node)
             killed_at = time.time()
