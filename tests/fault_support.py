@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,10 +18,10 @@ import torch.distributed.checkpoint as dcp
 from moto.server import ThreadedMotoServer
 
 from workloads.client.cluster import free_port
+from workloads.client import report
 from workloads.client.report import parse_train_line
 
 BUCKET = "checkpoints"
-WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,17 +92,8 @@ def steps_logged(logs: str) -> list[int]:
 
 
 def attempts(logs: str) -> list[list[dict]]:
-    """The step records of each attempt, in order, one per step. Rank 0 prints them, and every
-    attempt has a new rank-0 process, which Ray names in the line's `(RayTrainWorker pid=N)` prefix.
-    Ray Train forwards each worker line twice, not always in order, so lines are keyed, not split
-    where the step goes back."""
-    by_process: dict[int, dict[int, dict]] = {}
-    for line in logs.splitlines():
-        record = parse_train_line(line)
-        if record is not None:
-            pid = int(WORKER_PID.search(line).group(1))
-            by_process.setdefault(pid, {})[record["step"]] = record
-    return [[steps[step] for step in sorted(steps)] for steps in by_process.values()]
+    """The step records of each attempt in a job's log (workloads.client.report.attempts)."""
+    return report.attempts(logs.splitlines())
 
 
 def job_log_tail(client, job_id: str, lines: int = 60) -> str:

@@ -26,6 +26,18 @@ def test_records_are_read_once_per_step_in_step_order():
     assert [r["step"] for r in report.train_records(lines)] == [5, 10]
 
 
+def test_attempts_are_told_apart_by_their_rank_0_process_and_the_last_one_completes_each_step():
+    def by(pid: int, step: int, loss: float) -> str:
+        return _line({"step": step, "loss": loss}).replace("pid=9", f"pid={pid}")
+
+    lines = [by(7, 1, 3.0), by(7, 2, 2.5), by(7, 3, 2.25), by(7, 2, 2.5),  # Ray forwards a line twice
+             "(RayTrainWorker pid=8) unrelated", by(8, 3, 2.2), by(8, 4, 2.0), by(7, 3, 2.25),  # late repeat
+             f"{report.TRAIN_PREFIX}" + json.dumps({"step": 9, "loss": 1.0})]  # no process: no attempt's
+    assert [[r["step"] for r in attempt] for attempt in report.attempts(lines)] == [[1, 2, 3], [3, 4]]
+    # Step 3 as the second attempt redid it, the first attempt's late repeat notwithstanding.
+    assert report.completed_losses(lines) == {1: 3.0, 2: 2.5, 3: 2.2, 4: 2.0}
+
+
 def test_the_summary_prefers_the_loops_own_figures():
     records = [{"step": 5, "loss": 3.0, "tokens_per_s_per_device": 100.0},
                {"step": 10, "loss": 2.0, "tokens_per_s_per_device": 900.0},

@@ -22,13 +22,14 @@ import time
 from dataclasses import asdict
 
 import pytest
-from fault_support import BUCKET, attempts, fake_s3, paused, steps_logged, wait_for
+from fault_support import BUCKET, fake_s3, paused, steps_logged, wait_for
 from test_preemption_elastic import _run as run_loop
 
 from workloads.client import submit
 from workloads.client.cluster import connect, job_client
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
-from workloads.client.report import loop_summary, resize_events
+from workloads.client.outcome import placement_check
+from workloads.client.report import completed_losses, loop_summary, resize_events
 from workloads.launch.faults import PAUSE_PLAN_ENV, Pause
 from workloads.train.config import preset, with_overrides
 
@@ -92,6 +93,9 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
             logs = client.get_job_logs(job_id)
     (work / "job.log").write_text(logs)
     assert str(status) == "SUCCEEDED", logs
+    # Ended on one node of the two planned: within --min-nodes 1, so submit's placement check passes.
+    placement = placement_check(logs)
+    assert placement.passed and "at the end, within the elastic run's 1 to 2" in placement.message, placement.message
     events = resize_events(logs.splitlines())
     starts = [(e["workers"], e["why"]) for e in events["worker_group_starts"]]
     # A start of two workers just after a node went may time out (its resources still counted); the
@@ -123,9 +127,7 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
     # that completed it logged it.
     reference = run_loop(work / "reference", "uninterrupted", 2, {"cfg": train})[0]
     uninterrupted = {r["metrics"]["step"]: r["metrics"]["loss"] for r in reference["reports"]}
-    interrupted: dict[int, float] = {}
-    for attempt in attempts(logs):
-        interrupted.update({r["step"]: r["loss"] for r in attempt})
+    interrupted = completed_losses(logs.splitlines())
     assert sorted(interrupted) == sorted(uninterrupted) == list(range(1, STEPS + 1))
     gaps = [abs(interrupted[s] - uninterrupted[s]) / abs(uninterrupted[s]) for s in range(1, STEPS + 1)]
     assert max(gaps) < LOSS_BOUND, gaps

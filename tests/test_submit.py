@@ -196,6 +196,23 @@ def test_the_placement_check_fails_when_the_ranks_ran_elsewhere_than_planned():
     assert outcome.message == "placement check failed: the driver planned 2 node(s), the ranks trained on 1"
 
 
+def test_an_elastic_run_passes_the_placement_check_on_fewer_nodes_down_to_its_minimum():
+    def logs(*, min_workers: int, trained: int) -> str:
+        plan = {"event": "plan", "nodes": 2, "num_workers": 2, "min_workers": min_workers, "use_gpu": False}
+        return f"[driver] {json.dumps(plan)}\n" + f'[train-summary] {{"nodes": {trained}, "world_size": {trained}}}\n'
+
+    # --min-nodes 1 of 2: a run that ended on one node, after its other node was lost, passes.
+    ended_on_one = submit.placement_check(logs(min_workers=1, trained=1))
+    assert ended_on_one.passed and ended_on_one.message == (
+        "placement check passed: 1 ranks trained on 1 node(s) at the end, within the elastic run's 1 to 2")
+    assert submit.placement_check(logs(min_workers=1, trained=2)).message.endswith("as planned")
+    # Never more than the plan; and a run that is not elastic (min_workers = the plan's) still needs every node.
+    more = submit.placement_check(logs(min_workers=1, trained=3))
+    assert not more.passed
+    assert more.message == "placement check failed: the driver planned 1 to 2 node(s), the ranks trained on 3"
+    assert not submit.placement_check(logs(min_workers=2, trained=1)).passed
+
+
 class _Stream:
     """A Jobs API client whose log stream breaks after `breaks_after` characters (None: never)."""
 

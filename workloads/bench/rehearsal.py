@@ -13,6 +13,11 @@ s3://...`, runs three times, each as a subprocess whose output and exit code are
   c-kill    a worker's training process is SIGKILLed after a checkpoint: the run resumes from S3
   d-node    a whole worker node (raylet, workers) is killed while a rank waits at a pause point after
             step 10; the job says it waits for the node, which is started again: the run resumes from S3
+  e-spot    a Spot interruption, elastic (--min-nodes 1): worker node 2's `ray start --block` gets
+            SIGTERM as the kubelet sends it on EKS's drain, after step 4; the run saves a checkpoint
+            on the notice, goes on with one node once the node has gone, grows back to two when it is
+            started again, and finishes on one after the node is then lost without notice; its loss
+            curve is compared with an uninterrupted run of the same settings (e-spot-reference)
 
 and the verifier is run on (a)'s per-rank NCCL logs, which are copied to DIR/a-any-nccl/. Needs Ray,
 moto and GPUs; DIR/summary.json holds every exit code. NVLink multicast stays off.
@@ -30,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -39,12 +45,23 @@ TRAIN_SETTINGS = ["--preset", "qwen2.5-1.5b-synthetic", "--set", "model.name_or_
                   "--set", "seq_len=256", "--set", "micro_batch=8", "--set", "log_every=2",
                   "--set", "checkpoint_every=6",
                   "--set", "warmup_steps=2", "--set", "lr=1e-3", "--set", "peak_flops=989e12"]
-CASES = ("a-any", "b-efa", "c-kill", "d-node")
+CASES = ("a-any", "b-efa", "c-kill", "d-node", "e-spot")
 KILL_AT_STEP = 10
 """(c) kills a worker once this step is logged: the checkpoint of step 6 is in the bucket, 12's is not."""
 NODE_LOSS_STEP = 10
 """(d) loses the node of the last rank once it has reported this step (the checkpoint of step 6 is in
 the bucket). A pause is taken only at a reported step: a multiple of log_every (2) or checkpoint_every."""
+
+
+SPOT_DRAIN_S = 30
+"""(e) the worker nodes' drain on SIGTERM (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S): 95 s on EKS Spot
+nodes (infra/spot.py); shorter here, where the wait is device time."""
+SPOT_SETTINGS = ["--set", "steps=16", "--set", "checkpoint_every=4", "--set", "log_every=1",
+                 "--set", "preemption_check_every=1"]
+SPOT_PAUSES = ((4, 4), (6, SPOT_DRAIN_S + 30), (9, 180), (13, 180))
+"""(e) rank 0's pauses after these steps, with how long each may last (s): after 4, node 2 gets its
+notice (the loop checkpoints at the next step boundary, 5); after 6 the run waits for the drained
+node to go; after 9 (on one node) node 2 is started again; after 13 (two nodes again) it is killed."""
 
 
 def _say(message: str) -> None:
@@ -192,6 +209,91 @@ def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, ra
             "placed_again": "placed again" in text}
 
 
+def _job_logs(cluster, job_id: str) -> str:
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.address, headers={"Authorization": f"Bearer {cluster.token}"})
+    return client.get_job_logs(job_id)
+
+
+def _await_file(path: Path, *, timeout_s: float, what: str, alive: threading.Thread) -> float:
+    """Wait for a pause marker while the submit command runs; the time it appeared (epoch s)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if not alive.is_alive():
+            raise RuntimeError(f"the run ended before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {timeout_s:.0f} s")
+        time.sleep(0.2)
+    return time.time()
+
+
+def spot_notice(cluster, *, base: list[str], plan: Path, out: Path) -> dict:
+    """(e): a drained node (SIGTERM to its `ray start --block`), one node, grow-back, a node lost
+    without notice; then the same settings uninterrupted. Returns the events, times (epoch s) and the
+    loss curves' largest relative gap."""
+    from workloads.client.report import completed_losses, loop_summary, resize_events
+    from workloads.launch.faults import Pause
+
+    run, node = "e-spot", 2
+    pauses = [Pause(point="after-report", run=run, step=step, rank=0, max_s=max_s) for step, max_s in SPOT_PAUSES]
+    plan.write_text(json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
+    marker = {pause.step: plan.parent / pause.marker_name() for pause in pauses}
+    codes: dict = {}
+    argv = [*base, "--expect", "any", "--run-name", run, "--min-nodes", "1", "--max-failures", "2", *SPOT_SETTINGS]
+    submitter = threading.Thread(target=lambda: codes.update(exit=run_logged(argv, out / f"{run}.txt")), daemon=True)
+    submitter.start()
+    events: dict = {}
+    try:
+        events["paused_at_4"] = _await_file(marker[4], timeout_s=600, what="step 4", alive=submitter)
+        events["sigterm_at"] = time.time()
+        gone = cluster.nodes.procs.pop(node)
+        gone.send_signal(signal.SIGTERM)  # the kubelet, on EKS's drain of a Spot node
+        _say(f"SIGTERM to worker node {node}'s ray start (drain {SPOT_DRAIN_S} s)")
+        gone.wait(timeout=SPOT_DRAIN_S + 90)
+        events["node_gone_at"] = time.time()
+        events["one_node_at_9"] = _await_file(marker[9], timeout_s=600, what="the one-node run's step 9",
+                                              alive=submitter)
+        cluster.nodes.start(node)
+        events["back_at"] = time.time()
+        _say(f"worker node {node} is back")
+        events["two_nodes_at_13"] = _await_file(marker[13], timeout_s=600, what="the grown-back run's step 13",
+                                                alive=submitter)
+        cluster.nodes.kill(node)
+        events["killed_at"] = time.time()
+        _say(f"worker node {node} killed, without notice")
+    finally:
+        submitter.join()
+        if node not in cluster.nodes.procs:
+            cluster.nodes.start(node)
+    lines = _job_logs(cluster, f"{run}-job1").splitlines()
+    (out / f"{run}-job.log").write_text("\n".join(lines) + "\n")
+    reference = "e-spot-reference"
+    codes["reference_exit"] = run_logged([*base, "--expect", "any", "--run-name", reference, *SPOT_SETTINGS],
+                                         out / f"{reference}.txt")
+    reference_lines = _job_logs(cluster, f"{reference}-job1").splitlines()
+    (out / f"{reference}-job.log").write_text("\n".join(reference_lines) + "\n")
+    interrupted, uninterrupted = completed_losses(lines), completed_losses(reference_lines)
+    gaps = {step: abs(interrupted[step] - loss) / abs(loss) for step, loss in uninterrupted.items()
+            if step in interrupted}
+    resizes = resize_events(lines)
+    notice = resizes["checkpoints_on_notice"]
+    last = max(uninterrupted, default=None)
+    return {**codes, **events,
+            "notice_to_checkpoint_s": (round(notice[0]["seen_unix_s"] + notice[0]["save_s"] - events["sigterm_at"], 2)
+                                       if notice else None),
+            "checkpoints_on_notice": notice,
+            "worker_group_starts": [(e["workers"], e["why"]) for e in resizes["worker_group_starts"]],
+            "world_sizes_accum_resumed_from": [(w["world_size"], w["grad_accum_steps"], w["resumed_from_step"])
+                                               for w in resizes["world_sizes"]],
+            "restores": resizes["restores"],
+            "steps_logged": sorted(interrupted), "reference_steps_logged": sorted(uninterrupted),
+            "max_relative_loss_gap_vs_uninterrupted": max(gaps.values()) if gaps else None,
+            "relative_loss_gap_by_step": gaps,
+            "final_loss": [interrupted.get(last), uninterrupted.get(last)],
+            "summary": loop_summary(lines)}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workloads.bench.rehearsal", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -236,9 +338,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     pause_plan = out / "pause-plan.json"
     pause_plan.unlink(missing_ok=True)
     os.environ[PAUSE_PLAN_ENV] = str(pause_plan)
-    if "d-node" in cases:
+    if "d-node" in cases or "e-spot" in cases:
         # A lost raylet is declared dead after 5 failed health checks 0.5 s apart, not Ray's ~30 s.
         os.environ.update({"RAY_health_check_period_ms": "500", "RAY_health_check_initial_delay_ms": "1000"})
+    if "e-spot" in cases:
+        # Read by each node's `ray start` on SIGTERM, and by Ray Train's poll of the drain.
+        os.environ.update({"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(SPOT_DRAIN_S),
+                           "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"})
     summary: dict = {"gpus_per_node": per_node, "nodes": 2, "machine_gpus": gpus, "one_gpu_shared": shared,
                      "runs": {}}
     spec = LocalClusterSpec(nodes=2, cpus_per_node=8 * per_node or 1, gpus_per_node=per_node, worker_env=worker_env)
@@ -260,6 +366,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if "d-node" in cases:
                 summary["runs"]["d-node"] = lose_a_node(cluster, base=base, run="d-node", plan=pause_plan, out=out,
                                                         rank=2 * per_node - 1 if per_node else 1)
+            if "e-spot" in cases:
+                summary["runs"]["e-spot"] = spot_notice(cluster, base=base, plan=pause_plan, out=out)
     finally:
         server.stop()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

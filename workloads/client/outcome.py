@@ -29,19 +29,28 @@ def _plan(logs: str) -> Optional[dict]:
 
 def placement_check(logs: str) -> GateOutcome:
     """The ranks trained on the nodes the driver planned for (its node count is what the
-    transport check expects): the loop's summary counts the nodes its ranks ran on."""
+    transport check expects): the loop's summary counts the nodes its last attempt's ranks ran on.
+    An elastic run (--min-nodes) passes on any node count from its minimum to the plan's: it may
+    rightly end on fewer nodes after a node was lost."""
     plan, summary = _plan(logs), loop_summary(logs.splitlines())
     if plan is None or summary is None or "nodes" not in summary:
         return GateOutcome(applies=False, passed=True, name="placement",
                            message="placement check skipped: the job logged no plan or no summary")
     planned, trained = int(plan["nodes"]), int(summary["nodes"])
-    if planned != trained:
+    workers, min_workers = int(plan.get("num_workers") or 0), int(plan.get("min_workers") or 0)
+    fewest = planned * min_workers // workers if workers and 0 < min_workers < workers else planned
+    ranks = summary.get("world_size", "?")
+    if not fewest <= trained <= planned:
+        allowed = f"{fewest} to {planned}" if fewest < planned else f"{planned}"
         return GateOutcome(applies=True, passed=False, name="placement",
-                           message=f"placement check failed: the driver planned {planned} node(s), "
+                           message=f"placement check failed: the driver planned {allowed} node(s), "
                                    f"the ranks trained on {trained}")
+    if trained < planned:
+        return GateOutcome(applies=True, passed=True, name="placement",
+                           message=f"placement check passed: {ranks} ranks trained on {trained} node(s) at the end, "
+                                   f"within the elastic run's {fewest} to {planned}")
     return GateOutcome(applies=True, passed=True, name="placement",
-                       message=f"placement check passed: {summary.get('world_size', '?')} ranks trained on "
-                               f"{trained} node(s), as planned")
+                       message=f"placement check passed: {ranks} ranks trained on {trained} node(s), as planned")
 
 
 def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:

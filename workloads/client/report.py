@@ -50,6 +50,32 @@ def train_records(lines: Iterable[str]) -> list[dict]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
+"""The training process a forwarded worker line came from, in Ray's prefix of it."""
+
+
+def attempts(lines: Iterable[str]) -> list[list[dict]]:
+    """The step records of each attempt of a run, in order, one per step. Rank 0 prints them and
+    every attempt has a new rank-0 process, which Ray names in the line's `(RayTrainWorker pid=N)`
+    prefix. Ray forwards each worker line twice, not always in order, so records are keyed by process
+    and step, not split where the step goes back."""
+    by_process: dict[int, dict[int, dict]] = {}
+    for line in lines:
+        record = parse_train_line(line)
+        if record is not None and (process := WORKER_PID.search(line)):
+            by_process.setdefault(int(process.group(1)), {})[int(record["step"])] = record
+    return [[steps[step] for step in sorted(steps)] for steps in by_process.values()]
+
+
+def completed_losses(lines: Iterable[str]) -> dict[int, float]:
+    """Each step's loss as the attempt that completed it logged it (a later attempt's redone step
+    replaces the earlier one's): the run's loss curve across restarts and resizes."""
+    losses: dict[int, float] = {}
+    for attempt in attempts(lines):
+        losses.update({int(r["step"]): float(r["loss"]) for r in attempt})
+    return losses
+
+
 def resize_events(lines: Iterable[str]) -> dict[str, list[dict]]:
     """What an elastic or preempted run went through, from its job log: each start of the worker
     group with its size and why (`[driver] {"event": "workers", ...}`), each checkpoint saved on a
