@@ -26,20 +26,33 @@ RAY_TEST_ENV = {
 """Ray settings of every Ray process the tests start (inherited from this process's environment)."""
 SHARED_DIR = Path(os.environ.get("SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
-RAY_CLUSTER_MODULES = frozenset({
-    "test_cluster_faults", "test_fault_injection", "test_idle_rehearsal", "test_local_demo",
-    "test_preflight_cluster", "test_spot_rehearsal", "test_submit_cluster",
+RAY_FAULT_MODULES = frozenset({
+    "test_cluster_faults", "test_fault_injection", "test_idle_rehearsal", "test_preflight_cluster",
+    "test_spot_rehearsal",
 })
-"""The modules that start local Ray clusters. `make test` runs two pytest-xdist workers: these modules
+"""The modules that start local Ray clusters and bring faults on the clock (a node lost for a
+bounded wait, a drain, an idle timeout). `make test` runs two pytest-xdist workers: these modules
 run one after another on one of them, first (they are the longest part of the suite), while the
 other worker takes every other module, one module at a time. Two Ray clusters at once on two cores
 made a fault test take up to 2.5 times as long as alone (its timeouts are sized for one); one
 cluster leaves 20-40% of the machine idle (its processes wait on polls and health checks), which
 the other modules use, at a lower priority (OTHER_MODULES_NICENESS)."""
+RAY_JOB_MODULES = frozenset({"test_local_demo", "test_submit_cluster"})
+"""The modules that start local Ray clusters to run whole jobs, with no fault on the clock: they
+run last, one after another, on the worker that is free first (in a full run, the other modules'
+worker, once those are done, while the fault modules still run), so that the two workers end
+together instead of one waiting ten minutes for the other. Their processes then run at that
+worker's lower priority, behind the fault modules' cluster."""
+RAY_CLUSTER_MODULES = RAY_FAULT_MODULES | RAY_JOB_MODULES
+
+
+def _run_order(item) -> int:
+    module = item.path.stem
+    return 0 if module in RAY_FAULT_MODULES else 2 if module in RAY_JOB_MODULES else 1
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.stem not in RAY_CLUSTER_MODULES)  # stable: each module keeps its order
+    items.sort(key=_run_order)  # stable: each module keeps its order
 
 
 OTHER_MODULES_NICENESS = 5
@@ -47,7 +60,8 @@ OTHER_MODULES_NICENESS = 5
 share against a process at 0), with every process it starts: the Ray clusters' processes, whose
 health checks and start timeouts run on the clock, come first, and the other modules run mostly in
 what those leave idle. A niceness once raised cannot be lowered: the worker that runs the Ray
-modules (first) is raised only when it goes on to other modules after them."""
+fault modules (first) is raised only when it goes on to other modules after them, and the Ray job
+modules (last) run at the niceness of the worker that takes them."""
 
 
 def pytest_runtest_setup(item):
@@ -58,15 +72,16 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's load-scope scheduling with one scope per module and one for all the Ray cluster
-    modules. (Its `--dist loadgroup` does not group under pytest 9: the group it writes into each
-    test's node id does not reach the scheduler.)"""
+    """pytest-xdist's load-scope scheduling with one scope per module, one for the Ray fault modules
+    and one for the Ray job modules. (Its `--dist loadgroup` does not group under pytest 9: the
+    group it writes into each test's node id does not reach the scheduler.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "ray-clusters" if Path(module).stem in RAY_CLUSTER_MODULES else module
+            stem = Path(module).stem
+            return "ray-faults" if stem in RAY_FAULT_MODULES else "ray-jobs" if stem in RAY_JOB_MODULES else module
 
     return ModuleScheduling(config, log)
 
