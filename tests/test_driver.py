@@ -234,18 +234,27 @@ def test_a_waiting_job_asks_for_what_it_waits_for():
 
 
 def test_the_demand_is_held_while_the_job_waits_and_removed_after_even_when_the_wait_fails():
-    from workloads.launch.driver import GpusMissingError, ask_for
+    from workloads.launch.driver import DEMAND_SETTLE_S, GpusMissingError, ask_for
 
-    made, removed = [], []
+    calls = []
+
+    class Group:
+        def wait(self, *, timeout_seconds):
+            calls.append(("placed?", timeout_seconds))
+            return True
 
     def placement_group(bundles, *, strategy):
-        made.append((bundles, strategy))
-        return "pg-1"
+        calls.append(("made", bundles, strategy))
+        return group
 
-    with ask_for([{"GPU": 1.0}] * 2, placement_group=placement_group, remove=removed.append):
-        assert made == [([{"GPU": 1.0}] * 2, "PACK")] and removed == []
-    assert removed == ["pg-1"]
+    group = Group()
+    remove = lambda g: calls.append(("removed", g))  # noqa: E731
+    with ask_for([{"GPU": 1.0}] * 2, placement_group=placement_group, remove=remove):
+        assert calls == [("made", [{"GPU": 1.0}] * 2, "PACK")]
+    # Once the wait is over, removed only after it is placed: removed mid-placement, Ray kept its GPUs.
+    assert calls[1:] == [("placed?", DEMAND_SETTLE_S), ("removed", group)]
+    calls.clear()
     with pytest.raises(GpusMissingError):
-        with ask_for([{"GPU": 1.0}], placement_group=placement_group, remove=removed.append):
+        with ask_for([{"GPU": 1.0}], placement_group=placement_group, remove=remove):
             raise GpusMissingError("0 of 1 GPU(s)")
-    assert removed == ["pg-1", "pg-1"]
+    assert calls[1:] == [("removed", group)]  # pending, never placed: removed at once

@@ -166,19 +166,33 @@ def demand_bundles(*, require_gpus: bool, gpus: int, workers: int,
     return [{"CPU": float(cpus_per_worker or 1.0)}] * workers
 
 
+DEMAND_SETTLE_S = 30.0
+"""How long the driver lets its placement group of the demand finish being placed, once what it
+waited for is there, before it removes the group."""
+
+
 @contextmanager
 def ask_for(bundles: list[dict[str, float]], *, placement_group: Callable[..., Any],
-            remove: Callable[[Any], None]) -> Iterator[None]:
+            remove: Callable[[Any], None], settle_s: float = DEMAND_SETTLE_S) -> Iterator[None]:
     """Hold a placement group of `bundles` while the block waits: on a cluster that autoscales,
     the pending group is the demand that adds the nodes; elsewhere it is placed or stays pending,
     and changes nothing. Soft packing: the bundles may spread over as many nodes as they need.
     Removed on the way out (the group also ends with the job, should the driver be killed), so
-    that Ray Train can reserve what it brought and an idle cluster can shrink again."""
+    that Ray Train can reserve what it brought and an idle cluster can shrink again.
+
+    Once the wait is over the resources are there and the group is being placed: it is removed
+    only once placed (or after `settle_s`). Removed while Ray 2.58 was still placing it, its GPUs
+    stayed reserved on the nodes, and every start of the worker group then timed out waiting for
+    them (seen on two GPU nodes: `ray status` showed 2.0/2.0 GPU used, no placement group left).
+    A wait that failed removes the pending group at once."""
     group = placement_group(bundles, strategy="PACK")
     try:
         yield
-    finally:
+    except BaseException:
         remove(group)
+        raise
+    group.wait(timeout_seconds=settle_s)
+    remove(group)
 
 
 @dataclass(frozen=True, kw_only=True)
