@@ -213,6 +213,29 @@ def test_an_elastic_run_passes_the_placement_check_on_fewer_nodes_down_to_its_mi
     assert not submit.placement_check(logs(min_workers=2, trained=1)).passed
 
 
+def test_an_elastic_gpu_run_that_ended_on_one_rank_is_judged_by_its_in_band_gate_verdicts():
+    """A drained or lost node's attempts never print their NCCL logs (a rank prints them when its
+    attempt ends), and a last attempt of one rank makes no NCCL connection: the job's in-band gate
+    verdicts, one per start of more than one rank, are what there is to judge."""
+    def logs(*gates: dict) -> str:
+        plan = {"event": "plan", "nodes": 2, "num_workers": 2, "min_workers": 1, "use_gpu": True}
+        lines = [f"[driver] {json.dumps(plan)}"]
+        lines += [f"(RayTrainWorker pid=7) [transport-gate] {json.dumps(gate)}" for gate in gates]
+        return "\n".join([*lines, '[train-summary] {"nodes": 1, "world_size": 1}']) + "\n"
+
+    passed = {"applies": True, "passed": True, "message": "transport gate passed (expect efa; 2 ranks on 2 node(s))"}
+    single = {"applies": False, "passed": True, "message": "transport gate does not apply to a single rank"}
+    ok = submit.transport_check(logs(passed, single), expect="efa")
+    assert ok.applies and ok.passed and "ended on one rank" in ok.message and "expect efa" in ok.message
+    # A verdict for another expectation proves nothing about this one; no verdict at all neither.
+    other = submit.transport_check(logs({**passed, "message": "transport gate passed (expect any; ...)"}), expect="efa")
+    assert not other.passed and "did not pass expecting efa" in other.message
+    assert not submit.transport_check(logs(single), expect="efa").passed
+    # Without the one-rank end the NCCL lines are judged as before: none here, so inconclusive.
+    two_ranks = logs(passed).replace('"world_size": 1', '"world_size": 2')
+    assert not submit.transport_check(two_ranks, expect="efa").passed
+
+
 class _Stream:
     """A Jobs API client whose log stream breaks after `breaks_after` characters (None: never)."""
 

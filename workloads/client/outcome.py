@@ -8,7 +8,8 @@ from typing import Literal, Optional
 
 from rich.console import Console
 
-from workloads.client.report import loop_summary, train_records
+from workloads.client.report import loop_summary, parse_prefixed, train_records
+from workloads.context import GATE_PREFIX
 from workloads.launch.driver import parse_driver_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -64,9 +65,34 @@ def transport_check(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
     if not plan["use_gpu"]:
         return GateOutcome(applies=False, passed=True,
                            message="transport check does not apply: CPU workers talk over gloo, not NCCL")
+    summary = loop_summary(logs.splitlines())
+    if summary is not None and int(summary.get("world_size") or 0) == 1 < int(plan.get("num_workers") or 0):
+        return _ended_on_one_rank(logs, expect=expect)
     verdict = verify.verify_transport(logs, expect=expect, nodes=plan["nodes"])
     return GateOutcome(applies=True, passed=verdict.status == verify.Status.PASS,
                        message=verify.render(verdict))
+
+
+def _ended_on_one_rank(logs: str, *, expect: Literal["efa", "any"]) -> GateOutcome:
+    """An elastic run whose last attempt trained on one rank: NCCL made no connection then, and the
+    ranks print their NCCL logs only when an attempt ends, which a drained or lost node's attempts
+    never do, so the job log holds no connection to judge. Each start of more than one rank ran the
+    in-band gate with the job's expectation, which stops the run when it fails: its verdicts are the
+    run's, if they judged this expectation."""
+    gates = [g for g in (parse_prefixed(line, GATE_PREFIX) for line in logs.splitlines()) if g and g.get("applies")]
+    if not gates:
+        return GateOutcome(applies=True, passed=False,
+                           message="transport check failed: the run ended on one rank, and no start of more than one "
+                                   "rank logged a transport gate verdict")
+    wrong = [g for g in gates if not g.get("passed") or f"(expect {expect};" not in str(g.get("message"))]
+    if wrong:
+        return GateOutcome(applies=True, passed=False,
+                           message=f"transport check failed: the run ended on one rank, and a start's in-band gate "
+                                   f"did not pass expecting {expect}: {wrong[0].get('message')}")
+    return GateOutcome(applies=True, passed=True,
+                       message=f"transport check passed: the run ended on one rank (no NCCL connection to log); the "
+                               f"in-band gate passed at every start of more than one rank, the last: "
+                               f"{gates[-1].get('message')}")
 
 
 @dataclass(frozen=True, kw_only=True)
