@@ -8,7 +8,8 @@
 #   docs/gpu/record.sh rehearsal OUT   the job path with Ray in the EKS cluster's shape: a GPU-less head,
 #                                      two worker nodes (NCCL_HOSTID each), moto S3, the user's submit
 #                                      command four times (needs Ray and moto: docs/gpu/wheels.sh);
-#                                      `--cases d-node` runs one of them
+#                                      `--cases d-node` runs one of them; `--cases e-spot` the Spot
+#                                      interruption with --min-nodes 1 (docs/RELIABILITY.md 2b)
 #   docs/gpu/record.sh chats OUT   the loop on synthetic tokens and on generated chats (packed, labels on the
 #                                  answers) at micro-batch 16, then on the chats with sdpa and flex_attention
 #                                  instead of varlen; and the attention and loss kernels alone (bench.kernels)
