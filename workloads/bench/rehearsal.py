@@ -210,10 +210,10 @@ def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, ra
 
 
 def _job_logs(cluster, job_id: str) -> str:
-    from ray.job_submission import JobSubmissionClient
+    from workloads.client.cluster import connect, job_client
 
-    client = JobSubmissionClient(cluster.address, headers={"Authorization": f"Bearer {cluster.token}"})
-    return client.get_job_logs(job_id)
+    with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
+        return job_client(conn).get_job_logs(job_id)
 
 
 def _await_file(path: Path, *, timeout_s: float, what: str, alive: threading.Thread) -> float:
