@@ -184,8 +184,19 @@ class LocalNodes:
     def log(self, index: int) -> Path:
         return self.log_dir / ("ray-head.log" if index == 0 else f"ray-node-{index}.log")
 
-    def start(self, index: int) -> None:
-        """Start node `index` (again) on its own address and wait until it has joined."""
+    def start(self, *indices: int) -> None:
+        """Start the nodes `indices` (again), each on its own address, and wait until all have joined.
+        They start together: worker nodes need only the head's GCS, and a node's start is mostly
+        waiting (on its raylet and agents), so two take about as long as one."""
+        launched = [self._launch(index) for index in indices]
+        for index, log, offset in launched:
+            _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
+                          what="the Ray head" if index == 0 else f"Ray node {index}")
+        if 0 in indices:
+            _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
+
+    def _launch(self, index: int) -> tuple[int, Path, int]:
+        """Start node `index`'s `ray start --block`: the node, its log and where this start's lines begin."""
         head = index == 0
         # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
         argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port,
@@ -198,10 +209,7 @@ class LocalNodes:
             self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                  start_new_session=True)
-        _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
-                      what="the Ray head" if head else f"Ray node {index}")
-        if head:
-            _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
+        return index, log, offset
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
@@ -214,8 +222,15 @@ class LocalNodes:
                 pass
         _kill_group(proc)
 
-    def stop(self, index: int) -> None:
-        _stop(self.procs.pop(index), grace_s=self.spec.stop_grace_s)
+    def stop(self, *indices: int) -> None:
+        """SIGTERM the nodes `indices` together, then kill what is left of each after the grace time."""
+        procs = [self.procs.pop(index) for index in indices]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.stop_grace_s
+        for proc in procs:
+            _stop(proc, grace_s=max(0.0, deadline - time.monotonic()))
 
     def node_of(self, pid: int) -> Optional[int]:
         """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
@@ -227,16 +242,17 @@ class LocalNodes:
     def restart_head(self) -> None:
         """The head lost and started again, as a head pod restarts: every process of the head is
         killed. Without GCS fault tolerance the worker nodes' raylets cannot rejoin a new head and
-        exit, and their pods restart: here they are stopped and started again after the head."""
-        self.kill(0)
-        for index in sorted(i for i in self.procs if i):
-            self.stop(index)
-        for index in range(self.spec.nodes + 1):
-            self.start(index)
+        exit, and their pods restart: here they are killed with the head and started again after it."""
+        for index in sorted(self.procs):
+            self.kill(index)
+        self.start(0)
+        self.start(*range(1, self.spec.nodes + 1))
 
     def stop_all(self) -> None:
-        for index in sorted(self.procs, reverse=True):
-            self.stop(index)
+        """The worker nodes first (together), then the head."""
+        self.stop(*sorted(i for i in self.procs if i))
+        if 0 in self.procs:
+            self.stop(0)
 
 
 def _parent_of(pid: int) -> Optional[int]:
@@ -277,9 +293,12 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path,
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-local-", dir="/tmp"))
     nodes = LocalNodes(spec, token=secrets.token_hex(32), log_dir=log_dir, temp_dir=temp_dir)
     try:
-        for index in range(spec.nodes + 1):
-            started = time.monotonic()
-            nodes.start(index)
+        started = time.monotonic()
+        nodes.start(0)
+        say(f"{node_name(0)} is up ({time.monotonic() - started:.0f} s)")
+        started = time.monotonic()
+        nodes.start(*range(1, spec.nodes + 1))
+        for index in range(1, spec.nodes + 1):
             say(f"{node_name(index)} is up ({time.monotonic() - started:.0f} s)")
         yield LocalCluster(address=f"http://127.0.0.1:{nodes.dashboard_port}", token=nodes.token,
                            temp_dir=temp_dir, nodes=nodes)
