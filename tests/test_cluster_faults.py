@@ -137,7 +137,7 @@ def test_a_lost_worker_node_is_waited_for_and_the_run_resumes_when_it_is_back(fa
     started = time.monotonic()
     with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
         client = job_client(conn)
-        job_id = submit.submit_job(client, _request(run, wait_nodes_s=120))
+        job_id = submit.submit_job(client, _request(run, wait_nodes_s=60))
         victim = paused(plan, run=run, timeout_s=240)
         node = cluster.nodes.node_of(victim["pid"])
         assert node in (1, 2), victim
@@ -179,7 +179,7 @@ def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason(faults, ca
     try:
         code = submit.main("submit", ["--address", cluster.address, "--token", cluster.token, *TRAIN, "--quiet",
                                       "--storage-path", f"s3://{BUCKET}/{PREFIX}", "--run-name", run,
-                                      "--wait-nodes-s", "20"])
+                                      "--wait-nodes-s", "10"])
         ended = time.monotonic()
     finally:
         thread.join()
@@ -189,9 +189,9 @@ def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason(faults, ca
     assert code == 1, out
     assert "job waiting for a lost node: the 2 workers cannot be placed" in out
     assert (f"job {run}-job1 FAILED: error: training failed: the 2 workers could not be placed for") in out
-    assert "(--wait-nodes-s 20): a lost node did not come back." in out
+    assert "(--wait-nodes-s 10): a lost node did not come back." in out
     # Bounded: the wait, plus noticing the loss and one start of the group that times out.
-    assert ended - killed["at"] < 20 + 45, out
+    assert ended - killed["at"] < 10 + 45, out
     print(f"\nnode gone: node {killed['node']} killed after step 1, job failed {ended - killed['at']:.1f} s later")
 
 
