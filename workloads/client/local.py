@@ -185,18 +185,21 @@ class LocalNodes:
         return self.log_dir / ("ray-head.log" if index == 0 else f"ray-node-{index}.log")
 
     def start(self, *indices: int) -> None:
-        """Start the nodes `indices` (again), each on its own address, and wait until all have joined.
-        They start together: worker nodes need only the head's GCS, and a node's start is mostly
-        waiting (on its raylet and agents), so two take about as long as one."""
-        launched = [self._launch(index) for index in indices]
-        for index, log, offset in launched:
+        """Start the nodes `indices` (again), each on its own address, one after another: each waits
+        until the one before has joined. Started together, two nodes of one machine can pick the same
+        raylet socket: Ray names it after the session's sockets that exist when the node starts, and
+        the raylet creates its file only later; one of the two then never registers and `ray start`
+        exits after 30 s."""
+        for index in indices:
+            log, offset = self._launch(index)
             _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
                           what="the Ray head" if index == 0 else f"Ray node {index}")
-        if 0 in indices:
-            _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
+            if index == 0:
+                _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version",
+                           timeout_s=self.spec.start_timeout_s)
 
-    def _launch(self, index: int) -> tuple[int, Path, int]:
-        """Start node `index`'s `ray start --block`: the node, its log and where this start's lines begin."""
+    def _launch(self, index: int) -> tuple[Path, int]:
+        """Start node `index`'s `ray start --block`; its log, and where this start's lines begin in it."""
         head = index == 0
         # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
         argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port,
@@ -209,7 +212,7 @@ class LocalNodes:
             self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                  start_new_session=True)
-        return index, log, offset
+        return log, offset
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
@@ -245,8 +248,7 @@ class LocalNodes:
         exit, and their pods restart: here they are killed with the head and started again after it."""
         for index in sorted(self.procs):
             self.kill(index)
-        self.start(0)
-        self.start(*range(1, self.spec.nodes + 1))
+        self.start(*range(self.spec.nodes + 1))
 
     def stop_all(self) -> None:
         """The worker nodes first (together), then the head."""
@@ -293,12 +295,9 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path,
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-local-", dir="/tmp"))
     nodes = LocalNodes(spec, token=secrets.token_hex(32), log_dir=log_dir, temp_dir=temp_dir)
     try:
-        started = time.monotonic()
-        nodes.start(0)
-        say(f"{node_name(0)} is up ({time.monotonic() - started:.0f} s)")
-        started = time.monotonic()
-        nodes.start(*range(1, spec.nodes + 1))
-        for index in range(1, spec.nodes + 1):
+        for index in range(spec.nodes + 1):
+            started = time.monotonic()
+            nodes.start(index)
             say(f"{node_name(index)} is up ({time.monotonic() - started:.0f} s)")
         yield LocalCluster(address=f"http://127.0.0.1:{nodes.dashboard_port}", token=nodes.token,
                            temp_dir=temp_dir, nodes=nodes)

@@ -35,7 +35,7 @@ from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (NODE_KIND_HEAD, STATUS_UP_TO_DATE, TAG_RAY_NODE_KIND, TAG_RAY_NODE_NAME,
                                  TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE)
 
-from workloads.client.local import LocalClusterSpec, LocalNodes, _node_argv, node_ip
+from workloads.client.local import LocalClusterSpec, LocalNodes, _node_argv, _wait_started, node_ip
 
 HEAD_NODE_ID = "local-head"
 HEAD_NODE_TYPE = "ray.head.default"
@@ -110,6 +110,9 @@ class LocalNodeProvider(NodeProvider):
         self.max_nodes = int(provider_config.get("max_nodes", 8))
         self.stop_grace_s = float(provider_config.get("stop_grace_s", 5.0))
         self.lock = threading.RLock()
+        self.starting = threading.Lock()
+        """Held while one node starts: see _start_node."""
+        self.start_timeout_s = float(provider_config.get("start_timeout_s", 120.0))
         self.procs: dict[str, subprocess.Popen] = {}
         self.nodes: dict[str, dict[str, Any]] = read_state(self.state_dir)
         self._next = 1 + max((int(n.rsplit("-", 1)[1]) for n in self.nodes), default=0)
@@ -174,6 +177,19 @@ class LocalNodeProvider(NodeProvider):
             self._start_node(tags, resources)
 
     def _start_node(self, tags: dict[str, str], resources: dict[str, float]) -> str:
+        # One node at a time, each once the one before has joined: two nodes of one machine started
+        # together can pick the same raylet socket (Ray names it after the session's sockets that
+        # exist when the node starts; the raylet creates its file later), and one of them then never
+        # registers: its `ray start` exits after 30 s and the autoscaler starts another.
+        with self.starting:
+            node_id, proc, log = self._launch_node(tags, resources)
+            try:
+                _wait_started(proc, log, timeout_s=self.start_timeout_s, what=f"local node {node_id}")
+            except RuntimeError:
+                pass  # it exited or hangs: the autoscaler sees it gone or not joined, as a failed instance
+            return node_id
+
+    def _launch_node(self, tags: dict[str, str], resources: dict[str, float]) -> tuple[str, subprocess.Popen, Path]:
         with self.lock:
             taken = {n["ip"] for node_id, n in self.nodes.items() if self._live(node_id)}
             index = next((i for i in range(1, self.max_nodes + 1) if node_ip(i) not in taken), None)
@@ -198,7 +214,7 @@ class LocalNodeProvider(NodeProvider):
             self.nodes[node_id] = {"ip": node_ip(index), "pid": proc.pid, "started": time.time(),
                                    "tags": {**tags, TAG_RAY_NODE_NAME: node_id, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}}
             self._write()
-            return node_id
+            return node_id, proc, log
 
     def _forget(self, node_id: str) -> Optional[dict[str, Any]]:
         node = self.nodes.pop(node_id, None)
@@ -264,7 +280,7 @@ def autoscaling_config(spec: AutoscalingSpec, *, nodes: LocalNodes, state_dir: P
             "type": "external", "module": f"{__name__}.LocalNodeProvider",
             "disable_node_updaters": True, "disable_launch_config_check": True,
             "state_dir": str(state_dir), "gcs_port": nodes.gcs_port, "dashboard_port": nodes.dashboard_port,
-            "temp_dir": str(nodes.temp_dir), "max_nodes": spec.max_nodes,
+            "temp_dir": str(nodes.temp_dir), "max_nodes": spec.max_nodes, "start_timeout_s": spec.start_timeout_s,
         },
         "head_node_type": HEAD_NODE_TYPE,
         "available_node_types": {
