@@ -27,8 +27,7 @@ RAY_TEST_ENV = {
 SHARED_DIR = Path(os.environ.get("SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
 RAY_FAULT_MODULES = frozenset({
-    "test_cluster_faults", "test_fault_injection", "test_idle_rehearsal", "test_preflight_cluster",
-    "test_spot_rehearsal",
+    "test_cluster_faults", "test_idle_rehearsal", "test_preflight_cluster", "test_spot_rehearsal",
 })
 """The modules that start local Ray clusters and bring faults on the clock (a node lost for a
 bounded wait, a drain, an idle timeout). `make test` runs two pytest-xdist workers: these modules
@@ -39,10 +38,10 @@ cluster leaves 20-40% of the machine idle (its processes wait on polls and healt
 the other modules use, at a lower priority (OTHER_MODULES_NICENESS)."""
 RAY_JOB_MODULES = frozenset({"test_local_demo", "test_submit_cluster"})
 """The modules that start local Ray clusters to run whole jobs, with no fault on the clock: they
-run last, one after another, on the worker that is free first (in a full run, the other modules'
-worker, once those are done, while the fault modules still run), so that the two workers end
-together instead of one waiting ten minutes for the other. Their processes then run at that
-worker's lower priority, behind the fault modules' cluster."""
+run last, each on the worker that is free first (in a full run, one on the other modules' worker
+while the fault modules still run, one on whichever worker is free next), so that the two workers
+end together instead of one waiting minutes for the other. Their processes run at the niceness of
+the worker that takes them."""
 RAY_CLUSTER_MODULES = RAY_FAULT_MODULES | RAY_JOB_MODULES
 
 
@@ -72,8 +71,8 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's load-scope scheduling with one scope per module, one for the Ray fault modules
-    and one for the Ray job modules. (Its `--dist loadgroup` does not group under pytest 9: the
+    """pytest-xdist's load-scope scheduling with one scope per module, and one for all the Ray fault
+    modules. (Its `--dist loadgroup` does not group under pytest 9: the
     group it writes into each test's node id does not reach the scheduler.)"""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -81,7 +80,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             stem = Path(module).stem
-            return "ray-faults" if stem in RAY_FAULT_MODULES else "ray-jobs" if stem in RAY_JOB_MODULES else module
+            return "ray-faults" if stem in RAY_FAULT_MODULES else module
 
     return ModuleScheduling(config, log)
 
