@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 from fault_support import (BUCKET, attempts, checkpoint_folders, download, fake_s3, paused, progress,
-                           steps_logged, wait_for)
+                           steps_logged, train_worker_pids, wait_for)
 
 from workloads.client import submit
 from workloads.launch.checkpoints import SNAPSHOT_NAME, registered_names
 from workloads.client.cluster import connect, job_client
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
-from workloads.client.report import loop_summary
+from workloads.client.report import WORKER_PID, loop_summary
 from workloads.launch.driver import parse_driver_line
 from workloads.launch.faults import PAUSE_PLAN_ENV
 from workloads.train.config import preset, with_overrides
@@ -96,6 +96,12 @@ def _check_resumed(logs: str, *, resumed_from: int, last_before: int) -> dict:
     return summary
 
 
+def _gate_processes(logs: str) -> set[str]:
+    """The worker processes (Ray's `pid=` prefix) that logged a transport gate verdict."""
+    return {match.group(1) for line in logs.splitlines() if "[transport-gate] " in line
+            and (match := WORKER_PID.search(line))}
+
+
 def test_a_rank_killed_while_the_checkpoint_is_written_resumes_from_the_last_complete_one(faults, tmp_path):
     cluster, s3, work = faults
     run = "save-kill"
@@ -110,6 +116,8 @@ def test_a_rank_killed_while_the_checkpoint_is_written_resumes_from_the_last_com
                            and all({".metadata", "__0_0.distcp"} <= files for files in f.values()) and f,
                            timeout_s=60, what="rank 0's part of the step-4 checkpoint in the bucket")
         broken = next(name for name, files in folders.items() if "__1_0.distcp" not in files)
+        # The paused process is one of the two live Ray Train workers the State API lists.
+        assert victim["pid"] in train_worker_pids(address=cluster.address, token=cluster.token)
         os.kill(victim["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         status = submit.wait_terminal(client, job_id)
@@ -118,6 +126,8 @@ def test_a_rank_killed_while_the_checkpoint_is_written_resumes_from_the_last_com
     assert str(status) == "SUCCEEDED", logs
     # Never loaded: the run went back to step 2, the last checkpoint every rank had written.
     _check_resumed(logs, resumed_from=2, last_before=4)
+    # The transport gate ran again in the new worker group, before its first step.
+    assert len(_gate_processes(logs)) == 2, logs
     assert (f"removed 1 incomplete checkpoint(s) that a failed attempt left in storage (written by some ranks, "
             f"never registered): {broken}") in logs
     kept = checkpoint_folders(s3, f"{PREFIX}/{run}")

@@ -134,7 +134,7 @@ def _fault_rows(record: str) -> list[tuple[str, ...]]:
 
 
 def test_the_fault_table_is_the_recorded_runs():
-    record = (DOCS / "cpu" / "2026-12-01-cluster-faults" / "runs.txt").read_text()
+    record = (DOCS / "cpu" / "2026-12-02-cluster-faults" / "runs.txt").read_text()
     assert not re.search(r"\d+ failed|^(FAILED|ERROR) ", record, re.MULTILINE)
     runs = re.findall(r"^run \d+:$", record, re.MULTILINE)
     assert len(runs) == 3 and len(re.findall(r"^4 passed(, \d+ warnings)? in ", record, re.MULTILINE)) == len(runs)

@@ -26,7 +26,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from workloads.client.cluster import free_port
-from workloads.launch.storage import MARKER_DIR, role_of
+from workloads.launch.storage import MARKER_DIR, resolve_storage, role_of
 
 BUCKET = "ray-checkpoints"
 TOKEN = "eks-pod-identity-token-for-ray-train"
@@ -183,3 +183,16 @@ def test_a_pyarrow_that_cannot_read_pod_identity_is_told_apart_from_a_missing_pe
 def test_role_of_reads_assumed_roles_and_users():
     assert role_of("arn:aws:sts::123456789012:assumed-role/ray-eks-checkpoints/eks-ray-x") == "ray-eks-checkpoints"
     assert role_of("arn:aws:iam::123456789012:user/ray-train-writer") == "ray-train-writer"
+
+
+def test_an_s3_storage_path_reaches_the_endpoint_of_the_standard_aws_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic.invalid:1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    filesystem, path = resolve_storage("s3://checkpoints/runs")
+    assert path == "checkpoints/runs"
+    # What Ray Train pickles to the controller and every worker carries the endpoint with it.
+    assert filesystem.__reduce__()[1][0]["endpoint_override"] == "http://127.0.0.1:9000"
+    assert resolve_storage("/mnt/checkpoints") == (None, "/mnt/checkpoints")
+    with pytest.raises(ValueError, match="Unrecognized filesystem type"):
+        resolve_storage("nosuch://bucket/prefix")

@@ -2,15 +2,14 @@
 # Reruns a fault test file N times in a row on this machine and records, per run, the lines its
 # tests print (what was injected, the step resumed from, steps redone, times) and pytest's closing
 # line. docs/RELIABILITY.md's tables are read from that file.
-#   docs/cpu/record-faults.sh tests/test_fault_injection.py N OUT_FILE   (a worker killed)
 #   docs/cpu/record-faults.sh tests/test_cluster_faults.py N OUT_FILE    (save, node, head)
 set -uo pipefail
 tests=$1 runs=$2 out=$3
-cmd=(.venv/bin/python -m pytest "$tests" -q -s -p no:cacheprovider)
+cmd=(.venv/bin/python -m pytest "$tests" -q -s -n 0 -p no:cacheprovider)  # -n 0: -s shows the lines only without xdist workers
 {
   echo "\$ ${cmd[*]}   (x$runs; $(nproc) cores, $(uname -sm), $(date -u +%Y-%m-%dT%H:%MZ))"
   for i in $(seq 1 "$runs"); do
     echo "run $i:"
-    "${cmd[@]}" 2>&1 | grep -E '^(fault injection|save kill|node loss|node gone|head loss):|[0-9]+ (passed|failed)|^(FAILED|ERROR) '
+    "${cmd[@]}" 2>&1 | grep -E '^(save kill|node loss|node gone|head loss):|[0-9]+ (passed|failed)|^(FAILED|ERROR) '
   done
 } | tee "$out"
