@@ -37,8 +37,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distrib
 
 DRAIN_S = 20
 """The worker nodes' drain on SIGTERM (95 s on EKS Spot nodes, infra/spot.py): short, for CI."""
-START_TIMEOUT_S = 8
-"""Ray Train's wait for a worker group's resources (workloads.launch.driver.start_timeout_s), short for CI."""
 STEPS, CHECKPOINT_EVERY = 16, 4
 OVERRIDES = [f"steps={STEPS}", f"checkpoint_every={CHECKPOINT_EVERY}", "log_every=1", "micro_batch=2", "seq_len=32",
              "warmup_steps=1", "preemption_check_every=1", "transport.expect=any"]
@@ -63,9 +61,6 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
         env.setenv(PAUSE_PLAN_ENV, str(plan))
         env.setenv("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", str(DRAIN_S))
         env.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "1")
-        # Each start of two workers just after a node went waits this long for the lost node's
-        # resources before the run goes on with one (the driver's 20 s for an elastic run on EKS).
-        env.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(START_TIMEOUT_S))
         env.setenv("RAY_health_check_period_ms", "500")
         env.setenv("RAY_health_check_initial_delay_ms", "1000")
         with local_ray_cluster(LocalClusterSpec(nodes=2, cpus_per_node=1), log_dir=work / "ray") as cluster, \
