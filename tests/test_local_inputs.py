@@ -188,7 +188,7 @@ def test_the_demo_without_overrides_makes_its_model_and_chats(tmp_path):
 
 
 def test_each_node_of_the_local_cluster_is_told_once_it_is_up(tmp_path, monkeypatch):
-    monkeypatch.setattr(local.LocalNodes, "start", lambda self, *indices: time.sleep(0.01))
+    monkeypatch.setattr(local.LocalNodes, "start", lambda self, index: time.sleep(0.01))
     monkeypatch.setattr(local.LocalNodes, "stop_all", lambda self: None)
     said: list[str] = []
     with local.local_ray_cluster(local.LocalClusterSpec(nodes=2), log_dir=tmp_path, say=said.append):

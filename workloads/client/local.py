@@ -146,18 +146,6 @@ def _wait_http(url: str, *, timeout_s: float) -> None:
     raise RuntimeError(f"the Ray dashboard did not answer at {url} within {timeout_s:.0f} s")
 
 
-def _stop(proc: subprocess.Popen, *, grace_s: float) -> None:
-    """SIGTERM the node's `ray start --block` (it stops its children), then kill what is left of
-    its process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    _kill_group(proc)
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL what is left of the node's process group, and reap its `ray start`."""
     try:
@@ -184,22 +172,11 @@ class LocalNodes:
     def log(self, index: int) -> Path:
         return self.log_dir / ("ray-head.log" if index == 0 else f"ray-node-{index}.log")
 
-    def start(self, *indices: int) -> None:
-        """Start the nodes `indices` (again), each on its own address, one after another: each waits
-        until the one before has joined. Started together, two nodes of one machine can pick the same
-        raylet socket: Ray names it after the session's sockets that exist when the node starts, and
-        the raylet creates its file only later; one of the two then never registers and `ray start`
-        exits after 30 s."""
-        for index in indices:
-            log, offset = self._launch(index)
-            _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
-                          what="the Ray head" if index == 0 else f"Ray node {index}")
-            if index == 0:
-                _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version",
-                           timeout_s=self.spec.start_timeout_s)
-
-    def _launch(self, index: int) -> tuple[Path, int]:
-        """Start node `index`'s `ray start --block`; its log, and where this start's lines begin in it."""
+    def start(self, index: int) -> None:
+        """Start node `index` (again) on its own address and wait until it has joined. Nodes start one
+        after another: started together, two nodes of one machine can pick the same raylet socket (Ray
+        names it after the session's sockets that exist when the node starts, and the raylet creates
+        its file only later), and one of them then never registers: `ray start` exits after 30 s."""
         head = index == 0
         # The head runs the job's driver and Ray Train's controller, which reserve no CPU.
         argv = _node_argv(index=index, gcs_port=self.gcs_port, dashboard_port=self.dashboard_port,
@@ -212,7 +189,10 @@ class LocalNodes:
             self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                  start_new_session=True)
-        return log, offset
+        _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
+                      what="the Ray head" if head else f"Ray node {index}")
+        if head:
+            _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
@@ -230,10 +210,14 @@ class LocalNodes:
         procs = [self.procs.pop(index) for index in indices]
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)  # its `ray start --block` stops its children
         deadline = time.monotonic() + self.spec.stop_grace_s
         for proc in procs:
-            _stop(proc, grace_s=max(0.0, deadline - time.monotonic()))
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(proc)
 
     def node_of(self, pid: int) -> Optional[int]:
         """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
@@ -248,7 +232,8 @@ class LocalNodes:
         exit, and their pods restart: here they are killed with the head and started again after it."""
         for index in sorted(self.procs):
             self.kill(index)
-        self.start(*range(self.spec.nodes + 1))
+        for index in range(self.spec.nodes + 1):
+            self.start(index)
 
     def stop_all(self) -> None:
         """The worker nodes first (together), then the head."""
