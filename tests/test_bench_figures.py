@@ -23,7 +23,7 @@ from workloads.bench.report import (
 )
 from workloads.bench.runtime import is_out_of_memory
 from workloads.bench.timing import StepClock
-from workloads.bench.train_bench import BenchSettings, parse_args
+from workloads.bench.settings import BenchSettings, parse_args
 
 
 def test_median_of_odd_and_even_counts():

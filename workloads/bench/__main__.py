@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
 
         argv = argv[1:]
     else:
-        from workloads.bench import train_bench as command
+        from workloads.bench import settings as command
     try:
         options = command.parse_args(argv)
     except ValueError as e:
@@ -50,6 +50,8 @@ def main(argv: list[str]) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if not nccl:  # the benchmark itself imports torch, transformers and the loop
+        from workloads.bench import train_bench as command
     return command.run(options)
 
 

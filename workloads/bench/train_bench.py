@@ -13,7 +13,6 @@ out-of-memory is caught per run and recorded as "OOM".
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import math
@@ -21,9 +20,9 @@ import os
 import platform
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -57,17 +56,14 @@ from workloads.bench.runtime import (
 )
 from workloads.bench.strategy import Strategy, StrategyResult
 from workloads.bench.profile import StepWindowProfiler
+from workloads.bench.settings import (CHATS_SUFFIX, PLACEHOLDER_CHATS, REFERENCE, STRATEGY_NAMES, TUNED,
+                                      BenchSettings, chat_data, preset_config)
 from workloads.bench.timing import StepClock
-from workloads.train.config import DataConfig, ModelConfig, TrainConfig, preset, with_overrides
+from workloads.train.config import ModelConfig, TrainConfig
 from workloads.context import TrainContext
 from workloads.train.loop import train
 from workloads.train.model import named_architecture, shape_of
 
-REFERENCE, TUNED = "reference", "tuned"
-DATA_KINDS = ("synthetic", "chats")
-CHATS_SUFFIX = "-chats"
-PLACEHOLDER_CHATS = (Path("chats.jsonl"), Path("tokenizer"))
-"""Stands for the generated chats where a config is only checked or read for its shape."""
 CONVERSATIONS_PER_ROW = 2.3
 """Generated conversations per 2,048-token row (about 950 tokens each, packed): how many to write
 for the rows a run reads."""
@@ -88,76 +84,7 @@ def train_tuned(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) ->
 
 
 STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_tuned}
-
-
-@dataclass(frozen=True, kw_only=True)
-class BenchSettings:
-    preset: str = "qwen2.5-1.5b-synthetic"
-    """The loop's config preset both strategies start from (`workloads.train.config.PRESETS`)."""
-    steps: int = 30
-    """Optimizer steps per run."""
-    warmup: int = 5
-    """Steps left out of the step-time statistics (compilation, allocator and NCCL warm-up)."""
-    seq_len: int = 2048
-    micro_batches: tuple[int, ...] = (16, 8)
-    """Micro-batches to run, in this order; each strategy runs at each of them."""
-    strategies: tuple[str, ...] = (REFERENCE, TUNED)
-    matmul_size: int = 8192
-    """n of the n^3 bf16 matmul whose rate is the second MFU denominator; 0 skips it."""
-    seed: int = 0
-    out: Optional[Path] = None
-    """Folder for bench.json (rewritten after every run) and table.txt; rank 0 writes."""
-    profile_steps: Optional[tuple[int, int]] = None
-    """(first, last) optimizer steps of every run to record with torch.profiler; rank 0 writes
-    profile-<strategy>-mb<N>.txt. Profiled steps run slower: keep them out of the timed steps'
-    majority (the median is robust to a few)."""
-    allow_cpu: bool = False
-    """Run without CUDA (gloo on the CPU) to check the harness; only with the tiny model."""
-    data: tuple[str, ...] = ("synthetic",)
-    """"synthetic" (every strategy) and/or "chats" (the loop on generated chats)."""
-    overrides: tuple[str, ...] = ()
-    """`--set key=value` overrides of the preset, for every run (e.g. model.attn_implementation=sdpa)."""
-    memory_cap_gib: Optional[float] = None
-    """Cap each process's CUDA memory at this many GiB (torch.cuda.set_per_process_memory_fraction),
-    to check that a preset fits a smaller GPU."""
-
-    def __post_init__(self) -> None:
-        if self.warmup < 1 or self.steps <= self.warmup:
-            raise ValueError(
-                f"--steps {self.steps} --warmup {self.warmup}: need warmup >= 1 (the first step has no "
-                "start mark) and steps > warmup so that some steps are timed"
-            )
-        if not self.micro_batches or min(self.micro_batches) < 1:
-            raise ValueError(f"--micro-batches {self.micro_batches}: give positive integers, e.g. 16,8")
-        bad_data = [d for d in self.data if d not in DATA_KINDS]
-        if bad_data or not self.data:
-            raise ValueError(f"--data {','.join(bad_data) or '(empty)'}: choose from {', '.join(DATA_KINDS)}")
-        if self.memory_cap_gib is not None and self.memory_cap_gib <= 0:
-            raise ValueError(f"--memory-cap-gib {self.memory_cap_gib}: give a positive number of GiB")
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown or not self.strategies:
-            raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from {', '.join(STRATEGIES)}")
-        if self.seq_len < 1 or self.matmul_size < 0:
-            raise ValueError(
-                f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}"
-            )
-        if self.profile_steps is not None and not 1 <= self.profile_steps[0] <= self.profile_steps[1] <= self.steps:
-            first, last = self.profile_steps
-            raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last <= --steps {self.steps}")
-        for data in self.data:  # the overrides must make a valid config with each kind of data
-            preset_config(self, data=None if data == "synthetic" else chat_data(*PLACEHOLDER_CHATS))
-
-
-def chat_data(jsonl: Path, tokenizer: Path) -> DataConfig:
-    return DataConfig(kind="jsonl", path=str(jsonl), tokenizer=str(tokenizer), eval_fraction=0.0)
-
-
-def preset_config(settings: BenchSettings, *, data: Optional[DataConfig] = None) -> TrainConfig:
-    """The preset, on `data` when given (without evaluations), then the `--set` overrides."""
-    base = preset(settings.preset)
-    if data is not None:
-        base = dataclasses.replace(base, data=data, eval_every=0)
-    return with_overrides(base, list(settings.overrides))
+assert tuple(STRATEGIES) == STRATEGY_NAMES  # the names settings.py accepts
 
 
 def job_config(settings: BenchSettings, *, micro_batch: int, chats: Optional[tuple[Path, Path]] = None) -> TrainConfig:
@@ -415,63 +342,6 @@ def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: B
     else:
         say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
     return run
-
-
-def parse_args(argv: Sequence[str]) -> BenchSettings:
-    defaults = BenchSettings()
-    parser = argparse.ArgumentParser(
-        prog="python -m workloads.bench",
-        description="Reference strategy vs the project's loop, side by side (run under torchrun). "
-        "`python -m workloads.bench nccl --help` for the bandwidth benchmark.",
-    )
-    parser.add_argument("--preset", default=defaults.preset, help=f"loop config preset (default {defaults.preset})")
-    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"steps per run (default {defaults.steps})")
-    parser.add_argument("--warmup", type=int, default=defaults.warmup,
-                        help=f"untimed first steps (default {defaults.warmup})")
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help=f"default {defaults.seq_len}")
-    parser.add_argument("--micro-batches", default=",".join(map(str, defaults.micro_batches)), help="e.g. 16,8")
-    parser.add_argument("--strategies", default=",".join(defaults.strategies), help="e.g. reference,tuned")
-    parser.add_argument("--matmul-size", type=int, default=defaults.matmul_size, help="0 skips the matmul rate")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
-    parser.add_argument("--profile-steps", default=None, metavar="FIRST:LAST",
-                        help="record these optimizer steps of every run with torch.profiler (e.g. 10:12)")
-    parser.add_argument("--data", default=",".join(defaults.data),
-                        help="synthetic and/or chats (the loop on generated chats), e.g. synthetic,chats")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a preset field for every run (repeatable), e.g. model.attn_implementation=sdpa")
-    parser.add_argument("--memory-cap-gib", type=float, default=None,
-                        help="cap each process's CUDA memory, e.g. 22 for a 24 GB GPU")
-    parser.add_argument("--allow-cpu", action="store_true",
-                        help="run without CUDA (gloo on the CPU) to check the harness, "
-                             "with --preset demo-cpu")
-    args = parser.parse_args(argv)
-    profile_steps = None
-    if args.profile_steps:
-        first, sep, last = args.profile_steps.partition(":")
-        if not (sep and first.isdigit() and last.isdigit()):
-            raise ValueError(f"--profile-steps {args.profile_steps!r}: use FIRST:LAST, e.g. 10:12")
-        profile_steps = (int(first), int(last))
-    try:
-        micro_batches = tuple(int(v) for v in args.micro_batches.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"--micro-batches {args.micro_batches!r}: give comma-separated integers, e.g. 16,8") from None
-    return BenchSettings(
-        preset=args.preset,
-        steps=args.steps,
-        warmup=args.warmup,
-        seq_len=args.seq_len,
-        micro_batches=micro_batches,
-        strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
-        matmul_size=args.matmul_size,
-        seed=args.seed,
-        out=args.out,
-        profile_steps=profile_steps,
-        allow_cpu=args.allow_cpu,
-        data=tuple(d.strip() for d in args.data.split(",") if d.strip()),
-        overrides=tuple(args.overrides),
-        memory_cap_gib=args.memory_cap_gib,
-    )
 
 
 def run(settings: BenchSettings) -> int:
