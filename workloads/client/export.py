@@ -69,9 +69,10 @@ def run_uri(args: argparse.Namespace) -> str:
 
 
 def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
+    uri = run_uri(args)  # a mistake in naming the run is told before torch's seconds of start-up
     from workloads.model_io.export import export_run, greedy_generate
 
-    result = export_run(run_uri(args), out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
+    result = export_run(uri, out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
                         from_shards=args.from_shards, overwrite=args.overwrite,
                         keep_local=scratch / "model" if args.generate else None)
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")

@@ -17,9 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 from workloads.train.config import PRESETS, TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
 from workloads.transport.gate import TransportGateError, nccl_log_env
@@ -73,6 +70,8 @@ def jsonl_reporter(path: Path):
 
 
 def torchrun_context(*, out: Path, resume: bool) -> TrainContext:
+    import torch.distributed as dist
+
     rank = dist.get_rank()
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
     return TrainContext(
@@ -89,6 +88,9 @@ def torchrun_context(*, out: Path, resume: bool) -> TrainContext:
 
 def init_process_group() -> None:
     """NCCL on GPUs, gloo on CPU; a lone process (no torchrun environment) becomes a group of one."""
+    import torch
+    import torch.distributed as dist
+
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -107,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # torch (seconds of start-up) only once the arguments and the config are known to be good.
+    import torch
+    import torch.distributed as dist
+
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if torch.cuda.is_available():
