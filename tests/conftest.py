@@ -27,7 +27,7 @@ RAY_TEST_ENV = {
 SHARED_DIR = Path(os.environ.get("SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
 RAY_FAULT_MODULES = frozenset({
-    "test_cluster_faults", "test_idle_rehearsal", "test_preflight_cluster", "test_spot_rehearsal",
+    "test_cluster_faults", "test_idle_rehearsal", "test_preflight_cluster",
 })
 """The modules that start local Ray clusters and bring faults on the clock (a node lost for a
 bounded wait, a drain, an idle timeout). `make test` runs two pytest-xdist workers: these modules
