@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional
 
-from ray.exceptions import AuthenticationError
 from rich.console import Console
 
 from workloads.client import tracking
@@ -306,11 +305,17 @@ def main(command: str, argv: list[str]) -> int:
     except UnreachableError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except AuthenticationError as exc:
-        print(f"{command}: error: the cluster refused the Ray token: {first_line(str(exc))}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except RuntimeError as exc:  # the Jobs API refused a request (unknown job id, ...)
-        print(f"{command}: error: {first_line(str(exc))}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        # Ray's class is imported only here: importing ray takes about a second of CPU, which a
+        # command refused for its arguments (or its --help) need not spend.
+        from ray.exceptions import AuthenticationError
+
+        if isinstance(exc, AuthenticationError):
+            print(f"{command}: error: the cluster refused the Ray token: {first_line(str(exc))}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        if isinstance(exc, RuntimeError):  # the Jobs API refused a request (unknown job id, ...)
+            print(f"{command}: error: {first_line(str(exc))}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
