@@ -248,26 +248,23 @@ def test_a_server_that_goes_away_mid_run_neither_stops_nor_holds_up_training(tmp
                 "server_pid": away.proc.pid, "server_root": str(away.root), "server_port": away.port,
                 "restarted_pid_file": str(restarted_pid), "killed_at_file": str(tmp_path / "killed_at")}
         records = spawn(tmp_path / "runs", plan)
-    finally:
-        away.kill()
-        if restarted_pid.exists():
-            kill_group(int(restarted_pid.read_text()))
-    first = records["away"][0]
-    lines = first["stdout"].splitlines()
-    assert first["summary"]["steps_done"] == 12
-    warned = [i for i, line in enumerate(lines) if "did not answer" in line]
-    back = [i for i, line in enumerate(lines) if "answers again" in line]
-    summary_at = next(i for i, line in enumerate(lines) if line.startswith(SUMMARY_PREFIX))
-    # One warning; the last nine steps and the summary came before the server was back.
-    assert len(warned) == 1 and len(back) == 1 and warned[0] < summary_at < back[0], first["stdout"]
-    steps_after_kill = [r["at"] for r in first["reports"] if r["metrics"]["step"] > 3]
-    assert len(steps_after_kill) == 9
+        first = records["away"][0]
+        lines = first["stdout"].splitlines()
+        assert first["summary"]["steps_done"] == 12
+        warned = [i for i, line in enumerate(lines) if "did not answer" in line]
+        back = [i for i, line in enumerate(lines) if "answers again" in line]
+        summary_at = next(i for i, line in enumerate(lines) if line.startswith(SUMMARY_PREFIX))
+        # One warning; the last nine steps and the summary came before the server was back.
+        assert len(warned) == 1 and len(back) == 1 and warned[0] < summary_at < back[0], first["stdout"]
+        steps_after_kill = [r["at"] for r in first["reports"] if r["metrics"]["step"] > 3]
+        assert len(steps_after_kill) == 9
 
-    again = MlflowServer(root=tmp_path / "mlflow", port=free_port())
-    again.start()  # the same store, read back after the run
-    try:
+        # The store, read back through the server rank 0 started again on it (the tracker's flush
+        # after the summary went there).
+        restarted = MlflowServer(root=away.root, port=away.port)
+        restarted.wait_up()
         (opened,) = tracking_lines(first["stdout"])
-        mlflow = client(again.uri)
+        mlflow = client(restarted.uri)
         got = mlflow.get_run(opened["run_id"])
         assert got.info.status == "FINISHED"
         losses = {r["metrics"]["step"]: r["metrics"]["loss"] for r in first["reports"]}
@@ -275,8 +272,9 @@ def test_a_server_that_goes_away_mid_run_neither_stops_nor_holds_up_training(tmp
             (s, pytest.approx(losses[s])) for s in range(1, 13)]
         assert len(mlflow.search_runs([got.info.experiment_id])) == 1
     finally:
-        again.kill()
-
+        away.kill()
+        if restarted_pid.exists():
+            kill_group(int(restarted_pid.read_text()))
 
 
 def test_the_driver_tags_the_run_with_its_final_checkpoint_and_exported_model(server, tmp_path):
