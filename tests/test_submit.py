@@ -364,8 +364,6 @@ def test_an_address_that_is_no_jobs_api_url_is_refused(given):
 
 
 def test_an_address_that_does_not_answer_fails_within_the_connect_timeout():
-    import time
-
     began = time.monotonic()
     # TEST-NET-1 (RFC 5737): never routed, so the connection times out or is refused at once.
     with pytest.raises(cluster.UnreachableError, match=r"no Ray Jobs API at http://192\.0\.2\.1:8265"):
@@ -577,19 +575,15 @@ def test_refused_arguments_and_help_do_not_import_ray(repo_root):
     assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2,", "0]", "False"], done.stdout + done.stderr
 
 
-def test_export_help_answers_at_once_without_torch(repo_root):
+def test_export_help_answers_without_importing_torch(repo_root):
     """`export --help` imported torch and transformers (11 s on a cold machine)."""
-    def timed(*argv: str) -> tuple[float, subprocess.CompletedProcess]:
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, *argv], cwd=repo_root, capture_output=True, text=True, timeout=120)
-        return time.perf_counter() - start, done
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *argv], cwd=repo_root, capture_output=True, text=True, timeout=120)
 
-    bare, _ = timed("-c", "pass")
-    took, done = timed("-m", "workloads", "export", "--help")
+    done = run("-m", "workloads", "export", "--help")
     assert done.returncode == 0 and "--out FOLDER" in done.stdout
     assert "DEST" not in done.stdout  # every name in the help is a flag or its value
-    assert took < bare + 1.5, f"export --help took {took:.1f} s"
-    _, imported = timed("-c", "import sys, workloads.client.export; print('torch' in sys.modules)")
+    imported = run("-c", "import sys, workloads.client.export; print('torch' in sys.modules)")
     assert imported.stdout.strip() == "False"
 
 
