@@ -22,6 +22,9 @@ RAY_TEST_ENV = {
     # The head's dashboard starts nine modules, a Python process each, and fails when one is not up
     # within 30 s: on two cores that also run other tests, a (re)started head has missed that.
     "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "120",
+    # And `ray start` fails the head when the dashboard has not said where it listens within 60 s:
+    # a demo's head started while another cluster started on the other worker missed that.
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "120",
 }
 """Ray settings of every Ray process the tests start (inherited from this process's environment)."""
 SHARED_DIR = Path(os.environ.get("SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
