@@ -87,9 +87,9 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            stem = Path(module).stem
-            return "ray-faults" if stem in RAY_FAULT_MODULES else nodeid if stem == "test_local_demo" else module
+            stem = _module_of(nodeid)
+            return ("ray-faults" if stem in RAY_FAULT_MODULES else nodeid if stem == "test_local_demo"
+                    else nodeid.split("::", 1)[0])
 
         def _reschedule(self, node) -> None:
             # xdist hands a worker its next unit while it still has two tests to run. At the end of
@@ -97,13 +97,14 @@ def pytest_xdist_make_scheduler(config, log):
             # from the end of the fault modules, then found none left: a Ray job unit goes only to
             # a worker down to its last test (which a worker holds until it gets more or is told to
             # stop, so it has nothing else to do).
-            if (self.workqueue and not node.shutting_down and _is_ray_job_unit(next(iter(self.workqueue)))
+            if (self.workqueue and not node.shutting_down and _module_of(next(iter(self.workqueue))) in RAY_JOB_MODULES
                     and self._pending_of(self.assigned_work[node]) > 1):
                 return
             super()._reschedule(node)
 
-    def _is_ray_job_unit(scope: str) -> bool:
-        return Path(scope.split("::", 1)[0]).stem in RAY_JOB_MODULES
+    def _module_of(nodeid_or_scope: str) -> str:
+        """The test module's name (its file's stem) in a node id or scope."""
+        return Path(nodeid_or_scope.split("::", 1)[0]).stem
 
     return ModuleScheduling(config, log)
 
