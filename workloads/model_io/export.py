@@ -75,9 +75,11 @@ class SafetensorsWriter:
     """Writes tensors into `model.safetensors`, or several `model-0000i-of-0000n.safetensors` plus
     `model.safetensors.index.json` once they exceed `max_shard_bytes`, as save_pretrained does."""
 
-    def __init__(self, folder: Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    def __init__(self, folder: Path, *, max_shard_bytes: int = MAX_SHARD_BYTES,
+                 file_name: str = "model.safetensors") -> None:
         self.folder = folder
         self.max_shard_bytes = max_shard_bytes
+        self.file_name = file_name
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
         self._written: list[tuple[Path, list[str]]] = []
@@ -103,7 +105,7 @@ class SafetensorsWriter:
             self._flush()
         count = len(self._written)
         if count == 1:
-            final = self.folder / "model.safetensors"
+            final = self.folder / self.file_name
             self._written[0][0].rename(final)
             return [final]
         weight_map, paths = {}, []
@@ -160,24 +162,40 @@ def generation_config_for(config, *, source: Optional[Path], extra_eos: list[int
     return generation
 
 
-def write_weights_from_shards(lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
-    """Gather each distinct parameter (and persistent buffer) of the sharded `lm` in turn and, on the
-    writing rank, add it to the folder's safetensors files in `dtype`. Every rank must call this
-    (each gather is a collective). Returns the bytes written (0 on other ranks)."""
-    writer = SafetensorsWriter(folder) if writer_rank else None
-    state = dict(lm.named_parameters())
-    state.update(lm.named_buffers())
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a (possibly sharded) parameter: a collective for a DTensor."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by name."""
+    state = dict(module.named_parameters())
+    state.update(module.named_buffers())
+    return state
+
+
+def write_tensors(tensors: Iterator[tuple[str, torch.Tensor]], writer: Optional[SafetensorsWriter], *,
+                  dtype: torch.dtype) -> int:
+    """Every rank runs through `tensors` (their gathers are collectives); the writing rank, the one
+    with a `writer`, adds each in `dtype`. Returns the bytes written (0 on other ranks)."""
     with torch.no_grad():
-        for name in tensor_aliases(lm):
-            tensor = state[name]
-            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        for name, full in tensors:
             if writer is not None:
-                writer.add(file_name(name), full.detach().to(device="cpu", dtype=dtype))
+                writer.add(name, full.detach().to(device="cpu", dtype=dtype))
             del full
     if writer is None:
         return 0
     writer.close()
     return writer.total_bytes
+
+
+def write_weights_from_shards(lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
+    """Gather each distinct parameter (and persistent buffer) of the sharded `lm` in turn and, on the
+    writing rank, add it to the folder's safetensors files in `dtype`. Every rank must call this
+    (each gather is a collective). Returns the bytes written (0 on other ranks)."""
+    state = named_tensors(lm)
+    return write_tensors(((file_name(n), gathered(state[n])) for n in tensor_aliases(lm)),
+                         SafetensorsWriter(folder) if writer_rank else None, dtype=dtype)
 
 
 # --- consolidating a saved checkpoint -----------------------------------------------------------

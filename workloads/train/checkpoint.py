@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,9 @@ class Progress:
     """Ranks that saved the checkpoint; 0: not recorded."""
     tracking_run_id: str = ""
     """The experiment tracker's run id (workloads/train/tracking.py); empty: none known."""
+    method: str = ""
+    """The fine-tuning method that saved it ("full", "lora"; workloads/train/method.py): what the
+    checkpoint holds. Empty: not recorded (a full fine-tune's, from before it was)."""
 
 
 PROGRESS_FILE = "progress.json"
@@ -42,8 +45,10 @@ def checkpoint_dir(scratch_dir: Path, *, step: int) -> Path:
     return scratch_dir / f"checkpoint-{step:07d}"
 
 
-def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, progress: Progress) -> Path:
-    model_state, optim_state = get_state_dict(model, optimizer)
+def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, progress: Progress,
+         options: StateDictOptions | None = None) -> Path:
+    """`options`: what of the model is saved (the method's: LoRA leaves the frozen weights out)."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {
         "model": model_state,
         "optim": optim_state,
@@ -67,16 +72,26 @@ def read_progress(folder: Path) -> dict:
     return saved if isinstance(saved, dict) else {}
 
 
-def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> Progress:
-    """Load in place into the (already sharded) model and optimizer; return the saved progress."""
+def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, method: str = "full",
+         options: StateDictOptions | None = None) -> Progress:
+    """Load in place into the (already sharded) model and optimizer; return the saved progress.
+    ValueError when the checkpoint was saved by another fine-tuning method than `method`."""
     if not (folder / ".metadata").is_file():
         raise ValueError(f"{folder} is not a torch.distributed.checkpoint folder (no .metadata)")
-    model_state, optim_state = get_state_dict(model, optimizer)
+    saved = read_progress(folder)
+    saved_method = str(saved.get("method") or "full")
+    if saved_method != method:
+        raise ValueError(
+            f"{folder} was saved by a {saved_method!r} fine-tune and this run is {method!r}: it holds other "
+            f"weights than this run trains. Resume with method={saved_method}, or start a new run (another "
+            "--run-name)")
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state, "progress": {"step": 0, "data_position": 0}}
     dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    saved = read_progress(folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)
     return Progress(
         step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"]),
         world_size=int(saved.get("world_size") or 0), tracking_run_id=str(saved.get("tracking_run_id") or ""),
+        method=saved_method,
     )
