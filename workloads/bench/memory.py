@@ -44,20 +44,22 @@ check keeps this share of the predicted peak free as well."""
 # Bytes each decoder layer keeps per token for backward, per unit of the hidden size H, the
 # intermediate size I and the key/value width KV (kv heads x head dim), by compute dtype.
 # Eager: the tensors autograd saves in a Qwen2 decoder layer, counted with saved-tensor hooks
-# (tests/test_memory_model.py checks them): in bf16, RMSNorm's fp32 upcast and rsqrt, its bf16
-# output and the projections' input (twice), q, the attention output, and the MLP's gate, SiLU,
-# up and product; in fp32 the upcast is the input itself. Compiled (torch.compile per layer, what
+# (tests/test_memory_model.py checks them): in bf16, RMSNorm's fp32 upcast, its bf16 output and
+# the projections' input (twice), q, the attention output, and the MLP's gate, SiLU, up and
+# product; in fp32 the upcast is the layer's input itself, which is then kept. Compiled (torch.compile per layer, what
 # the GPU presets run): the partitioner recomputes the norms' and SiLU's pointwise work but keeps
 # more of the layer's inputs in their attention (varlen) layout; calibrated on one measured peak
 # (Qwen2.5-1.5B, micro-batch 16, one H200: docs/PERFORMANCE.md, "Memory") and checked on others.
 SAVED_BYTES = {
     ("eager", BF16): {"H": 20.0, "I": 8.0, "KV": 4.0},
-    ("eager", FP32): {"H": 28.0, "I": 16.0, "KV": 8.0},
+    ("eager", FP32): {"H": 32.0, "I": 16.0, "KV": 8.0},
     ("compiled", BF16): {"H": 16.0, "I": 6.0, "KV": 4.0},
-    ("compiled", FP32): {"H": 28.0, "I": 16.0, "KV": 8.0},
+    ("compiled", FP32): {"H": 32.0, "I": 16.0, "KV": 8.0},
 }
 ATTENTION_LSE_BYTES_PER_HEAD = 4
 """The attention kernels' fp32 log-sum-exp per head and token, kept for their backward."""
+NORM_RSQRT_BYTES = 8
+"""The two RMSNorms' fp32 reciprocal square roots per token."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +229,8 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings) -> f
     """Bytes one decoder layer keeps per token for backward (its whole inventory)."""
     coefficients = SAVED_BYTES[("compiled" if s.compile else "eager", s.compute_bytes)]
     units = {"H": arch.hidden_size, "I": arch.intermediate_size, "KV": arch.kv_width}
-    saved = sum(coefficients[k] * units[k] for k in units) + ATTENTION_LSE_BYTES_PER_HEAD * arch.heads
+    saved = (sum(coefficients[k] * units[k] for k in units) + ATTENTION_LSE_BYTES_PER_HEAD * arch.heads
+             + NORM_RSQRT_BYTES)
     if s.method == "lora":
         targets = set(s.lora_targets) or set(arch.linears())
         # A(x) per adapter (rank values); with dropout, also the dropped-out copy of x.

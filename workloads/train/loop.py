@@ -144,7 +144,7 @@ def resume(
     if folder is None:
         return checkpoint.Progress(step=0, data_position=0)
     return checkpoint.load(folder, model=model, optimizer=optimizer, method=method.name,
-                           options=method.state_dict_options())
+                           frozen=method.saves_frozen)
 
 
 def load_weights(
@@ -224,8 +224,7 @@ def save_checkpoint(
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
                                    tracking_run_id=tracking_run_id, method=method.name)
-    checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress,
-                    options=method.state_dict_options())
+    checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress, frozen=method.saves_frozen)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
     if export_weights:

@@ -12,8 +12,8 @@ fp32, what the optimizer holds, what a checkpoint stores and what the export wri
   folder), plus the adapter in peft's own format in its `adapter/` subfolder.
 
 The loop calls, in order: `adapt` (before sharding), `fill_adapters` (after the base's weights were
-loaded into the shards, for a model built on the meta device), `state_dict_options` (checkpoints)
-and `write_export` (the final checkpoint's model).
+loaded into the shards, for a model built on the meta device), `saves_frozen` (checkpoints) and
+`write_export` (the final checkpoint's model).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Iterator, Optional, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from workloads.model_io.export import (
     SafetensorsWriter,
@@ -58,8 +57,8 @@ class FineTuneMethod(Protocol):
     def fill_adapters(self, lm: nn.Module) -> None:
         """After the pretrained weights were loaded into the shards: fill what the files lack."""
 
-    def state_dict_options(self) -> StateDictOptions:
-        """What a checkpoint saves and loads (torch.distributed.checkpoint.state_dict)."""
+    saves_frozen: bool
+    """Whether a checkpoint holds the frozen parameters too (else the trained ones only)."""
 
     def weight_file_name(self, name: str) -> Optional[str]:
         """The name a parameter has in a Hugging Face weight file, or None when it has none."""
@@ -74,15 +73,13 @@ class FineTuneMethod(Protocol):
 @dataclass(frozen=True)
 class FullFineTune:
     name: str = "full"
+    saves_frozen: bool = True
 
     def adapt(self, lm: nn.Module, *, mixed_precision: bool, seed: int) -> None:
         return None
 
     def fill_adapters(self, lm: nn.Module) -> None:
         return None
-
-    def state_dict_options(self) -> StateDictOptions:
-        return StateDictOptions()
 
     def weight_file_name(self, name: str) -> Optional[str]:
         return file_name(name)
@@ -122,6 +119,9 @@ class LoraFineTune:
     """The base's name or path and revision, recorded in the adapter's config."""
     base_revision: str = ""
     name: str = "lora"
+    saves_frozen: bool = False
+    """The frozen base comes from its source on every start (and with the same seed, for a named
+    architecture's random weights)."""
     initial: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
     """Adapter values made by `adapt` for a model on the meta device, to fill its shards with."""
 
@@ -163,10 +163,6 @@ class LoraFineTune:
     def fill_adapters(self, lm: nn.Module) -> None:
         if self.initial:
             fill_from_tensors(lm, self.initial)
-
-    def state_dict_options(self) -> StateDictOptions:
-        # Frozen weights are left out on save and not expected on load: they come from the base.
-        return StateDictOptions(ignore_frozen_params=True, strict=False)
 
     def weight_file_name(self, name: str) -> Optional[str]:
         if ".lora_" in name:
