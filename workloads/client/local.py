@@ -336,13 +336,22 @@ def _arg_parser() -> argparse.ArgumentParser:
 def local_train_config(args: argparse.Namespace, run_dir: Path) -> tuple[dict, demo.DemoInputs]:
     """The run's config, with every local input it names checked (seconds, before any cluster
     starts), and what the demo will make for it. ValueError for a mistake."""
-    from workloads.train.config import preset, with_overrides
+    from workloads.train.config import TrainConfig, preset, with_overrides
 
     inputs = demo.plan_demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
     base = preset(args.preset)
     cfg = with_overrides(base, [*inputs.overrides, *user_overrides(base.to_dict(), args.set), "transport.expect=any"])
     train = resolved_for_local_run(cfg.to_dict(), cwd=Path.cwd(), made=inputs.fields)
     check_inputs(train, local=local_inputs(train, cwd=Path.cwd(), made=inputs.fields), hub=True)
+    # Every rank runs on this machine: refused here when their memory together would not fit. The
+    # toy model the demo is about to make has tiny-qwen2's shape.
+    from workloads.client.fit import Target, check_fits, host_available_gib
+    from workloads.model_io.architectures import named_architecture
+
+    check_fits(TrainConfig.from_dict(train), Target.host(ranks=args.nodes * args.cpus_per_node,
+                                                         available_gib=host_available_gib()),
+               what=f"{args.preset} (as set)", cwd=Path.cwd(),
+               config=named_architecture("tiny-qwen2") if inputs.model is not None else None)
     return train, inputs
 
 
