@@ -274,3 +274,29 @@ def test_the_export_is_the_merged_model_and_the_adapter_in_peft_format(runs):
     with torch.no_grad():
         want, got = adapted(input_ids=ids).logits, merged(input_ids=ids).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_any_lora_checkpoint_exports_its_adapter_and_merges_into_its_base(runs, tmp_path):
+    from safetensors.torch import load_file
+
+    from workloads.model_io.export import consolidate
+    from workloads.train.model import build_causal_lm
+
+    root, _ = runs
+    final = root / "lora-a" / "checkpoint-0000006"
+    # The run's base is random weights: no stored base to merge into, said so, the adapter written.
+    with pytest.raises(ValueError, match="the adapter is written to .*has none stored.*--base"):
+        consolidate(root / "lora-a" / "checkpoint-0000003", tmp_path / "early")
+    assert (tmp_path / "early" / "adapter" / "adapter_model.safetensors").is_file()
+    # Given the base's weights, the shards of the final checkpoint merge into the run's own export.
+    base = tmp_path / "base"
+    build_causal_lm(ModelConfig(name_or_path="tiny-qwen2"), device=torch.device("cpu"), seed=0).save_pretrained(base)
+    consolidate(final, tmp_path / "merged", base=str(base))
+    own, again = (load_file(p / "model.safetensors") for p in (final / "model", tmp_path / "merged"))
+    assert own.keys() == again.keys()
+    for name in own:
+        torch.testing.assert_close(again[name], own[name], rtol=1e-6, atol=1e-7)
+    adapters = [load_file(p / "adapter" / "adapter_model.safetensors") for p in (final / "model", tmp_path / "merged")]
+    assert adapters[0].keys() == adapters[1].keys() and all(torch.equal(adapters[0][k], adapters[1][k])
+                                                            for k in adapters[0])

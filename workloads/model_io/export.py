@@ -235,9 +235,13 @@ def _groups(names: list[str], sizes: dict[str, int], limit: int) -> Iterator[lis
         yield group
 
 
-def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> torch.dtype:
+def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[str] = None) -> torch.dtype:
     """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
-    shards and its `model/` metadata), reading one output file's worth of tensors at a time."""
+    shards and its `model/` metadata), reading one output file's worth of tensors at a time. A LoRA
+    checkpoint's adapters are merged into its base (`base`: another than the one it recorded;
+    workloads/model_io/lora_export.py)."""
+    from workloads.model_io import lora_export
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -251,6 +255,8 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> t
             f"{checkpoint} has no {MODEL_DIR}/config.json (saved before checkpoints carried one): it cannot "
             "be exported without knowing the model's architecture"
         )
+    if lora_export.is_lora_checkpoint(checkpoint):
+        return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base)
     config = AutoConfig.from_pretrained(meta_dir)
     dtype = resolve_dtype(dtype_choice, config)
     model = _meta_model(config)
@@ -313,13 +319,15 @@ class Exported:
 
 
 def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str] = None, dtype: str = "auto",
-               from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None) -> Exported:
+               from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None,
+               base: Optional[str] = None) -> Exported:
     """Export a checkpoint of the run at `run` (a local folder or an s3:// prefix; a run folder, a
     folder of runs' storage, or one checkpoint folder) as a Hugging Face folder at `out` (default:
     `model/` next to the checkpoints). The newest checkpoint unless `checkpoint` names one.
 
     When the checkpoint already holds the run's own export and no other dtype is asked for, the
-    folder is copied; otherwise it is consolidated from the shards. `keep_local`: for a remote `out`,
+    folder is copied; otherwise it is consolidated from the shards (a LoRA run's adapters merged into
+    its base, or into `base`). `keep_local`: for a remote `out`,
     also keep the written folder there (to load it afterwards)."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype!r}: use one of {', '.join(EXPORT_DTYPES)}")
@@ -368,7 +376,7 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
             else:
                 local = Path(ckpt.path)
             target = Path(tmp) / MODEL_DIR if dest.remote else Path(dest.path)
-            written = str(consolidate(local, target, dtype_choice=dtype)).removeprefix("torch.")
+            written = str(consolidate(local, target, dtype_choice=dtype, base=base)).removeprefix("torch.")
             if dest.remote:
                 dest.upload_from(target)
                 if keep_local is not None:

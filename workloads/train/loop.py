@@ -227,6 +227,7 @@ def save_checkpoint(
     checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress, frozen=method.saves_frozen)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
+        method.write_metadata(folder / MODEL_DIR)
     if export_weights:
         method.write_export(model.lm, folder / MODEL_DIR, dtype=metadata.dtype, writer_rank=ctx.rank == 0)
     return folder

@@ -19,7 +19,6 @@ loaded into the shards, for a model built on the meta device), `saves_frozen` (c
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Protocol
@@ -35,13 +34,11 @@ from workloads.model_io.export import (
     write_weights_from_shards,
 )
 from workloads.model_io.load import file_name, fill_from_tensors, tensor_aliases
+# ADAPTER_DIR: the peft adapter folder inside an exported LoRA model folder (`PeftModel.from_pretrained(
+# base, model/adapter)`); a subfolder, so that `from_pretrained(model)` loads the merged weights alone.
+from workloads.model_io.lora_export import ADAPTER_DIR, ADAPTER_WEIGHTS
 from workloads.train.config import LoraSettings, TrainConfig
 
-ADAPTER_DIR = "adapter"
-"""The peft adapter folder inside an exported LoRA model folder (`PeftModel.from_pretrained(base,
-model/adapter)`); a subfolder, so that `from_pretrained(model)` loads the merged weights alone."""
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-"""peft's weight file name."""
 ADAPTER_NAME = "default"
 """peft's name for the one adapter (it appears in parameter names: `lora_A.default.weight`)."""
 BASE_LAYER = ".base_layer"
@@ -63,6 +60,10 @@ class FineTuneMethod(Protocol):
     def weight_file_name(self, name: str) -> Optional[str]:
         """The name a parameter has in a Hugging Face weight file, or None when it has none."""
 
+    def write_metadata(self, folder: Path) -> None:
+        """What every checkpoint's `model/` folder holds of the method (rank 0; LoRA: its adapter
+        config, so that any checkpoint can be exported)."""
+
     def write_export(self, lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
         """Gather the sharded model and write its Hugging Face weights into `folder` (a collective)."""
 
@@ -83,6 +84,9 @@ class FullFineTune:
 
     def weight_file_name(self, name: str) -> Optional[str]:
         return file_name(name)
+
+    def write_metadata(self, folder: Path) -> None:
+        return None
 
     def write_export(self, lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
         return write_weights_from_shards(lm, folder, dtype=dtype, writer_rank=writer_rank)
@@ -124,6 +128,8 @@ class LoraFineTune:
     architecture's random weights)."""
     initial: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
     """Adapter values made by `adapt` for a model on the meta device, to fill its shards with."""
+    targets: list[str] = dataclasses.field(default_factory=list)
+    """The adapted module names, resolved against the model by `adapt`."""
 
     def peft_config(self, target_modules: list[str]):
         from peft import LoraConfig
@@ -139,9 +145,9 @@ class LoraFineTune:
         are kept to refill the shards after loading (`fill_adapters`)."""
         from peft import inject_adapter_in_model
 
-        config = self.peft_config(resolve_target_modules(lm, self.settings.target_modules))
+        self.targets = resolve_target_modules(lm, self.settings.target_modules)
         torch.manual_seed(seed)
-        inject_adapter_in_model(config, lm, adapter_name=ADAPTER_NAME)
+        inject_adapter_in_model(self.peft_config(self.targets), lm, adapter_name=ADAPTER_NAME)
         self.initial.clear()
         for module_name, module in lm.named_modules():
             if not hasattr(module, "reset_lora_parameters"):
@@ -168,6 +174,9 @@ class LoraFineTune:
         if ".lora_" in name:
             return None
         return file_name(name).replace(BASE_LAYER + ".", ".")
+
+    def write_metadata(self, folder: Path) -> None:
+        self.peft_config(self.targets).save_pretrained(str(folder / ADAPTER_DIR))
 
     def _merged(self, lm: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """The base's tensors under their Hugging Face names, each adapted weight W replaced by
@@ -203,9 +212,7 @@ class LoraFineTune:
                           if writer_rank else None)
         written += write_tensors(self.adapter_tensors(lm), adapter_writer, dtype=torch.float32)
         if writer_rank:
-            targets = sorted({n.rpartition(".lora_")[0].rpartition(".")[2]
-                              for n in tensor_aliases(lm) if ".lora_" in n})
-            self.peft_config(targets).save_pretrained(str(adapter_dir))
+            self.write_metadata(folder)
         return written
 
     def describe(self) -> dict:
@@ -220,9 +227,3 @@ def method_for(cfg: TrainConfig) -> FineTuneMethod:
 
 def trainable_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
-def read_adapter_config(folder: Path) -> Optional[dict]:
-    """An exported model folder's adapter config (peft's adapter_config.json), or None."""
-    path = folder / ADAPTER_DIR / "adapter_config.json"
-    return json.loads(path.read_text()) if path.is_file() else None
