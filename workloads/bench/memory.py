@@ -17,11 +17,13 @@ Pure functions over an `Architecture` (a decoder-only transformer's shape) and `
   is recomputed;
 - the loss: the fused/chunked linear cross-entropy's gradient buffers and one chunk of logits, or
   the whole logits for the plain one;
-- transients of backward: one layer's unsharded gradients and the fp32 reduce-scatter buffer.
+- transients of backward: one layer's unsharded gradients and the fp32 reduce-scatter buffer, and
+  the gradients of its MLP's activations.
 
-The peak is the larger of the end of forward (activations whole, loss buffers made) and the optimizer
-step. Measured peaks on the H200 check it (docs/PERFORMANCE.md, "Memory"); CPU tests check the
-sharded terms against each rank's local shards (tests/test_memory_model.py).
+The peak is the larger of the start of backward (activations whole, the loss's buffers made, the last
+layer's gradients being formed) and the optimizer step. Measured peaks on the H200 check it
+(docs/PERFORMANCE.md, "Memory"); CPU tests check the sharded terms against each rank's local shards
+and the eager inventory against autograd's saved tensors (tests/test_memory_model.py).
 """
 
 from __future__ import annotations
@@ -271,12 +273,20 @@ def loss_bytes(arch: Architecture, s: MemorySettings) -> int:
     return grad_hidden + grad_weight + 2 * chunk * v * FP32
 
 
+MLP_BACKWARD_TENSORS = 3
+"""[tokens, intermediate] tensors the MLP's backward holds at once: the gradient of the down
+projection's input, then of the gate and up projections' outputs (the first out-of-memory of a
+checkpointed 7B run asked for exactly one of them: 16,384 x 18,944 in bf16, 592 MiB)."""
+
+
 def backward_transient_bytes(arch: Architecture, s: MemorySettings) -> int:
-    """One layer's unsharded gradients in the compute dtype and the fp32 reduce-scatter input made
-    from them (trained parameters only)."""
+    """The backward of one layer, on top of what forward left: its unsharded gradients in the compute
+    dtype and the fp32 reduce-scatter input made from them (trained parameters only), and the
+    activations' gradients inside its MLP."""
     trained = sum(padded_numel(p, s.shard_ranks) * s.shard_ranks for p in parameters(arch, s)
                   if p.unit == "layer" and p.trained)
-    return trained * (s.compute_bytes + FP32)
+    activation_grads = MLP_BACKWARD_TENSORS * s.tokens * arch.intermediate_size * s.compute_bytes
+    return trained * (s.compute_bytes + FP32) + activation_grads
 
 
 @dataclass(frozen=True)
@@ -286,7 +296,7 @@ class MemoryPrediction:
     peak_bytes: int
     """The predicted peak of allocated memory on one rank."""
     phase: str
-    """Where the peak falls: "forward" (its end, before backward frees activations) or "step"."""
+    """Where the peak falls: "backward" (its first layer, before it frees activations) or "step"."""
     settings: dict = field(default_factory=dict)
 
     @property
@@ -315,7 +325,7 @@ def predict(arch: Architecture, s: MemorySettings) -> MemoryPrediction:
     forward = (persistent + held_gradients + terms["gathered"] + terms["activations"] + terms["loss"]
                + terms["backward"])
     step = persistent + terms["gradients"] + terms["gradients"] // 4  # fused AdamW's foreach temporaries
-    phase = "forward" if forward >= step else "step"
+    phase = "backward" if forward >= step else "step"
     return MemoryPrediction(terms=terms, peak_bytes=max(forward, step), phase=phase, settings=asdict(s))
 
 

@@ -21,7 +21,9 @@ EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
 
 MEASURED_MFU = {"full": 0.552, "lora": 0.552}
 """The loop's MFU by method, measured on H200s (docs/PERFORMANCE.md): carried over to the target's
-GPU by its peak, which assumes the same efficiency there (an estimate, said so in the output)."""
+GPU by its peak, which assumes the same efficiency there (an estimate, said so in the output). LoRA
+takes the full fine-tune's until a benchmark measures its own (the memory check's three timed steps
+of 7B LoRA ran at 58.0%)."""
 
 
 class _UsageError(Exception):
