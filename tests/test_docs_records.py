@@ -292,3 +292,13 @@ def test_the_trainer_comparison_is_the_recorded_bench():
             assert row[1].startswith("out of memory")
     (comparison,) = bench["comparisons"]
     assert f"{comparison['label'].split(', same')[0]}: {comparison['ratio']:.3f}x" in section
+
+
+def test_the_7b_lora_figure_is_the_recorded_run():
+    bench = json.loads((MEMORY_RECORD / "bench-7b-lora" / "bench.json").read_text())
+    (figures,) = bench["figures"]
+    section = _section("PERFORMANCE.md", "## Against Hugging Face's Trainer")
+    assert figures["strategy"] == "tuned-chats" and figures["micro_batch"] == 8
+    assert (f"the loop trained {figures['tokens_per_s_per_gpu']:,.0f}\ntokens/s ({figures['mfu_vs_peak']:.1%} MFU"
+            in section)
+    assert f"peak {figures['peak_mem_gib']:.1f} GiB" in section
