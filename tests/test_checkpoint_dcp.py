@@ -81,7 +81,7 @@ def test_the_world_size_and_tracker_run_id_are_kept_beside_the_shards(one_rank_g
     saved = checkpoint.Progress(step=3, data_position=48, world_size=8, tracking_run_id="0a1b2c")
     folder = checkpoint.save(tmp_path / "ckpt", model=model, optimizer=optimizer, progress=saved)
     assert checkpoint.read_progress(folder) == {"step": 3, "data_position": 48, "world_size": 8,
-                                                "tracking_run_id": "0a1b2c"}
+                                                "tracking_run_id": "0a1b2c", "method": "full"}
     assert checkpoint.load(folder, model=model, optimizer=optimizer) == saved
     # A checkpoint from before progress.json existed loads as one that recorded neither.
     (folder / checkpoint.PROGRESS_FILE).unlink()

@@ -63,7 +63,7 @@ def test_the_submission_runs_the_driver_with_a_config_that_round_trips():
     assert (args.train, args.run_name, args.storage_path, args.max_failures) == (train, "r1", "s3://b/runs", 2)
     assert sub.runtime_env["working_dir"] == "/tmp/stage"
     assert set(sub.runtime_env) == {"working_dir", "env_vars", "pip"}
-    assert sub.runtime_env["pip"] == {"packages": ["liger-kernel==0.8.5"], "pip_check": False}
+    assert sub.runtime_env["pip"] == {"packages": list(submit.GPU_PACKAGES), "pip_check": False}
     env = sub.runtime_env["env_vars"]
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_NET_PLUGIN"] == "ofi" and env["RAY_DEDUP_LOGS"] == "0"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["FI_EFA_FORK_SAFE"] == "1"
@@ -82,12 +82,15 @@ def test_without_efa_the_job_env_declares_no_network_and_installs_nothing():
 def test_rays_own_parser_accepts_the_runtime_env(expect, tmp_path):
     parsed = RuntimeEnv(**submit.runtime_env(working_dir=str(tmp_path), expect=expect))
     packages = (parsed.pip_config() or {}).get("packages", [])
-    assert packages == (["liger-kernel==0.8.5"] if expect == "efa" else [])
+    assert packages == (list(submit.GPU_PACKAGES) if expect == "efa" else [])
 
 
-def test_the_gpu_packages_are_the_pins_of_pyprojects_gpu_extra():
+def test_the_gpu_packages_are_the_pins_of_pyprojects_gpu_extra_and_dependencies():
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    assert list(submit.GPU_PACKAGES) == pyproject["project"]["optional-dependencies"]["gpu"]
+    gpu = pyproject["project"]["optional-dependencies"]["gpu"]
+    pins = {*gpu, *pyproject["project"]["dependencies"]}
+    assert set(gpu) <= set(submit.GPU_PACKAGES) and all(p in pins for p in submit.GPU_PACKAGES)
+    assert "peft==0.21.2" in submit.GPU_PACKAGES  # LoRA's adapters, on an image that may not have it
 
 
 def test_the_working_dir_holds_only_the_workloads_package():
