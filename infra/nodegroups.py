@@ -127,10 +127,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.node_group = _reserved_node_group(name, args, role=role, parent=self)
         else:
             self.node_group = _on_demand_node_group(name, args, role=role, parent=self)
+        self.autoscaling_group_name = autoscaling_group_name(self.node_group)
         if args.scale_to_zero is not None:
             tag_autoscaling_group(name, tags=args.scale_to_zero.asg_tags,
-                                  cluster_name=args.cluster_name, node_group=self.node_group,
-                                  labels=GPU_NODE_LABELS, parent=self)
+                                  group_name=self.autoscaling_group_name, parent=self)
         self.register_outputs({})
 
 
@@ -182,14 +182,11 @@ def _scaling_ownership(args: GpuNodeGroupArgs) -> dict[str, bool]:
     return {"ignore_scaling_changes": True} if args.scale_to_zero is not None else {}
 
 
-def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], cluster_name: pulumi.Input[str],
-                          node_group: pulumi.Resource, labels: Mapping[str, str],
+def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], group_name: pulumi.Input[str],
                           parent: pulumi.Resource) -> list[aws.autoscaling.Tag]:
-    """Tags on the Auto Scaling group EKS made for the node group labelled `labels`, one
-    resource each (EKS does not pass a managed node group's tags on to its Auto Scaling group).
-    Not propagated to instances: they are for the Cluster Autoscaler."""
-    group_name = autoscaling_group_name(cluster_name=cluster_name, labels=labels,
-                                        after=node_group, parent=parent)
+    """Tags on the Auto Scaling group `group_name`, one resource each (EKS does not pass a managed
+    node group's tags on to its Auto Scaling group). Not propagated to instances: they are for the
+    Cluster Autoscaler."""
     return [aws.autoscaling.Tag(
         f"{name}-asg-{re.sub(r'[^A-Za-z0-9]+', '-', key).strip('-')}",
         autoscaling_group_name=group_name,
@@ -197,25 +194,15 @@ def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], cluster_name: p
         opts=pulumi.ResourceOptions(parent=parent)) for key, value in tags.items()]
 
 
-def autoscaling_group_name(*, cluster_name: pulumi.Input[str], labels: Mapping[str, str],
-                           after: pulumi.Resource, parent: pulumi.Resource) -> pulumi.Output[str]:
-    """The Auto Scaling group of the cluster's node group whose labels include `labels`, read from
-    the EKS API once the node group exists (EKS names the group; nothing here can predict it)."""
-    names = aws.eks.get_node_groups_output(
-        cluster_name=cluster_name,
-        opts=pulumi.InvokeOutputOptions(parent=parent, depends_on=[after])).names
+def autoscaling_group_name(node_group: eks.ManagedNodeGroup) -> pulumi.Output[str]:
+    """The Auto Scaling group EKS made for this node group, from the node group's own outputs
+    (`resources[0].autoscaling_groups[0].name`; EKS names the group, nothing here can predict it).
 
-    def pick(args: list) -> str:
-        cluster, group_names = args
-        for group_name in sorted(group_names or []):
-            group = aws.eks.get_node_group(cluster_name=cluster, node_group_name=group_name,
-                                           opts=pulumi.InvokeOptions(parent=parent))
-            if all((group.labels or {}).get(k) == v for k, v in labels.items()):
-                return group.resources[0].autoscaling_groups[0].name
-        raise pulumi.RunError(f"no node group of EKS cluster {cluster} has the labels {dict(labels)}: "
-                              f"its Auto Scaling group cannot be tagged for the Cluster Autoscaler")
-
-    return pulumi.Output.all(cluster_name, names).apply(pick)
+    Never looked up by the group's labels: a change of capacity type, instance type, AZ or
+    reservation replaces the node group, Pulumi creates the new one before it deletes the old, and
+    for that while two groups of the cluster carry the same labels (docs/INFRA.md)."""
+    return node_group.node_group.apply(lambda group: group.resources).apply(
+        lambda resources: resources[0].autoscaling_groups[0].name)
 
 
 def gpu_launch_window(cfg: StackConfig) -> LaunchWindow | None:

@@ -141,6 +141,9 @@ class _WarningsLogger(logging.Logger):
 
 
 class _Mocks(pulumi.runtime.Mocks):
+    monitor: _RecordingMonitor
+    """The mock monitor the program talks to (set by run_program)."""
+
     def __init__(self, run: ProgramRun, region: str, zones: list[tuple[str, str]] | None = None):
         self.run, self.region = run, region
         self.zones = zones or same_order_zones(region)
@@ -153,7 +156,19 @@ class _Mocks(pulumi.runtime.Mocks):
                            arn=f"arn:aws:s3:::{args.inputs['bucketPrefix']}abc123")
         if args.typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::123456789012:role/{args.name}"
+        if args.typ == MANAGED_NODE_GROUP:
+            outputs["nodeGroup"] = self.node_group_reference(args.name)
         return f"{args.name}-id", outputs
+
+    def node_group_reference(self, name: str) -> dict[str, Any]:
+        """What pulumi-eks's ManagedNodeGroup outputs as `nodeGroup`: a reference to the
+        `aws:eks/nodeGroup:NodeGroup` it created, whose state (EKS's answer: the Auto Scaling group
+        EKS made for it, `autoscaling_group_of(name)`) the program reads through the engine."""
+        urn = f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{NODE_GROUP}::{name}"
+        state = {"nodeGroupName": f"{name}-{abs(hash(name)) % 10**7:07d}",
+                 "resources": [{"autoscalingGroups": [{"name": autoscaling_group_of(name)}]}]}
+        self.monitor.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, f"{name}-ng", state)
+        return {rpc._special_sig_key: rpc._special_resource_sig, "urn": urn, "id": f"{name}-ng"}
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.run.invokes.append(args.token)
@@ -163,6 +178,15 @@ class _Mocks(pulumi.runtime.Mocks):
         if args.token == "aws:index/getPartition:getPartition":
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
         return {}
+
+
+MANAGED_NODE_GROUP = "eks:index:ManagedNodeGroup"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+
+
+def autoscaling_group_of(node_group: str) -> str:
+    """The name the mocks' EKS gives the Auto Scaling group of the ManagedNodeGroup `node_group`."""
+    return f"eks-{node_group}-4d5e6f7-asg"
 
 
 _PROGRAM_LOOP = asyncio.new_event_loop()
@@ -183,8 +207,9 @@ def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypa
     # from earlier runs that must stay on the loop they were made on.
     asyncio.set_event_loop(_PROGRAM_LOOP)
     program_mocks = mocks(run, region, zones)
+    program_mocks.monitor = _RecordingMonitor(program_mocks, run)
     pulumi.runtime.set_mocks(program_mocks, project="ray-eks", stack=stack, preview=False,
-                             monitor=_RecordingMonitor(program_mocks, run), logger=_WarningsLogger(run))
+                             monitor=program_mocks.monitor, logger=_WarningsLogger(run))
     # What the engine hands a program: strings, with structured values as JSON.
     pulumi.runtime.set_all_config({
         k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
