@@ -145,6 +145,7 @@ STACK_FILE_KEYS = {
     "nvidia_device_plugin_chart_version": "ray-eks:nvidiaDevicePluginChartVersion",
     "efa_device_plugin_chart_version": "ray-eks:efaDevicePluginChartVersion",
     "kuberay_operator_chart_version": "ray-eks:kuberayOperatorChartVersion",
+    "node_termination_handler_chart_version": "ray-eks:nodeTerminationHandlerChartVersion",
     "api_access_cidrs": "ray-eks:apiAccessCidrs",
     "admin_principal_arns": "ray-eks:adminPrincipalArns",
     "checkpoint_bucket_prefix": "ray-eks:checkpointBucketPrefix",

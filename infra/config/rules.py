@@ -142,7 +142,8 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("ray_version"), cfg.ray_version, "must be a Ray release like 2.58.0",
                           fix_cmd(k("ray_version"), "2.58.0"))
     for name in ("nvidia_device_plugin_chart_version", "efa_device_plugin_chart_version",
-                 "kuberay_operator_chart_version", "cluster_autoscaler_chart_version"):
+                 "kuberay_operator_chart_version", "cluster_autoscaler_chart_version",
+                 "node_termination_handler_chart_version"):
         value = getattr(cfg, name)
         if not _SEMVER_RE.match(value):
             yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",

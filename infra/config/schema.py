@@ -60,6 +60,9 @@ class StackConfig:
     """Version of the EKS node monitoring agent add-on (infra/health.py); v1.3.0 or later, the first
     whose configuration takes the `dcgmAgent` tolerations (`aws eks describe-addon-versions
     --addon-name eks-node-monitoring-agent --kubernetes-version <minor>` lists them)."""
+    node_termination_handler_chart_version: str = "0.27.6"
+    """Helm chart version of aws-node-termination-handler (installed on Spot stacks only: it drains a
+    Spot GPU node on EC2's interruption notice, infra/spot.py)."""
     kuberay_operator_chart_version: str = "1.7.0"
     """Helm chart version of kuberay-operator (must match the CRD the RayCluster is built for)."""
     api_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
