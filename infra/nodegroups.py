@@ -17,10 +17,10 @@ from infra.health import NODE_GROUP_TYPE, enable_node_auto_repair
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
-from infra.config import GpuReservation, StackConfig
+from infra.config import GpuReservation, StackConfig, format_utc
 from infra.instance_types import INSTANCE_TYPES
 from infra.spot import EKS_CAPACITY_TYPE as SPOT_CAPACITY_TYPE
-from infra.reservation import (EKS_CAPACITY_TYPE, LaunchWindow, ReservationEnded,
+from infra.reservation import (END_ACTION, EKS_CAPACITY_TYPE, START_ACTION, LaunchWindow, ReservationEnded,
                                efa_network_interfaces, launch_window, reservation_launch_options,
                                reservation_update_config)
 
@@ -96,7 +96,8 @@ class GpuNodeGroupArgs:
     """Capacity reservation to launch into: the group then gets its own launch template that
     targets it, and no placement group (infra/reservation.py says why)."""
     window: LaunchWindow | None = None
-    """With a reservation: how many nodes to ask for now (gpu_launch_window)."""
+    """With a reservation: how many nodes to ask for now, and a Capacity Block's scheduled scaling
+    (gpu_launch_window)."""
     cluster_name: pulumi.Input[str] = ""
     """Name of the EKS cluster (needed with a reservation: its security group goes on the EFA
     interfaces of the group's own launch template; and to scale to zero)."""
@@ -131,6 +132,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if args.scale_to_zero is not None:
             tag_autoscaling_group(name, tags=args.scale_to_zero.asg_tags,
                                   group_name=self.autoscaling_group_name, parent=self)
+        if args.window is not None:
+            schedule_capacity_block(name, window=args.window, node_count=args.node_count,
+                                    autoscaled=args.scale_to_zero is not None,
+                                    group_name=self.autoscaling_group_name, parent=self)
         self.register_outputs({})
 
 
@@ -192,6 +197,28 @@ def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], group_name: pul
         autoscaling_group_name=group_name,
         tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
         opts=pulumi.ResourceOptions(parent=parent)) for key, value in tags.items()]
+
+
+def schedule_capacity_block(name: str, *, window: LaunchWindow, node_count: int, autoscaled: bool,
+                            group_name: pulumi.Input[str], parent: pulumi.Resource
+                            ) -> list[aws.autoscaling.Schedule]:
+    """The Capacity Block's scheduled actions on the group's Auto Scaling group (infra/reservation.py):
+    up to `node_count` at the block's start, unless the Cluster Autoscaler owns the size
+    (`autoscaled`: it raises the group for a job); down to zero, and no more, before EC2 reclaims
+    the instances, so that neither autoscaler brings a node back for the last minutes."""
+    child = pulumi.ResourceOptions(parent=parent)
+    actions = []
+    if window.scale_up_at is not None and not autoscaled:
+        actions.append(aws.autoscaling.Schedule(
+            f"{name}-block-start", scheduled_action_name=START_ACTION, autoscaling_group_name=group_name,
+            start_time=format_utc(window.scale_up_at), min_size=node_count, max_size=node_count,
+            desired_capacity=node_count, opts=child))
+    if window.scale_down_at is not None:
+        actions.append(aws.autoscaling.Schedule(
+            f"{name}-block-end", scheduled_action_name=END_ACTION, autoscaling_group_name=group_name,
+            start_time=format_utc(window.scale_down_at), min_size=0, max_size=0, desired_capacity=0,
+            opts=child))
+    return actions
 
 
 def autoscaling_group_name(node_group: eks.ManagedNodeGroup) -> pulumi.Output[str]:

@@ -112,8 +112,9 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
 
 def _worker_template(cfg: StackConfig) -> dict[str, Any]:
     resources = worker_pod_size(cfg.gpu_instance, hugepages_mib=cfg.gpu_huge_pages_mib).resources()
-    # On Spot: a grace period and Ray drain that fit a checkpoint in the notice (infra/spot.py).
-    shutdown_spec, shutdown_env = worker_shutdown(cfg.gpu_capacity_type)
+    # On Spot and Capacity Blocks: a grace period and Ray drain that fit a checkpoint between the
+    # drain and the reclaim (infra/spot.py).
+    shutdown_spec, shutdown_env = worker_shutdown(cfg)
     return {
         "metadata": _pod_metadata(cfg),
         "spec": {

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, gpu_toleration
 
 SPOT_NOTICE_S = 120
@@ -124,10 +125,17 @@ def node_termination_handler_values() -> dict[str, Any]:
     }
 
 
-def worker_shutdown(capacity_type: str) -> tuple[dict[str, int], list[dict[str, str]]]:
-    """(pod spec fields, container env) for a Ray worker pod of this capacity type: on Spot, the
-    grace period and Ray's drain timeout above; on On-Demand, the defaults (nothing added)."""
-    if capacity_type != "spot":
+def drained_before_reclaim(cfg: StackConfig) -> bool:
+    """Whether the GPU nodes are taken back on a known clock with a drain first: Spot (the
+    two-minute notice) and a Capacity Block (its scheduled scale-down, infra/reservation.py)."""
+    return cfg.is_spot or (cfg.gpu_reservation is not None and cfg.gpu_reservation.is_capacity_block)
+
+
+def worker_shutdown(cfg: StackConfig) -> tuple[dict[str, int], list[dict[str, str]]]:
+    """(pod spec fields, container env) for a Ray worker pod: where the nodes are drained before
+    they are taken back (`drained_before_reclaim`), the grace period and Ray's drain timeout above;
+    otherwise the defaults (nothing added)."""
+    if not drained_before_reclaim(cfg):
         return {}, []
     return ({"terminationGracePeriodSeconds": SPOT_TERMINATION_GRACE_PERIOD_S},
             [{"name": DRAIN_TIMEOUT_ENV, "value": str(SPOT_DRAIN_TIMEOUT_S)}])
