@@ -167,6 +167,19 @@ def test_the_cluster_autoscaler_image_is_the_clusters_kubernetes_minor(minor):
     assert set(CLUSTER_AUTOSCALER_IMAGE_TAGS) == {f"1.{m}" for m in SUPPORTED_KUBERNETES_MINORS}
 
 
+def test_each_minors_image_is_the_newest_patch_promoted_for_that_minor():
+    # The table's rule (infra/scale_to_zero.py): the cluster's minor, its newest promoted patch.
+    listed = REPO_ROOT / "tests/fixtures/cluster-autoscaler/promoted-tags.txt"
+    promoted: dict[str, list[tuple[int, str]]] = {}
+    for line in listed.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            tag = line.split()[0]
+            major, minor, patch = tag.removeprefix("v").split(".")
+            promoted.setdefault(f"{major}.{minor}", []).append((int(patch), tag))
+    assert set(promoted) >= set(CLUSTER_AUTOSCALER_IMAGE_TAGS)
+    assert CLUSTER_AUTOSCALER_IMAGE_TAGS == {minor: max(promoted[minor])[1] for minor in CLUSTER_AUTOSCALER_IMAGE_TAGS}
+
+
 def test_the_autoscaler_may_resize_only_groups_with_this_stacks_discovery_tag():
     policy = cluster_autoscaler_policy(cluster_name=CLUSTER, partition="aws", region="eu-west-1")
     statements = policy["Statement"]
@@ -342,7 +355,7 @@ def test_the_cluster_autoscaler_is_a_pinned_release_with_its_own_pod_identity(id
     assert release.inputs["version"] == "9.59.0"
     assert release.inputs["namespace"] == "kube-system"
     assert release.inputs["values"] == chart_values(cfg, cluster_name="ray-eks-us-west-2")["cluster-autoscaler"]
-    assert release.inputs["values"]["image"]["tag"] == "v1.34.4"  # kubernetesVersion 1.34
+    assert release.inputs["values"]["image"]["tag"] == "v1.34.5"  # kubernetesVersion 1.34
     association = next(a for a in idle_run.of_type(ASSOCIATION) if a.inputs["namespace"] == "kube-system")
     assert association.inputs["serviceAccount"] == "cluster-autoscaler"
     assert association.inputs["roleArn"].endswith("/autoscaler-role")
