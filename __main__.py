@@ -28,6 +28,11 @@ cfg = load_running_stack_config()
 gpu_window = gpu_launch_window(cfg)  # a reservation that has ended stops the program here
 name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
 idle_to_zero = scale_to_zero.enabled(cfg)
+if not cfg.api_access_cidrs:
+    pulumi.log.warn("the EKS API endpoint is private (ray-eks:apiAccessCidrs is empty): run `pulumi up` and "
+                    "`python -m workloads submit` from a machine that reaches the VPC, or name your address: "
+                    "pulumi config set --path 'ray-eks:apiAccessCidrs[0]' \"$(curl -fsS "
+                    "https://checkip.amazonaws.com)/32\" (docs/SECURITY.md)")
 if reservation_idle_note(cfg):
     pulumi.log.warn(f"ray-eks:gpuIdleMinutes scales the GPU nodes to zero, but {reservation_idle_note(cfg)}")
 
@@ -41,7 +46,8 @@ ray_cluster_name = manifest["metadata"]["name"]
 cluster = EksCluster("cluster", EksClusterArgs(
     cluster_name=name, kubernetes_version=cfg.kubernetes_version, vpc_id=network.vpc_id,
     public_subnet_ids=network.public_subnet_ids, private_subnet_ids=network.private_subnet_ids,
-    api_access_cidrs=cfg.api_access_cidrs, admin_principal_arns=cfg.admin_principal_arns,
+    api_access_cidrs=cfg.api_access_cidrs, api_open_to_internet=cfg.api_open_to_internet,
+    admin_principal_arns=cfg.admin_principal_arns,
     pod_identity_agent_version=cfg.pod_identity_agent_version))
 system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.system_instance_type,

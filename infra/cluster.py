@@ -1,5 +1,6 @@
 """The EKS cluster: API authentication with access entries, no default node group, a pinned
-version in standard support, and a Kubernetes provider for everything inside it."""
+version in standard support, its API endpoint private unless the stack names who may reach it, and a
+Kubernetes provider for everything inside it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,21 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 ADMIN_POLICY = "cluster-access-policy/AmazonEKSClusterAdminPolicy"
+OPEN_TO_INTERNET_TAG = "ray-eks:api-open-to-internet"
+"""On the EKS cluster, "true", when the stack says its API may be open to every address
+(`apiOpenToInternet`): the policy pack refuses 0.0.0.0/0 without it (policy/rules/api_endpoint.py)."""
+
+
+def endpoint_access(api_access_cidrs: Sequence[str], *, open_to_internet: bool) -> dict[str, object]:
+    """eks.Cluster arguments for the API endpoint: private always (the nodes use it); public only
+    for the CIDRs the stack names, never EKS's default of every address."""
+    access: dict[str, object] = {"endpoint_private_access": True,
+                                 "endpoint_public_access": bool(api_access_cidrs)}
+    if api_access_cidrs:
+        access["public_access_cidrs"] = list(api_access_cidrs)
+    if open_to_internet:
+        access["cluster_tags"] = {OPEN_TO_INTERNET_TAG: "true"}
+    return access
 
 
 def admin_access_entries(principal_arns: Sequence[str]) -> dict[str, eks.AccessEntryArgs]:
@@ -36,7 +52,10 @@ class EksClusterArgs:
     public_subnet_ids: Sequence[pulumi.Input[str]]
     private_subnet_ids: Sequence[pulumi.Input[str]]
     api_access_cidrs: Sequence[str]
-    """CIDRs that may reach the public API endpoint; nodes use the private endpoint."""
+    """CIDRs that may reach the public API endpoint; none: no public endpoint. Nodes use the
+    private endpoint."""
+    api_open_to_internet: bool = False
+    """The stack means `api_access_cidrs` to include 0.0.0.0/0 (tagged on the cluster)."""
     admin_principal_arns: Sequence[str]
     pod_identity_agent_version: str
     """The EKS Pod Identity agent add-on version, pinned (not whatever EKS defaults to that day)."""
@@ -61,9 +80,7 @@ class EksCluster(pulumi.ComponentResource):
             skip_default_node_group=True,
             authentication_mode=eks.AuthenticationMode.API,
             access_entries=admin_access_entries(args.admin_principal_arns),
-            endpoint_public_access=True,
-            endpoint_private_access=True,
-            public_access_cidrs=list(args.api_access_cidrs),
+            **endpoint_access(args.api_access_cidrs, open_to_internet=args.api_open_to_internet),
             opts=child)
         # Lets the checkpoint role reach the Ray pods (infra/storage.py) without an OIDC provider.
         aws.eks.Addon(f"{name}-pod-identity-agent", cluster_name=args.cluster_name,

@@ -306,7 +306,11 @@ def test_cluster_is_pinned_api_authenticated_and_limited(program):
     assert cluster["skipDefaultNodeGroup"] is True
     assert cluster["upgradePolicy"] == {"supportType": "STANDARD"}
     assert cluster["endpointPrivateAccess"] is True
-    assert cluster["publicAccessCidrs"] == list(cfg.api_access_cidrs)
+    # Public only for the CIDRs the stack names: the committed stack names none, so its endpoint is
+    # private (EKS's own default would be public to every address).
+    assert cluster["endpointPublicAccess"] is bool(cfg.api_access_cidrs)
+    assert cluster.get("publicAccessCidrs", []) == list(cfg.api_access_cidrs)
+    assert "0.0.0.0/0" not in cluster.get("publicAccessCidrs", [])
     assert cluster["nodeAssociatePublicIpAddress"] is False
     assert len(cluster["accessEntries"]) == len(cfg.admin_principal_arns)
 

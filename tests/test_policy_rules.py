@@ -417,27 +417,32 @@ def test_parse_quantity(text, value):
 
 # --- EKS API endpoint ------------------------------------------------------------------------
 
-def eks_cluster(cidrs: Any, public: Any = True) -> dict[str, Any]:
-    """The aws:eks/cluster:Cluster pulumi-eks's Cluster creates (its vpcConfig)."""
-    return {"name": "ray-eks-us-west-2", "version": "1.34",
-            "vpcConfig": {"endpointPublicAccess": public, "endpointPrivateAccess": True,
-                          "publicAccessCidrs": cidrs, "subnetIds": [UNKNOWN]}}
+def eks_cluster(cidrs: Any, public: Any = True, tags: Any = None) -> dict[str, Any]:
+    """The aws:eks/cluster:Cluster pulumi-eks's Cluster creates (its vpcConfig and tags)."""
+    cluster = {"name": "ray-eks-us-west-2", "version": "1.34",
+               "vpcConfig": {"endpointPublicAccess": public, "endpointPrivateAccess": True,
+                             "publicAccessCidrs": cidrs, "subnetIds": [UNKNOWN]}}
+    if tags is not None:
+        cluster["tags"] = tags
+    return cluster
 
 
-@pytest.mark.parametrize(("cidrs", "public", "warned"), [
-    (["0.0.0.0/0"], True, "0.0.0.0/0"),
-    (["203.0.113.7/32", "0.0.0.0/0"], True, "0.0.0.0/0"),
-    (None, True, "0.0.0.0/0 (the default)"),
-    (["203.0.113.0/24"], True, None),
-    (["0.0.0.0/0"], False, None),
-    (UNKNOWN, True, None),
+@pytest.mark.parametrize(("cidrs", "public", "tags", "refused"), [
+    (["0.0.0.0/0"], True, None, "0.0.0.0/0"),
+    (["203.0.113.7/32", "0.0.0.0/0"], True, {"team": "ml"}, "0.0.0.0/0"),
+    (None, True, None, "0.0.0.0/0 (the default)"),
+    (["0.0.0.0/0"], True, {rules.OPEN_TO_INTERNET_TAG: "false"}, "0.0.0.0/0"),
+    (["0.0.0.0/0"], True, {rules.OPEN_TO_INTERNET_TAG: "true"}, None),  # the stack said so
+    (["203.0.113.0/24"], True, None, None),
+    (["0.0.0.0/0"], False, None, None),
+    (UNKNOWN, True, None, None),
 ])
-def test_an_api_endpoint_open_to_everyone_is_warned_about(cidrs, public, warned):
-    warnings = rules.public_api_access_warnings(eks_cluster(cidrs, public))
-    if warned is None:
-        assert warnings == []
+def test_an_api_endpoint_open_to_everyone_is_refused_unless_the_stack_says_so(cidrs, public, tags, refused):
+    violations = rules.public_api_access_violations(eks_cluster(cidrs, public, tags))
+    if refused is None:
+        assert violations == []
     else:
-        (warning,) = warnings
-        assert f"accepts connections from {warned};" in warning
-        assert "ray-eks:apiAccessCidrs" in warning
+        (violation,) = violations
+        assert f"accepts connections from {refused}: anyone on the internet" in violation
+        assert "ray-eks:apiAccessCidrs" in violation and "ray-eks:apiOpenToInternet: true" in violation
 

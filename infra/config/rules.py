@@ -148,13 +148,9 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         if not _SEMVER_RE.match(value):
             yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
                               fix_cmd(k(name), getattr(StackConfig, name, None) or "1.0.0"))
-    if not cfg.api_access_cidrs:
-        yield ConfigError(k("api_access_cidrs"), list(cfg.api_access_cidrs),
-                          "must list at least one CIDR allowed to reach the EKS API",
-                          f"pulumi config set --path '{k('api_access_cidrs')}[0]' 203.0.113.0/24")
     for cidr in cfg.api_access_cidrs:
         try:
-            ipaddress.IPv4Network(cidr, strict=True)
+            network = ipaddress.IPv4Network(cidr, strict=True)
         except ValueError as exc:
             yield ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
                               "write it like 203.0.113.0/24")
@@ -162,6 +158,14 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         if "/" not in cidr:  # ipaddress reads a bare address as /32: say so rather than guess
             yield ConfigError(k("api_access_cidrs"), cidr, "is an address, not a CIDR",
                               f"write {cidr}/32 for that one address")
+        elif network.prefixlen == 0 and not cfg.api_open_to_internet:
+            yield ConfigError(k("api_access_cidrs"), cidr,
+                              "opens the EKS API of a cluster that runs any code it is sent to every "
+                              "address on the internet",
+                              f"list your own address or range (pulumi config set --path "
+                              f"'{k('api_access_cidrs')}[0]' \"$(curl -fsS https://checkip.amazonaws.com)/32\"), "
+                              f"or remove it for a private endpoint; if you mean it, pulumi config set "
+                              f"{k('api_open_to_internet')} true")
     for arn in cfg.admin_principal_arns:
         session = _ASSUMED_ROLE_RE.match(arn)
         if session:

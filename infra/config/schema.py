@@ -65,9 +65,15 @@ class StackConfig:
     Spot GPU node on EC2's interruption notice, infra/spot.py)."""
     kuberay_operator_chart_version: str = "1.7.0"
     """Helm chart version of kuberay-operator (must match the CRD the RayCluster is built for)."""
-    api_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
-    """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies);
-    narrow it to your own address or range (the policy pack warns on 0.0.0.0/0)."""
+    api_access_cidrs: tuple[str, ...] = ()
+    """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies), e.g.
+    your own address as a /32. Empty (the default): no public endpoint; the API answers inside the
+    VPC only, so `pulumi up` and `submit` must run from a machine that reaches the VPC
+    (docs/SECURITY.md says how). 0.0.0.0/0 only with `apiOpenToInternet`."""
+    api_open_to_internet: bool = False
+    """Say that `apiAccessCidrs` may list 0.0.0.0/0, opening the EKS API to every address: refused
+    otherwise, by config validation and by the policy pack (the cluster then carries a tag that says
+    it was meant)."""
     admin_principal_arns: tuple[str, ...] = ()
     """IAM roles/users given cluster-admin through EKS access entries. Leave out the identity
     running `pulumi up`: it already is admin as the cluster's creator."""

@@ -15,7 +15,7 @@ The package, one module per concern: `resources` (type tokens, UNKNOWN, the help
 here (`import rules`: policy/ is the pack's import root).
 """
 
-from .api_endpoint import OPEN_CIDRS, public_api_access_warnings
+from .api_endpoint import OPEN_CIDRS, OPEN_TO_INTERNET_TAG, public_api_access_violations
 from .buckets import (PUBLIC_ACCESS_FLAGS, SSE_ALGORITHMS, bucket_violations, encryption_config_violations,
                       public_access_block_violations)
 from .gpu_nodes import (GPU_LABEL_KEY, GPU_LABEL_VALUE, GPU_TAINT_KEY, PRIMARY_INTERFACE_TYPES,
@@ -32,7 +32,7 @@ from .resources import (BUCKETS, CAPACITY_BLOCK, CAPACITY_RESERVATION, EKS_CLUST
                         PUBLIC_ACCESS_BLOCK, RAY_CLUSTER, SERVICE, SUBNET, UNKNOWN, StackResource, StackViolation)
 
 __all__ = [
-    "OPEN_CIDRS", "public_api_access_warnings",
+    "OPEN_CIDRS", "OPEN_TO_INTERNET_TAG", "public_api_access_violations",
     "PUBLIC_ACCESS_FLAGS", "SSE_ALGORITHMS", "bucket_violations", "encryption_config_violations",
     "public_access_block_violations",
     "GPU_LABEL_KEY", "GPU_LABEL_VALUE", "GPU_TAINT_KEY", "PRIMARY_INTERFACE_TYPES", "efa_launch_template_violations",
