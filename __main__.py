@@ -48,16 +48,16 @@ cluster = EksCluster("cluster", EksClusterArgs(
     public_subnet_ids=network.public_subnet_ids, private_subnet_ids=network.private_subnet_ids,
     api_access_cidrs=cfg.api_access_cidrs, api_open_to_internet=cfg.api_open_to_internet,
     admin_principal_arns=cfg.admin_principal_arns,
-    pod_identity_agent_version=cfg.pod_identity_agent_version))
+    pod_identity_agent_version=cfg.pod_identity_agent_version, vpc_cni_version=cfg.vpc_cni_version))
 system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.system_instance_type,
-    subnet_ids=network.node_subnet_ids, node_count=cfg.system_node_count))
+    subnet_ids=network.node_subnet_ids, node_count=cfg.system_node_count, after=[cluster.vpc_cni]))
 gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
     root_volume_gib=cfg.gpu_root_volume_gib, capacity_type=cfg.gpu_capacity_type,
     reservation=cfg.gpu_reservation,
-    window=gpu_window, cluster_name=cluster.cluster_name,
+    window=gpu_window, cluster_name=cluster.cluster_name, after=[cluster.vpc_cni],
     scale_to_zero=ScaleToZero(asg_tags=scale_to_zero.node_template_tags(cfg, cluster_name=name),
                               extra_labels=scale_to_zero.accelerator_label(cfg))
     if idle_to_zero else None))

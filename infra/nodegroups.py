@@ -14,6 +14,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 
 from infra.health import NODE_GROUP_TYPE, enable_node_auto_repair
+from infra.imds import launch_template_metadata_options, restrict_instance_metadata
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
@@ -24,8 +25,9 @@ from infra.reservation import (END_ACTION, EKS_CAPACITY_TYPE, START_ACTION, Laun
                                efa_network_interfaces, launch_window, reservation_launch_options,
                                reservation_update_config)
 
-NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-                 "AmazonEC2ContainerRegistryReadOnly")
+NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly")
+"""Join the cluster and pull images. The VPC CNI's network-interface writes are not here: its own
+service account has them, through Pod Identity (infra/cluster.py)."""
 
 
 def _node_role(name: str, parent: pulumi.Resource) -> aws.iam.Role:
@@ -54,6 +56,9 @@ class SystemNodeGroupArgs:
     node_count: int
     """desired = min = max; more than one keeps CoreDNS, the operator and the Ray head from
     sharing one node's fate."""
+    after: Sequence[pulumi.Resource] = ()
+    """What the nodes wait for (the VPC CNI add-on: its pods get their credentials only if its
+    Pod Identity association exists before they are admitted)."""
 
 
 class SystemNodeGroup(pulumi.ComponentResource):
@@ -75,7 +80,10 @@ class SystemNodeGroup(pulumi.ComponentResource):
                 desired_size=args.node_count, min_size=args.node_count, max_size=args.node_count),
             labels=dict(SYSTEM_NODE_LABELS),
             disk_size=SYSTEM_ROOT_VOLUME_GIB,
-            opts=pulumi.ResourceOptions(parent=self))
+            # A launch template of pulumi-eks's, whose metadata options the transform sets.
+            enable_imd_sv2=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after),
+                                        transforms=[restrict_instance_metadata]))
         self.register_outputs({})
 
 
@@ -104,6 +112,8 @@ class GpuNodeGroupArgs:
     scale_to_zero: ScaleToZero | None = None
     """With `gpuIdleMinutes`: the group may shrink to no node and the Cluster Autoscaler sets its
     size; None: its size is the stack's."""
+    after: Sequence[pulumi.Resource] = ()
+    """What the nodes wait for (the VPC CNI add-on, as for the system nodes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,8 +185,11 @@ def _on_demand_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Ro
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                                effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
             disk_size=args.root_volume_gib,
-            # Replaces a node that the monitoring agent reports unhealthy (infra/health.py).
-            opts=pulumi.ResourceOptions(parent=parent, transforms=[enable_node_auto_repair]))
+            enable_imd_sv2=True,
+            # Replaces a node that the monitoring agent reports unhealthy (infra/health.py); IMDS
+            # out of the pods' reach (infra/imds.py).
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=list(args.after),
+                                        transforms=[enable_node_auto_repair, restrict_instance_metadata]))
 
 
 def _scaling_ownership(args: GpuNodeGroupArgs) -> dict[str, bool]:
@@ -286,6 +299,7 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         block_device_mappings=[{"device_name": "/dev/xvda", "ebs": {
             "volume_size": args.root_volume_gib, "volume_type": "gp3",
             "delete_on_termination": "true"}}],
+        metadata_options=launch_template_metadata_options(),
         **reservation_launch_options(reservation),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[target]))
     # An update (a new launch template version, a new AMI) adds nodes before it removes old ones;
@@ -309,4 +323,4 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         labels=gpu_node_labels(args),
         taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                            effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
-        opts=pulumi.ResourceOptions(parent=parent, transforms=transforms))
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(args.after), transforms=transforms))

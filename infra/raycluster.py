@@ -67,6 +67,13 @@ def node_name_env() -> dict[str, Any]:
     return {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
+def region_env(cfg: StackConfig) -> dict[str, str]:
+    """The stack's region for the AWS SDKs in the Ray pods (S3, MLflow's signing plugin): EKS Pod
+    Identity gives credentials, not a region, and the pods cannot ask the instance metadata for one
+    (infra/imds.py)."""
+    return {"name": "AWS_REGION", "value": cfg.region}
+
+
 def _shm_volume() -> dict[str, Any]:
     # Memory-backed and counted against the pod's memory limit; Docker's 64 MiB default would
     # starve the Ray object store and NCCL's shared-memory transport.
@@ -96,6 +103,7 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
                 "env": [
                     # The DLC image sets NVIDIA_VISIBLE_DEVICES=all; the head has no GPU.
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                    region_env(cfg),
                 ],
                 "ports": [
                     {"name": "gcs-server", "containerPort": GCS_PORT},
@@ -130,7 +138,8 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "name": "ray-worker",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
-                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), *shutdown_env],
+                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), region_env(cfg),
+                        *shutdown_env],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],

@@ -156,6 +156,7 @@ STACK_FILE_KEYS = {
     "eks_image_registry_account": "ray-eks:eksImageRegistryAccount",
     "system_node_count": "ray-eks:systemNodeCount",
     "pod_identity_agent_version": "ray-eks:podIdentityAgentVersion",
+    "vpc_cni_version": "ray-eks:vpcCniVersion",
     "node_monitoring_agent_version": "ray-eks:nodeMonitoringAgentVersion",
     "checkpoint_noncurrent_version_days": "ray-eks:checkpointNoncurrentVersionDays",
     "checkpoint_incomplete_upload_days": "ray-eks:checkpointIncompleteUploadDays",

@@ -90,6 +90,7 @@ def valid_configs(draw) -> dict:
         "ray-eks:eksImageRegistryAccount": regex(r"\d{12}"),
         "ray-eks:systemNodeCount": as_int_or_string(st.integers(1, 10)),
         "ray-eks:podIdentityAgentVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
+        "ray-eks:vpcCniVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
         "ray-eks:nodeMonitoringAgentVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
         "ray-eks:checkpointNoncurrentVersionDays": as_int_or_string(st.integers(0, 3650)),
         "ray-eks:checkpointIncompleteUploadDays": as_int_or_string(st.integers(1, 365)),
@@ -266,6 +267,8 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:podIdentityAgentVersion": st.one_of(
         st.sampled_from(["latest", "v1.3.10", "1.3.10-eksbuild.2", "v1.3-eksbuild.1", "",
                          "v1.3.10-eksbuild"]), no_digits, not_a_scalar),
+    "ray-eks:vpcCniVersion": st.one_of(
+        st.sampled_from(["latest", "v1.22.3", "1.22.3-eksbuild.1", ""]), no_digits, not_a_scalar),
     "ray-eks:nodeMonitoringAgentVersion": st.one_of(
         st.sampled_from(["latest", "v1.4.0", "1.4.0-eksbuild.2", ""]), no_digits, not_a_scalar),
     "ray-eks:checkpointNoncurrentVersionDays": out_of_range(0, 3650),

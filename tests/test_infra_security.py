@@ -4,8 +4,13 @@ reached; under Pulumi mocks and through the policy pack, as the engine would fee
 
 from __future__ import annotations
 
-from infra.config import read_stack_values
-from test_infra_program import REPO_ROOT, run_program
+import json
+
+import pytest
+
+from infra.config import parse_stack_config, read_stack_values
+from test_infra_program import REPO_ROOT, ProgramRun, run_program, transformed_child
+from test_infra_reservation import odcr_values, run_stack
 from test_policy_pack import analyze, servicer  # noqa: F401  (a fixture)
 
 import rules  # noqa: E402  (the policy pack's, on the path test_policy_pack puts it on)
@@ -34,3 +39,55 @@ def test_an_api_open_to_every_address_is_declared_only_as_the_stack_says_and_the
                             monkeypatch=monkeypatch)
     assert "clusterTags" not in committed.one("eks:index:Cluster").inputs
     assert any("the EKS API endpoint is private" in w for w in committed.warnings)
+
+
+# --- the node role, out of the pods' reach --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def committed_run() -> ProgramRun:
+    with pytest.MonkeyPatch.context() as mp:
+        return run_program(repo_root=REPO_ROOT, stack="us-west-2", config=read_stack_values(STACK_FILE),
+                           monkeypatch=mp)
+
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+
+
+def test_every_node_requires_imdsv2_with_one_hop_so_pods_cannot_reach_the_node_role(committed_run, tmp_path):
+    groups = committed_run.of_type("eks:index:ManagedNodeGroup")
+    assert len(groups) == 2
+    for group in groups:
+        # pulumi-eks builds the launch template (enableImdSv2 makes it build one for the system nodes
+        # too, with a hop limit of 2); the group's transform sets what it offers no option for.
+        assert group.inputs["enableIMDSv2"] is True
+        options = transformed_child(group, LAUNCH_TEMPLATE, {"metadataOptions": {
+            "httpTokens": "required", "httpPutResponseHopLimit": 2, "httpEndpoint": "enabled"}})["metadataOptions"]
+        assert options == {"httpTokens": "required", "httpPutResponseHopLimit": 1, "httpEndpoint": "enabled"}
+    # The reserved GPU group's own launch template says so directly.
+    reserved = run_stack(tmp_path, "us-west-2", odcr_values())
+    assert reserved.one(LAUNCH_TEMPLATE).inputs["metadataOptions"] == {
+        "httpTokens": "required", "httpPutResponseHopLimit": 1, "httpEndpoint": "enabled"}
+
+
+def test_the_vpc_cnis_permissions_are_its_own_service_accounts_not_the_node_roles(committed_run):
+    run = committed_run
+    attached = {a.name: a.inputs["policyArn"].rsplit("/", 1)[-1]
+                for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    # The node roles (one per group, named after it): join the cluster and pull images, no more.
+    for group in ("system", "gpu"):
+        assert {p for n, p in attached.items() if n.startswith(f"{group}-")} == {
+            "AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly"}
+    assert attached["cluster-vpc-cni-policy"] == "AmazonEKS_CNI_Policy"
+    cluster = run.one("eks:index:Cluster").inputs
+    assert cluster["useDefaultVpcCni"] is True  # pulumi-eks's own add-on takes no Pod Identity association
+    (cni,) = [a for a in run.of_type("aws:eks/addon:Addon") if a.inputs["addonName"] == "vpc-cni"]
+    assert cni.inputs["addonVersion"] == parse_stack_config(read_stack_values(STACK_FILE)).vpc_cni_version
+    assert cni.inputs["podIdentityAssociations"] == [
+        {"roleArn": "arn:aws:iam::123456789012:role/cluster-vpc-cni-role", "serviceAccount": "aws-node"}]
+    role = next(r for r in run.of_type("aws:iam/role:Role") if r.name == "cluster-vpc-cni-role")
+    assert json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Principal"] == {
+        "Service": "pods.eks.amazonaws.com"}
+    # The CNI's pods get their credentials only if admitted after the association: both node
+    # groups wait for the add-on (pulumi-eks made them wait for its own).
+    for group in ("system-nodes", "gpu-nodes"):
+        assert cni.name in run.waits_for("eks:index:ManagedNodeGroup", group)

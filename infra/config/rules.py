@@ -189,7 +189,7 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
                           "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
                           fix_cmd(k("gpu_root_volume_gib"), 200))
-    for addon in ("pod_identity_agent_version", "node_monitoring_agent_version"):
+    for addon in ("pod_identity_agent_version", "vpc_cni_version", "node_monitoring_agent_version"):
         if not _EKS_ADDON_VERSION_RE.match(getattr(cfg, addon)):
             yield ConfigError(k(addon), getattr(cfg, addon),
                               f"must pin an EKS add-on version like {getattr(StackConfig, addon)}",

@@ -56,6 +56,10 @@ class StackConfig:
     pod_identity_agent_version: str = "v1.3.10-eksbuild.2"
     """Version of the EKS Pod Identity agent add-on (`aws eks describe-addon-versions
     --addon-name eks-pod-identity-agent --kubernetes-version <minor>` lists them)."""
+    vpc_cni_version: str = "v1.22.3-eksbuild.1"
+    """Version of the VPC CNI add-on (`aws eks describe-addon-versions --addon-name vpc-cni
+    --kubernetes-version <minor>` lists them); v1.14 or later, the first that enforces network
+    policies."""
     node_monitoring_agent_version: str = "v1.4.0-eksbuild.2"
     """Version of the EKS node monitoring agent add-on (infra/health.py); v1.3.0 or later, the first
     whose configuration takes the `dcgmAgent` tolerations (`aws eks describe-addon-versions
