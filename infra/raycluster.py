@@ -15,6 +15,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
+from infra.network_policy import ray_network_policy
 from infra.readiness import RayWorkersReady, manifest_fingerprint
 from infra.scale_to_zero import SAFE_TO_EVICT_ANNOTATION, enabled as scales_to_zero, ray_autoscaler_options
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
@@ -31,6 +32,8 @@ GCS_PORT = 6379
 CLIENT_PORT = 10001
 AUTH_SECRET_KEY = "auth_token"
 """The key KubeRay writes the Ray auth token under in the Secret it generates."""
+RAY_POD_LABELS = {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}
+"""On every Ray pod: the NetworkPolicy selects them by it (infra/network_policy.py)."""
 
 
 def head_service_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
@@ -81,7 +84,7 @@ def _shm_volume() -> dict[str, Any]:
 
 
 def _pod_metadata(cfg: StackConfig) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}}
+    metadata: dict[str, Any] = {"labels": dict(RAY_POD_LABELS)}
     if scales_to_zero(cfg):
         # The Cluster Autoscaler never removes a node that runs a Ray pod: only Ray's autoscaler
         # ends a worker, once it is idle.
@@ -217,7 +220,7 @@ class RayClusterDeploymentArgs:
 
 
 class RayClusterDeployment(pulumi.ComponentResource):
-    """The Ray namespace, the Ray pods' service account, the RayCluster itself, and (unless the
+    """The Ray namespace, the Ray pods' service account and NetworkPolicy, the RayCluster itself, and (unless the
     timeout is 0, or the workers scale to zero) `workers_ready`, which exists once every worker
     pod is Ready."""
 
@@ -233,6 +236,11 @@ class RayClusterDeployment(pulumi.ComponentResource):
             metadata={"name": SERVICE_ACCOUNT, "namespace": meta["namespace"]},
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 depends_on=[namespace])))
+        # Before the RayCluster, so that no Ray pod runs a moment unguarded.
+        policy = ray_network_policy(namespace=meta["namespace"], ray_pod_labels=RAY_POD_LABELS)
+        self.network_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-network-policy", metadata=policy["metadata"], spec=policy["spec"],
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace])))
         self.ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=args.manifest["apiVersion"],
@@ -240,7 +248,7 @@ class RayClusterDeployment(pulumi.ComponentResource):
             metadata=meta,
             spec=args.manifest["spec"],
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[namespace, self.service_account, args.operator_release,
+                depends_on=[namespace, self.service_account, self.network_policy, args.operator_release,
                             args.pod_identity])))
         self.workers_ready = None
         (group,) = args.manifest["spec"]["workerGroupSpecs"]

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 
+import kubernetes_validate
 import pytest
 
 from infra.config import parse_stack_config, read_stack_values
+from infra.network_policy import ray_network_policy
+from infra.raycluster import RAY_POD_LABELS, build_raycluster
+from test_infra_helm_values import _chart_file
 from test_infra_program import REPO_ROOT, ProgramRun, run_program, transformed_child
 from test_infra_reservation import odcr_values, run_stack
 from test_policy_pack import analyze, servicer  # noqa: F401  (a fixture)
@@ -91,3 +95,56 @@ def test_the_vpc_cnis_permissions_are_its_own_service_accounts_not_the_node_role
     # groups wait for the add-on (pulumi-eks made them wait for its own).
     for group in ("system-nodes", "gpu-nodes"):
         assert cni.name in run.waits_for("eks:index:ManagedNodeGroup", group)
+
+
+# --- the Ray pods on the network ------------------------------------------------------------------
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _admits(policy: dict, *, namespace: str, labels: dict[str, str]) -> bool:
+    """Kubernetes' reading of an ingress rule's `from` peers: a podSelector alone picks pods of the
+    policy's namespace; with a namespaceSelector, pods of the namespaces it picks (matched here by
+    the `kubernetes.io/metadata.name` label every namespace carries)."""
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule["from"]:
+            where = peer.get("namespaceSelector")
+            in_namespace = (namespace == policy["metadata"]["namespace"] if where is None
+                            else _selects(where, {"kubernetes.io/metadata.name": namespace}))
+            if in_namespace and _selects(peer.get("podSelector", {}), labels):
+                return True
+    return False
+
+
+def test_ray_pods_take_connections_from_ray_pods_and_the_kuberay_operator_only(shared_dir):
+    cfg = parse_stack_config(read_stack_values(STACK_FILE))
+    policy = ray_network_policy(namespace=cfg.ray_namespace, ray_pod_labels=RAY_POD_LABELS)
+    kubernetes_validate.validate(policy, desired_version="1.34", strict=True)
+    manifest = build_raycluster(cfg)
+    pods = [manifest["spec"]["headGroupSpec"]["template"], manifest["spec"]["workerGroupSpecs"][0]["template"]]
+    for pod in pods:  # every Ray pod is guarded, and Ray pods reach each other
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
+        assert _admits(policy, namespace=cfg.ray_namespace, labels=pod["metadata"]["labels"])
+    # The operator's pod, labelled by its chart with the chart's name (values.yaml's nameOverride).
+    operator_name = _chart_file(shared_dir, "kuberay-operator", "values")["nameOverride"]
+    assert _admits(policy, namespace="kuberay-system", labels={"app.kubernetes.io/name": operator_name,
+                                                                "app.kubernetes.io/instance": "kuberay-operator"})
+    # Nothing else: another pod in the Ray namespace, a pod elsewhere that copies the Ray label,
+    # the Cluster Autoscaler, any pod of the operator's namespace that is not the operator.
+    assert not _admits(policy, namespace=cfg.ray_namespace, labels={"run": "debug"})
+    assert not _admits(policy, namespace="default", labels=pods[0]["metadata"]["labels"])
+    assert not _admits(policy, namespace="kube-system", labels={"app.kubernetes.io/name": "cluster-autoscaler"})
+    assert not _admits(policy, namespace="kuberay-system", labels={"app.kubernetes.io/name": "other"})
+
+
+def test_the_policy_is_enforced_and_in_place_before_the_ray_cluster(committed_run):
+    run = committed_run
+    (cni,) = [a for a in run.of_type("aws:eks/addon:Addon") if a.inputs["addonName"] == "vpc-cni"]
+    assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    policy = run.one("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+    cfg = parse_stack_config(read_stack_values(STACK_FILE))
+    expected = ray_network_policy(namespace=cfg.ray_namespace, ray_pod_labels=RAY_POD_LABELS)
+    assert (policy.inputs["metadata"], policy.inputs["spec"]) == (expected["metadata"], expected["spec"])
+    assert policy.name in run.waits_for("kubernetes:ray.io/v1:RayCluster", "ray-raycluster")
