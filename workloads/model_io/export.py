@@ -221,9 +221,10 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> t
     """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
     shards and its `model/` metadata), reading one output file's worth of tensors at a time."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
+
+    from workloads.model_io.safe_checkpoint import SafeFileSystemReader, read_checkpoint_metadata
 
     meta_dir = checkpoint / MODEL_DIR
     if not (checkpoint / DCP_METADATA).is_file():
@@ -239,7 +240,7 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> t
     names = list(tensor_aliases(model))
     stored = {
         key: value
-        for key, value in FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata.items()
+        for key, value in read_checkpoint_metadata(checkpoint).state_dict_metadata.items()
         if isinstance(value, TensorStorageMetadata)
     }
     prefix = _checkpoint_prefix(names, stored)
@@ -263,7 +264,7 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> t
                  for n in group}
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+            dcp.load(state, storage_reader=SafeFileSystemReader(checkpoint), no_dist=True)
         for n in group:
             writer.add(n, state[prefix + n].to(dtype))
         del state
