@@ -20,6 +20,7 @@ from infra.readiness import RayWorkersReady, manifest_fingerprint
 from infra.scale_to_zero import SAFE_TO_EVICT_ANNOTATION, enabled as scales_to_zero, ray_autoscaler_options
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
 from infra.spot import worker_shutdown
+from workloads.launch.credentials import CREDENTIALS_DIR, CREDENTIALS_SECRET
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
 
 RAY_CLUSTER_NAME = "ray-train"
@@ -83,6 +84,20 @@ def _shm_volume() -> dict[str, Any]:
     return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 
 
+def _credentials_volume() -> dict[str, Any]:
+    # The job's MLflow and hub credentials, as files its processes read at start
+    # (workloads/launch/credentials.py): kept out of the entrypoint and runtime_env, which Ray shows
+    # to whoever lists jobs, and out of the pod's environment, so a change needs no new pod.
+    # Optional: the pods start without it.
+    return {"name": "job-credentials", "secret": {"secretName": CREDENTIALS_SECRET, "optional": True,
+                                                  "defaultMode": 0o444}}
+
+
+def _volume_mounts() -> list[dict[str, Any]]:
+    return [{"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "job-credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True}]
+
+
 def _pod_metadata(cfg: StackConfig) -> dict[str, Any]:
     metadata: dict[str, Any] = {"labels": dict(RAY_POD_LABELS)}
     if scales_to_zero(cfg):
@@ -114,9 +129,9 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
                     {"name": "client", "containerPort": CLIENT_PORT},
                 ],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": _volume_mounts(),
             }],
-            "volumes": [_shm_volume()],
+            "volumes": [_shm_volume(), _credentials_volume()],
         },
     }
 
@@ -144,9 +159,9 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), region_env(cfg),
                         *shutdown_env],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": _volume_mounts(),
             }],
-            "volumes": [_shm_volume()],
+            "volumes": [_shm_volume(), _credentials_volume()],
         },
     }
 

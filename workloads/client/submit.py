@@ -193,6 +193,9 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if tracking_uri:
             train = tracking.with_tracking(train, uri=tracking_uri, run_name=run_name, experiment=args.stack or "",
                                            tags=tracking.client_tags(stack=args.stack))
+            tracking_uri = train["tracking"]["uri"]
+        if note := tracking.credentials_note(tracking.resolve_uri(first, stack_uri=conn.tracking_uri)):
+            console.print(f"[bold]credentials[/] {note}", highlight=False)
         wait_gpus_s = args.wait_gpus_s or (WAKE_WAIT_S if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
