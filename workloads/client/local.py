@@ -112,11 +112,22 @@ def _node_argv(*, index: int, gcs_port: int, dashboard_port: int, temp_dir: Path
     return argv + [f"--address=127.0.0.1:{gcs_port}", "--include-log-monitor=false"]
 
 
+LOCAL_NODE_ENV = {
+    "RAY_AUTH_MODE": "token",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # No Prometheus exporter on the nodes: it answers without the token, on every interface of a
+    # worker node (Ray binds a node's servers to loopback only for 127.0.0.1 itself, and the worker
+    # nodes have 127.0.0.2 and up); nothing of the demo reads Ray's metrics.
+    "RAY_enable_metrics_collection": "0",
+}
+"""The environment every local node runs with, besides the token (docs/SECURITY.md lists what still
+listens beyond loopback, and why)."""
+
+
 def _node_env(token: str, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     # "python" in the job's entrypoint must be this interpreter, as it is the image's on EKS.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-            "RAY_USAGE_STATS_ENABLED": "0", **(extra or {})}
+    return {**os.environ, "PATH": path, **LOCAL_NODE_ENV, "RAY_AUTH_TOKEN": token, **(extra or {})}
 
 
 def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: str, offset: int = 0) -> None:
