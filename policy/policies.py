@@ -136,8 +136,8 @@ POLICIES = [
         rule=lambda _type, props: rules.encryption_config_violations(props)),
     _stack_policy(
         name="s3-bucket-private-and-encrypted",
-        description="Every S3 bucket has a public access block and a server-side encryption "
-                    "configuration of its own.",
+        description="Every S3 bucket has a public access block, a server-side encryption "
+                    "configuration and a policy that denies requests without TLS, of its own.",
         rule=rules.bucket_violations),
     _resource_policy(
         name="mlflow-access-least-privilege",

@@ -449,7 +449,7 @@ def _bucket_and_its_configuration(run: ProgramRun) -> list[Declared]:
     children = [r for r in run.resources if r.inputs.get("bucket") == f"{bucket.name}-id"]
     assert {c.typ.rsplit(":", 1)[-1] for c in children} >= {
         "BucketServerSideEncryptionConfiguration", "BucketVersioning",
-        "BucketLifecycleConfiguration", "BucketPublicAccessBlock", "BucketOwnershipControls"}
+        "BucketLifecycleConfiguration", "BucketPublicAccessBlock", "BucketOwnershipControls", "BucketPolicy"}
     return [bucket, *children]
 
 

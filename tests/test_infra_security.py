@@ -148,3 +148,21 @@ def test_the_policy_is_enforced_and_in_place_before_the_ray_cluster(committed_ru
     expected = ray_network_policy(namespace=cfg.ray_namespace, ray_pod_labels=RAY_POD_LABELS)
     assert (policy.inputs["metadata"], policy.inputs["spec"]) == (expected["metadata"], expected["spec"])
     assert policy.name in run.waits_for("kubernetes:ray.io/v1:RayCluster", "ray-raycluster")
+
+
+# --- the bucket, over TLS only --------------------------------------------------------------------
+
+def test_the_bucket_denies_every_request_without_tls_in_a_policy_kept_with_it(committed_run):
+    run = committed_run
+    bucket = run.one("aws:s3/bucket:Bucket")
+    policy = run.one("aws:s3/bucketPolicy:BucketPolicy")
+    assert policy.inputs["bucket"] == f"{bucket.name}-id"
+    (statement,) = json.loads(policy.inputs["policy"])["Statement"]
+    arn = f"arn:aws:s3:::{bucket.inputs['bucketPrefix']}abc123"
+    assert statement == {"Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+                         "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+    assert rules.denies_insecure_transport(policy.inputs["policy"])
+    # Kept with the bucket (its configuration goes with it otherwise), and set after its public
+    # access block, against which S3 checks a new policy.
+    assert bucket.retain_on_delete and policy.retain_on_delete
+    assert "checkpoints-public-access-block" in run.waits_for("aws:s3/bucketPolicy:BucketPolicy", policy.name)

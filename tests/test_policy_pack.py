@@ -216,7 +216,7 @@ def test_pack_process_serves_mandatory_policies():
 
 class _Recorder(pulumi.runtime.Mocks):
     """Records what each resource registers (type, name, inputs, outputs); a bucket's id is its
-    name, as in S3."""
+    name, and its ARN is named after it, as in S3."""
 
     def __init__(self) -> None:
         self.registered: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
@@ -226,6 +226,7 @@ class _Recorder(pulumi.runtime.Mocks):
         resource_id = f"{args.name}-id"
         if args.typ in rules.BUCKETS:
             resource_id = state["bucket"] = f"{args.inputs['bucketPrefix']}1a2b3c"
+            state["arn"] = f"arn:aws:s3:::{resource_id}"
         self.registered.append((args.typ, args.name, dict(args.inputs), state))
         return resource_id, state
 
