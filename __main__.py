@@ -86,7 +86,7 @@ tracking = MlflowTracking("mlflow", MlflowTrackingArgs(
 ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
     manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator,
     pod_identity=storage.pod_identity, kubeconfig=cluster.kubeconfig,
-    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes,
+    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes, kubernetes_version=cfg.kubernetes_version,
     workers_now=0 if idle_to_zero else gpu_window.desired_nodes if gpu_window else None,
     workers_note=scale_to_zero.idle_note(cfg) if idle_to_zero else gpu_window.note if gpu_window else ""))
 

@@ -84,6 +84,28 @@ def _shm_volume() -> dict[str, Any]:
     return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 
 
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+"""Every Ray container (and the Ray autoscaler's): no privilege escalation, no Linux capability. EFA
+needs none added: its device plugin hands the container the node's EFA devices, and EKS's own EFA
+example (the EKS user guide's NCCL test on p5) runs its workers with no securityContext at all."""
+POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+"""Every Ray pod: the container runtime's default seccomp profile."""
+POD_SECURITY_LEVEL = "baseline"
+"""The strictest Pod Security Standard the Ray pods meet, enforced on the Ray namespace. Not
+`restricted`: it also requires `runAsNonRoot`, and the Ray image chooses its own user (the DLC image
+is not known to run as non-root); the namespace warns and audits against `restricted`."""
+
+
+def pod_security_labels(kubernetes_version: str) -> dict[str, str]:
+    """The Pod Security Admission labels of the Ray namespace: `POD_SECURITY_LEVEL` enforced at
+    the cluster's Kubernetes minor, `restricted` warned and audited."""
+    version = f"v{kubernetes_version}"
+    prefix = "pod-security.kubernetes.io"
+    return {f"{prefix}/enforce": POD_SECURITY_LEVEL, f"{prefix}/enforce-version": version,
+            f"{prefix}/warn": "restricted", f"{prefix}/warn-version": version,
+            f"{prefix}/audit": "restricted", f"{prefix}/audit-version": version}
+
+
 def _credentials_volume() -> dict[str, Any]:
     # The job's MLflow and hub credentials, as files its processes read at start
     # (workloads/launch/credentials.py): kept out of the entrypoint and runtime_env, which Ray shows
@@ -113,11 +135,13 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
         "metadata": _pod_metadata(cfg),
         "spec": {
             "serviceAccountName": SERVICE_ACCOUNT,
+            "securityContext": dict(POD_SECURITY_CONTEXT),
             "nodeSelector": dict(SYSTEM_NODE_LABELS),
             "containers": [{
                 "name": "ray-head",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
+                "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
                 "env": [
                     # The DLC image sets NVIDIA_VISIBLE_DEVICES=all; the head has no GPU.
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
@@ -146,6 +170,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
         "spec": {
             **shutdown_spec,
             "serviceAccountName": SERVICE_ACCOUNT,
+            "securityContext": dict(POD_SECURITY_CONTEXT),
             "nodeSelector": {
                 **GPU_NODE_LABELS,
                 "node.kubernetes.io/instance-type": cfg.gpu_instance_type,
@@ -156,6 +181,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "name": "ray-worker",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
+                "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
                 "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), region_env(cfg),
                         *shutdown_env],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
@@ -186,7 +212,8 @@ def worker_counts(manifest: dict[str, Any]) -> tuple[int, int]:
 def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[str, Any]:
     """The RayCluster manifest for this stack: one head on a system node, one worker per GPU
     node (with `gpuIdleMinutes`, as many as the jobs ask for, none when idle)."""
-    autoscaling = ({"enableInTreeAutoscaling": True, "autoscalerOptions": ray_autoscaler_options(cfg)}
+    autoscaling = ({"enableInTreeAutoscaling": True, "autoscalerOptions": {
+                       **ray_autoscaler_options(cfg), "securityContext": dict(CONTAINER_SECURITY_CONTEXT)}}
                    if scales_to_zero(cfg) else {"enableInTreeAutoscaling": False})
     return {
         "apiVersion": "ray.io/v1",
@@ -225,6 +252,8 @@ class RayClusterDeploymentArgs:
     """The cluster's kubeconfig, with which `pulumi up` watches the worker pods."""
     workers_ready_timeout_minutes: int
     """How long `pulumi up` waits for every worker pod to be Ready; 0 does not wait."""
+    kubernetes_version: str
+    """The cluster's Kubernetes minor: the Pod Security Standards' version the namespace enforces."""
     workers_now: int | None = None
     """Worker pods `pulumi up` waits for: fewer than the worker group's replicas while a Capacity
     Block has not started (0 nodes until then), none when the GPU nodes scale to zero (the workers
@@ -245,7 +274,9 @@ class RayClusterDeployment(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
         meta = args.manifest["metadata"]
         namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": meta["namespace"]}, opts=child)
+            f"{name}-namespace", metadata={"name": meta["namespace"],
+                                           "labels": pod_security_labels(args.kubernetes_version)},
+            opts=child)
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account",
             metadata={"name": SERVICE_ACCOUNT, "namespace": meta["namespace"]},

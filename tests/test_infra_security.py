@@ -4,6 +4,7 @@ reached; under Pulumi mocks and through the policy pack, as the engine would fee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import kubernetes_validate
@@ -166,3 +167,71 @@ def test_the_bucket_denies_every_request_without_tls_in_a_policy_kept_with_it(co
     # access block, against which S3 checks a new policy.
     assert bucket.retain_on_delete and policy.retain_on_delete
     assert "checkpoints-public-access-block" in run.waits_for("aws:s3/bucketPolicy:BucketPolicy", policy.name)
+
+
+# --- the Ray pods' privileges ---------------------------------------------------------------------
+
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+"""What the Pod Security Standards' baseline level lets a container add."""
+
+
+def _pod_security_failures(pod: dict, containers: list[dict]) -> dict[str, list[str]]:
+    """The Pod Security Standards' checks (kubernetes.io/docs/concepts/security/pod-security-standards)
+    that apply to these pods, by level: what fails baseline, and what more fails restricted."""
+    baseline, restricted = [], []
+    if any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")):
+        baseline.append("host namespaces")
+    if any("hostPath" in v for v in pod.get("volumes", [])):
+        baseline.append("hostPath volumes")
+    pod_seccomp = pod.get("securityContext", {}).get("seccompProfile", {}).get("type")
+    for c in containers:
+        ctx = c.get("securityContext", {})
+        if ctx.get("privileged"):
+            baseline.append(f"{c.get('name')}: privileged")
+        if set(ctx.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES:
+            baseline.append(f"{c.get('name')}: capabilities added")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            baseline.append(f"{c.get('name')}: host ports")
+        seccomp = ctx.get("seccompProfile", {}).get("type", pod_seccomp)
+        if seccomp == "Unconfined":
+            baseline.append(f"{c.get('name')}: seccomp unconfined")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            restricted.append(f"{c.get('name')}: no seccomp profile")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            restricted.append(f"{c.get('name')}: privilege escalation")
+        if ctx.get("capabilities", {}).get("drop") != ["ALL"]:
+            restricted.append(f"{c.get('name')}: capabilities not dropped")
+        if not (ctx.get("runAsNonRoot") or pod.get("securityContext", {}).get("runAsNonRoot")):
+            restricted.append(f"{c.get('name')}: may run as root")
+    return {"baseline": baseline, "restricted": restricted}
+
+
+@pytest.mark.parametrize("changes", [{}, {"gpu_capacity_type": "spot"}, {"gpu_idle_minutes": 30}],
+                         ids=["on-demand", "spot", "idle-to-zero"])
+def test_ray_pods_drop_every_capability_escalate_nothing_and_meet_the_baseline_standard(changes):
+    cfg = dataclasses.replace(parse_stack_config(read_stack_values(STACK_FILE)), **changes)
+    spec = build_raycluster(cfg)["spec"]
+    for template in (spec["headGroupSpec"]["template"], spec["workerGroupSpecs"][0]["template"]):
+        pod = template["spec"]
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod},
+                                     desired_version="1.34", strict=True)
+        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        for container in pod["containers"]:
+            assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                    "capabilities": {"drop": ["ALL"]}}
+        failures = _pod_security_failures(pod, pod["containers"])
+        assert failures["baseline"] == []
+        # restricted asks one thing more: runAsNonRoot, which the image's own user decides.
+        assert failures["restricted"] == [f"{c['name']}: may run as root" for c in pod["containers"]]
+    if cfg.gpu_idle_minutes:  # the autoscaler sidecar KubeRay adds to the head
+        assert spec["autoscalerOptions"]["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                                "capabilities": {"drop": ["ALL"]}}
+
+
+def test_the_ray_namespace_enforces_the_baseline_standard_and_warns_on_restricted(committed_run):
+    namespace = committed_run.one("kubernetes:core/v1:Namespace").inputs["metadata"]
+    assert namespace["labels"] == {
+        "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.34",
+        "pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/warn-version": "v1.34",
+        "pod-security.kubernetes.io/audit": "restricted", "pod-security.kubernetes.io/audit-version": "v1.34"}

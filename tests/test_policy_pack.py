@@ -270,7 +270,8 @@ def registered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
         ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
             manifest=build_raycluster(cfg), provider=provider,
             operator_release=addons.kuberay_operator, pod_identity=storage.pod_identity,
-            kubeconfig="{}", workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes))
+            kubeconfig="{}", workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes,
+            kubernetes_version=cfg.kubernetes_version))
         return pulumi.Output.all(storage.uri, ray.cluster_name)
 
     declare()
