@@ -23,6 +23,11 @@ VPC_CNI_POLICY = "AmazonEKS_CNI_Policy"
 VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
 """The add-on's configuration: its network policy agent enforces NetworkPolicy objects (the VPC CNI
 enforces none without it; infra/network_policy.py has the Ray namespace's)."""
+CONTROL_PLANE_LOG_TYPES = ("audit", "authenticator")
+"""EKS control-plane logs sent to CloudWatch: who did what through the API (audit), and which IAM
+identity each request authenticated as (authenticator)."""
+CONTROL_PLANE_LOG_RETENTION_DAYS = 90
+"""How long CloudWatch keeps them (EKS's own log group would keep them, and bill them, for ever)."""
 OPEN_TO_INTERNET_TAG = "ray-eks:api-open-to-internet"
 """On the EKS cluster, "true", when the stack says its API may be open to every address
 (`apiOpenToInternet`): the policy pack refuses 0.0.0.0/0 without it (policy/rules/api_endpoint.py)."""
@@ -81,6 +86,9 @@ class EksCluster(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("ray-eks:infra:EksCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # The group EKS writes the control-plane logs to, made first so that it has a retention.
+        logs = aws.cloudwatch.LogGroup(f"{name}-control-plane-logs", name=f"/aws/eks/{args.cluster_name}/cluster",
+                                       retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS, opts=child)
         self.cluster = eks.Cluster(
             f"{name}-eks",
             name=args.cluster_name,
@@ -95,9 +103,10 @@ class EksCluster(pulumi.ComponentResource):
             # policies: pulumi-eks's own takes neither (its VpcCniOptions has IRSA's role ARN only).
             use_default_vpc_cni=True,
             authentication_mode=eks.AuthenticationMode.API,
+            enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
             access_entries=admin_access_entries(args.admin_principal_arns),
             **endpoint_access(args.api_access_cidrs, open_to_internet=args.api_open_to_internet),
-            opts=child)
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[logs]))
         # Lets the checkpoint role reach the Ray pods (infra/storage.py) without an OIDC provider.
         agent = aws.eks.Addon(f"{name}-pod-identity-agent", cluster_name=args.cluster_name,
                               addon_name="eks-pod-identity-agent",

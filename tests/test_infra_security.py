@@ -235,3 +235,16 @@ def test_the_ray_namespace_enforces_the_baseline_standard_and_warns_on_restricte
         "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.34",
         "pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/warn-version": "v1.34",
         "pod-security.kubernetes.io/audit": "restricted", "pod-security.kubernetes.io/audit-version": "v1.34"}
+
+
+# --- the control plane's logs ---------------------------------------------------------------------
+
+def test_eks_audit_and_authenticator_logs_go_to_a_log_group_with_a_retention(committed_run):
+    run = committed_run
+    cluster = run.one("eks:index:Cluster")
+    assert set(cluster.inputs["enabledClusterLogTypes"]) >= {"audit", "authenticator"}
+    group = run.one("aws:cloudwatch/logGroup:LogGroup")
+    # EKS writes to /aws/eks/<cluster>/cluster, and creates it without a retention unless it exists.
+    assert group.inputs["name"] == f"/aws/eks/{cluster.inputs['name']}/cluster"
+    assert group.inputs["retentionInDays"] == 90
+    assert group.name in run.waits_for("eks:index:Cluster", cluster.name)
