@@ -3,6 +3,7 @@ transport check."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import json
@@ -364,6 +365,45 @@ def test_an_address_without_a_scheme_is_a_jobs_api_url(given, url):
 def test_an_address_that_is_no_jobs_api_url_is_refused(given):
     with pytest.raises(ValueError, match="is not a Ray Jobs API URL: use http://HOST:PORT"):
         cluster.normalize_address(given)
+
+
+@pytest.mark.parametrize("given", ["http://10.0.3.7:8265", "ray-head.example.com:8265", "http://192.0.2.1:8265"])
+def test_plain_http_to_another_machine_is_refused_unless_insecure(given, capsys):
+    with pytest.raises(ValueError, match="plain http to another machine would send the Ray token, and every job, "
+                                         "in the clear: use https://"):
+        cluster.normalize_address(given)
+    assert cluster.normalize_address(given, insecure=True).startswith("http://")
+    assert submit.main("list", ["--address", given]) == submit.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --insecure" in err
+
+
+def test_the_token_comes_from_the_environment_or_a_file_and_a_token_on_the_command_line_is_warned_about(
+        tmp_path, monkeypatch, capsys):
+    seen = []
+
+    @contextlib.contextmanager
+    def connect(**kwargs):
+        seen.append(kwargs["token"])
+        raise cluster.UnreachableError("stop here")
+        yield
+
+    monkeypatch.setattr(submit, "connect", connect)
+    (tmp_path / "token").write_text("from-the-file\n")
+    assert submit.main("list", ["--address", "http://127.0.0.1:9", "--token-file", str(tmp_path / "token")]) == 3
+    assert seen == ["from-the-file"] and "warning" not in capsys.readouterr().err
+    assert submit.main("list", ["--address", "http://127.0.0.1:9", "--token", "on-the-command-line"]) == 3
+    assert seen[-1] == "on-the-command-line"
+    assert f"warning: {submit.TOKEN_ON_COMMAND_LINE}" in capsys.readouterr().err
+    (tmp_path / "empty").write_text("\n")
+    assert submit.main("list", ["--address", "http://127.0.0.1:9", "--token-file", str(tmp_path / "empty")]) == 2
+    assert "the file is empty" in capsys.readouterr().err
+
+
+def test_with_an_address_and_no_token_file_the_token_is_ray_auth_token(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-the-environment")
+    with cluster.connect(stack=None, address="http://127.0.0.1:9", token=None) as conn:
+        assert conn.token == "from-the-environment"
 
 
 def test_an_address_that_does_not_answer_fails_within_the_connect_timeout():
