@@ -24,23 +24,15 @@ import tempfile
 from pathlib import Path
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
+from workloads.client.usage import Parser, UsageError
 
 EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 """workloads.model_io.export.EXPORT_DTYPES, which this module does not import (it imports torch)."""
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
 def _arg_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m workloads export", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m workloads export", description=__doc__.splitlines()[0])
     parser.add_argument("run", nargs="?", help="run folder or checkpoint folder, local or s3://")
     parser.add_argument("--stack", help="take the run from this stack's checkpoint bucket (with --run)")
     parser.add_argument("--run", dest="run_name", help="the run name (Ray Train's) with --stack")
@@ -90,7 +82,7 @@ def main(command: str, argv: list[str]) -> int:
         args = _arg_parser().parse_args(argv)
         with tempfile.TemporaryDirectory(prefix="export-") as scratch:
             return export_and_show(args, scratch=Path(scratch))
-    except (_UsageError, ValueError) as exc:
+    except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except UnreachableError as exc:

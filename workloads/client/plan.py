@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from workloads.client.usage import Parser, UsageError
+
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
 
 MEASURED_MFU = {"full": 0.552, "lora": 0.552}
@@ -26,17 +28,8 @@ takes the full fine-tune's until a benchmark measures its own (the memory check'
 of 7B LoRA ran at 58.0%)."""
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
 def _arg_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m workloads plan", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m workloads plan", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", help="training preset (default: the one submit picks for the GPU)")
     parser.add_argument("--model-size", default="1.5b", choices=("1.5b", "7b"),
                         help="without --preset: the model whose preset to choose (default 1.5b)")
@@ -173,7 +166,7 @@ def main(command: str, argv: list[str]) -> int:
                                              gpus=target.world_size)
         cfg = with_overrides(preset(name), args.set)
         plan = make_plan(cfg, preset_name=name, instance_type=args.instance_type, nodes=args.nodes, cwd=Path.cwd())
-    except (_UsageError, ValueError) as exc:
+    except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))

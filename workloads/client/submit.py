@@ -37,6 +37,7 @@ from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_fact
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
+from workloads.client.usage import Parser, UsageError
 from workloads.client.wakeup import WAKE_WAIT_S, WakeWatching, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
 from workloads.client.follow import (  # noqa: F401
@@ -76,15 +77,6 @@ from workloads.client.submission import (  # noqa: F401
 )
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
 def _target_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster (one of)")
     group.add_argument("--stack", help="Pulumi stack whose RayCluster to use (port-forwarded with kubectl)")
@@ -113,7 +105,7 @@ def _connect(args: argparse.Namespace):
 
 
 def _arg_parser(command: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=f"python -m workloads {command}")
+    parser = Parser(prog=f"python -m workloads {command}")
     _target_options(parser)
     if command == "submit":
         parser.description = "Submit the fine-tune and follow it to the end."
@@ -373,7 +365,7 @@ def main(command: str, argv: list[str]) -> int:
     try:
         args = _arg_parser(command).parse_args(argv)
         return COMMANDS[command](args, console)
-    except (_UsageError, ValueError) as exc:
+    except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except UnreachableError as exc:
