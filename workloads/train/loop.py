@@ -228,7 +228,7 @@ def save_checkpoint(
 def evaluate(model: CausalLMWithLoss, held_out: list[Batch], *, device: torch.device) -> float:
     """The mean loss over every held-out label, all ranks together (a collective)."""
     totals = torch.zeros(2, dtype=torch.float64, device=device)
-    one = torch.ones((), device=device)
+    one = torch.ones((), dtype=torch.int64, device=device)
     model.eval()
     with torch.no_grad():
         for batch in held_out:
