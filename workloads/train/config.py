@@ -244,7 +244,8 @@ class TrainConfig:
     as `eval_loss`; 0 never does."""
 
     eval_batches: int = 4
-    """Micro-batches per rank in one evaluation, at most (a smaller held-out set is used whole)."""
+    """Micro-batches per rank in one evaluation at the planned world size, at most (a smaller
+    held-out set is used whole); on other world sizes the same held-out samples, in more or fewer."""
 
     export_model: bool = True
     """Write the trained model as a Hugging Face folder (`model/` in the final checkpoint) at the

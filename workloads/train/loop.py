@@ -365,7 +365,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
     held_out = [] if data.eval is None else eval_batches(
         data.eval, rows=data.eval_rows, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size,
-        max_batches=-(-cfg.eval_batches * planned_world_size // ctx.world_size))
+        max_rows=cfg.eval_batches * cfg.micro_batch * planned_world_size)
 
     built = time.perf_counter()
     model, shape = build_model(cfg, device=device, pretrained=pretrained)
