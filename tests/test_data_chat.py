@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
-from workloads.model_io.toy import IM_END, toy_conversations, toy_tokenizer
+from workloads.model_io.toy import CHAT_TEMPLATE, IM_END, toy_conversations, toy_tokenizer
 from workloads.train.config import ModelConfig
 from workloads.train.data import Batch, Sample
 from workloads.train.encode import Example, encode_chat, encode_records, end_of_turn_id
@@ -44,6 +44,25 @@ def test_only_the_assistant_turns_are_targets(tokenizer):
     for message in CHAT[:2] + CHAT[3:4]:
         assert message["content"] in context
     assert "Paris" not in context and "Cold" not in context
+
+
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}" + CHAT_TEMPLATE
+)
+"""ChatML with a default system prompt when the conversation has none, as Qwen2.5's own template."""
+
+
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, DEFAULT_SYSTEM_TEMPLATE], ids=["chatml", "default-system"])
+def test_a_conversation_that_opens_with_an_assistant_turn_trains_on_its_answers_only(template):
+    tokenizer = toy_tokenizer()
+    tokenizer.chat_template = template
+    messages = [{"role": "assistant", "content": "Paris."}, {"role": "user", "content": "What is the opposite of hot?"},
+                {"role": "assistant", "content": "Cold."}]
+    example = encode_chat(tokenizer, Record(where="t:2", messages=messages))
+    targets = [t for t, is_target in zip(example.tokens, example.targets, strict=True) if is_target]
+    # Not the template's system prompt, nor the opening turn's header.
+    assert tokenizer.decode(targets) == f"Paris.{IM_END}\nCold.{IM_END}\n"
 
 
 def test_a_chat_needs_a_template_and_the_end_of_turn_token_is_found(tokenizer):
