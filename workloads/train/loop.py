@@ -389,9 +389,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     if first_batch.position_ids is not None and packed_attention_leaks(model, first_batch, vocab_size=shape.vocab_size):
         raise RuntimeError(
             f"packed samples attend to each other with attn_implementation={cfg.model.attn_implementation!r} "
-            "and this transformers version (position ids that restart are not turned into a block-diagonal "
-            "mask, or the backend ignores them): use varlen (the default), sdpa or flex_attention; "
-            "flash_attention_2 keeps packed samples apart only with micro_batch=1"
+            "and this transformers version (the backend ignores the batch's cu_seq_lens and its restarting "
+            "position ids): use varlen (the default), sdpa, flex_attention or flash_attention_2"
         )
     stream = itertools.chain([first_batch], stream)
     tracker = tracking.start(cfg, rank=ctx.rank, progress=progress, world_size=ctx.world_size, nodes=nodes,
