@@ -128,6 +128,11 @@ def test_a_restart_and_a_resize_are_events_a_fresh_start_is_not():
         "event.step-0000040.restart", "resumed after step 40 on 8 ranks (2 node(s))")
     assert tracking.Resumption(step=40, world_size=4, saved_world_size=8, nodes=1).event() == (
         "event.step-0000040.resize", "resumed after step 40 on 4 ranks (1 node(s)), was 8")
+    # A resize says what it kept: the samples per optimizer step, with more micro-steps per rank.
+    assert tracking.Resumption(step=40, world_size=4, saved_world_size=8, nodes=1, samples_per_step=128,
+                               grad_accum_steps=2).event() == (
+        "event.step-0000040.resize", "resumed after step 40 on 4 ranks (1 node(s)), was 8; 128 samples per "
+                                     "optimizer step kept with grad_accum_steps=2")
 
 
 def test_without_a_uri_or_on_another_rank_nothing_is_tracked():
@@ -202,7 +207,9 @@ def test_a_resumed_run_continues_its_run_logs_new_params_and_says_which_changed(
     _, run_id, metrics, params, tags = sink.of("batch")[0]
     assert run_id == "run-a" and "steps" not in params and "seed" not in params and "lr" in params
     assert tags["params_changed.step-0000040"] == "steps: 100 -> 200"
-    assert tags["event.step-0000040.resize"] == "resumed after step 40 on 4 ranks (2 node(s)), was 8"
+    assert tags["event.step-0000040.resize"] == ("resumed after step 40 on 4 ranks (2 node(s)), was 8; "
+                                                 f"{cfg.micro_batch * 4} samples per optimizer step kept with "
+                                                 "grad_accum_steps=1")
     assert [(m[0], m[1], m[3]) for m in metrics] == [("world_size", 4.0, 40)]
 
 

@@ -150,7 +150,8 @@ def worker(rank: int, port: int, root: Path, plan: dict) -> None:
                     copy = root / f"{name}-resume"
                     shutil.copytree(resume_from, copy)
                     saved = read_progress(copy)
-                    (copy / PROGRESS_FILE).write_text(json.dumps({**saved, "world_size": scenario["saved_world_size"]}))
+                    (copy / PROGRESS_FILE).write_text(json.dumps({**saved, "world_size": scenario["saved_world_size"],
+                                                                  "planned_world_size": scenario["saved_world_size"]}))
                 dist.barrier()
                 resume_from = str(root / f"{name}-resume")
             if scenario.get("preimport_mlflow") and rank == 0:
@@ -228,8 +229,10 @@ def test_the_loop_tracks_on_rank_0_and_a_resumed_run_continues_it(server, tmp_pa
     assert history(mlflow, run_id, "world_size") == [(0, 2.0), (30, 2.0)]
     tags = got.data.tags
     assert (tags["world_size"], tags["nodes"], tags["parallelism"]) == ("2", "1", "fsdp 2")
-    assert tags["event.step-0000030.resize"] == "resumed after step 30 on 2 ranks (1 node(s)), was 4"
-    assert tags["params_changed.step-0000030"] == "steps: 30 -> 40"
+    # Two micro-steps on each of the 2 ranks keep the 4 ranks' samples per step.
+    assert tags["event.step-0000030.resize"] == ("resumed after step 30 on 2 ranks (1 node(s)), was 4; 32 samples "
+                                                 "per optimizer step kept with grad_accum_steps=2")
+    assert tags["params_changed.step-0000030"] == "grad_accum_steps: 1 -> 2; steps: 30 -> 40"
     summary = json.loads(Path(mlflow.download_artifacts(run_id, "summary.json")).read_text())
     assert summary == records["b"][0]["summary"]
     assert len(mlflow.search_runs([got.info.experiment_id])) == 1

@@ -32,7 +32,7 @@ from workloads.model_io.export import (
     write_weights_from_shards,
 )
 from workloads.model_io.sources import fetch_model
-from workloads.train import checkpoint, metrics, tracking
+from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig
 from workloads.train.data import Batch, Data, batches, build_data, eval_batches, samples_per_step
 from workloads.train.encode import load_tokenizer
@@ -211,12 +211,15 @@ def save_checkpoint(
     metadata: ModelMetadata,
     export_weights: bool,
     tracking_run_id: str = "",
+    planned_world_size: int = 0,
+    hub_revisions: Optional[dict[str, str]] = None,
 ) -> Path:
     """Save the sharded state; rank 0 adds `model/` (config, generation config, tokenizer) and, with
     `export_weights`, the weights gathered into a Hugging Face folder there."""
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
-                                   tracking_run_id=tracking_run_id)
+                                   tracking_run_id=tracking_run_id, planned_world_size=planned_world_size,
+                                   hub_revisions=hub_revisions or {})
     checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
@@ -337,11 +340,6 @@ def nodes_in_run(ctx: TrainContext, *, device: torch.device) -> int:
 
 
 def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
-    # On fewer ranks than planned (an elastic run after a node loss), more micro-steps per rank keep
-    # the samples per optimizer step (workloads/train/elastic.py); ValueError where none can.
-    planned_world_size = ctx.planned_world_size or ctx.world_size
-    cfg = dataclasses.replace(cfg, grad_accum_steps=accumulation_for(
-        ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size))
     device = resolve_device(ctx)
     # First, before the model is built or a checkpoint restored: a wrong transport is found in
     # seconds, not after minutes of loading (TransportGateError on every rank).
@@ -349,6 +347,19 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     print_rank0(
         ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
     )
+    # On another number of ranks than planned (an elastic run after a node loss, a run resumed on
+    # another world size), more or fewer micro-steps per rank keep the samples per optimizer step
+    # (workloads/train/elastic.py); ValueError where none can. A resumed run also reads the hub
+    # commits its checkpoint recorded (workloads/train/resumed.py).
+    saved = resumed.saved_progress(ctx)
+    planned_world_size = elastic.planned_world_size(world_size=ctx.world_size, elastic_planned=ctx.planned_world_size,
+                                                    saved=saved)
+    cfg = dataclasses.replace(cfg, grad_accum_steps=accumulation_for(
+        ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size,
+        cause="elastic" if ctx.planned_world_size else "resume"))
+    cfg, kept = resumed.keep_hub_revisions(cfg, saved)
+    if ctx.rank == 0 and kept:
+        print("\n".join(kept), flush=True)
     nodes = nodes_in_run(ctx, device=device)
     started = time.perf_counter()
     pretrained = fetch_pretrained(cfg)
@@ -380,9 +391,10 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer)
-    if ctx.planned_world_size:  # an elastic run: each start says on how many ranks it goes on
+    if ctx.planned_world_size or planned_world_size != ctx.world_size:  # says on how many ranks it goes on
         print_rank0(ctx, ELASTIC_PREFIX, {"world_size": ctx.world_size, "planned_world_size": planned_world_size,
                                           "nodes": nodes, "grad_accum_steps": cfg.grad_accum_steps,
+                                          "samples_per_step": cfg.samples_per_rank_per_step * ctx.world_size,
                                           "resumed_from_step": progress.step, "parallelism": plan.kind})
     stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)
     first_batch = next(stream)
@@ -448,7 +460,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
                                      metadata=metadata, export_weights=final and cfg.export_model,
-                                     tracking_run_id=tracker.run_id)
+                                     tracking_run_id=tracker.run_id, planned_world_size=planned_world_size,
+                                     hub_revisions=resumed.hub_revisions(cfg))
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,

@@ -130,6 +130,10 @@ class Resumption:
     """Ranks that saved the checkpoint (0: not recorded)."""
     nodes: int
     """Nodes of this start."""
+    samples_per_step: int = 0
+    """Samples per optimizer step of this start, kept across a resize (workloads/train/elastic.py)."""
+    grad_accum_steps: int = 0
+    """Micro-steps per optimizer step of this start, rescaled to keep them."""
 
     def event(self) -> Optional[tuple[str, str]]:
         """(tag key, message) of a restart or resize; None for a fresh start."""
@@ -138,6 +142,9 @@ class Resumption:
         resized = self.saved_world_size and self.saved_world_size != self.world_size
         kind = "resize" if resized else "restart"
         was = f", was {self.saved_world_size}" if resized else ""
+        if resized and self.samples_per_step:
+            was += (f"; {self.samples_per_step} samples per optimizer step kept with grad_accum_steps="
+                    f"{self.grad_accum_steps}")
         return (f"event.step-{self.step:07d}.{kind}",
                 f"resumed after step {self.step} on {self.world_size} ranks ({self.nodes} node(s)){was}")
 
@@ -463,7 +470,8 @@ def start(cfg: TrainConfig, *, rank: int, progress: Progress, world_size: int, n
     if rank != 0 or not uri:
         return Tracker()
     resumption = Resumption(step=progress.step, world_size=world_size, saved_world_size=progress.world_size,
-                            nodes=nodes)
+                            nodes=nodes, samples_per_step=cfg.samples_per_rank_per_step * world_size,
+                            grad_accum_steps=cfg.grad_accum_steps)
     tracker = BackgroundTracker(sink_factory=sink_factory or (lambda: MlflowSink(uri)), settings=cfg.tracking,
                                 uri=uri, run_id=progress.tracking_run_id, clock=clock, **kwargs)
     stamp = int(clock() * 1000)
