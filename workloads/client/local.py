@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import demo, submit, tracking
+from workloads.client import demo, revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
@@ -333,16 +333,22 @@ def _arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def local_train_config(args: argparse.Namespace, run_dir: Path) -> tuple[dict, demo.DemoInputs]:
+def local_train_config(args: argparse.Namespace, run_dir: Path, *,
+                       say: Callable[[str], None] = lambda line: None) -> tuple[dict, demo.DemoInputs]:
     """The run's config, with every local input it names checked (seconds, before any cluster
-    starts), and what the demo will make for it. ValueError for a mistake."""
+    starts) and its hub model and dataset pinned to commits (`say` hears of each), and what the
+    demo will make for it. ValueError for a mistake."""
     from workloads.train.config import preset, with_overrides
 
     inputs = demo.plan_demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
     base = preset(args.preset)
     cfg = with_overrides(base, [*inputs.overrides, *user_overrides(base.to_dict(), args.set), "transport.expect=any"])
     train = resolved_for_local_run(cfg.to_dict(), cwd=Path.cwd(), made=inputs.fields)
-    check_inputs(train, local=local_inputs(train, cwd=Path.cwd(), made=inputs.fields), hub=True)
+    local = local_inputs(train, cwd=Path.cwd(), made=inputs.fields)
+    check_inputs(train, local=local, hub=True)
+    train, pinned = revisions.pin_hub_revisions(train, local=local)
+    for line in pinned:
+        say(line)
     return train, inputs
 
 
@@ -350,7 +356,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
-    train, inputs = local_train_config(args, run_dir)
+    train, inputs = local_train_config(args, run_dir, say=lambda line: console.print(f"[bold cyan]hub[/] {line}"))
     run_name = f"{args.preset}-{stamp}"
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     if inputs.model is not None and inputs.chats is None:

@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import tracking
+from workloads.client import revisions, tracking
 from workloads.client.cluster import UnreachableError, client_factory, connect, first_line, job_client
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
@@ -161,8 +161,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     upload_absolute = bool(args.stack)  # the stack's nodes cannot see this machine's files
     first = _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
     files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
-    # The files uploaded with the job are read here as the job will read them; the hub is the
-    # cluster's to reach, not this machine's.
+    # The files uploaded with the job are read here as the job will read them; the hub's files are
+    # the cluster's to fetch (this machine only asks which commit a revision names, below).
     check_inputs(first, local=local_inputs(first, cwd=Path.cwd(), upload_absolute=upload_absolute), hub=False)
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
@@ -178,8 +178,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
         preset_name = args.preset or preset_for_gpu(conn.gpu_memory_gib)
-        train, files = files_for_job(_train_config(args, expect=expect, preset_name=preset_name),
-                                     cwd=Path.cwd(), upload_absolute=upload_absolute)
+        config = _train_config(args, expect=expect, preset_name=preset_name)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         storage_path = args.storage_path or conn.storage_path
@@ -188,6 +187,12 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if "://" not in storage_path and not storage_path.startswith("/"):
             raise ValueError(f"--storage-path {storage_path!r} must be a URI (s3://...) or an absolute folder "
                              "on the cluster's nodes")
+        # Once, here: every node and every restart of the job reads these commits.
+        config, pinned = revisions.pin_hub_revisions(
+            config, local=local_inputs(config, cwd=Path.cwd(), upload_absolute=upload_absolute))
+        for line in pinned:
+            console.print(f"[bold cyan]hub[/] {line}", highlight=False)
+        train, files = files_for_job(config, cwd=Path.cwd(), upload_absolute=upload_absolute)
         gpus = args.gpus if args.gpus is not None else conn.ray_worker_gpus or 0
         tracking_uri = tracking.resolve_uri(train, stack_uri=conn.tracking_uri)
         if tracking_uri:

@@ -35,7 +35,8 @@ class ModelConfig:
     Remote ones are downloaded once per node; the weights go straight into each rank's shards."""
 
     revision: str = ""
-    """The hub revision (branch, tag or commit) of a hub model; empty: its default branch."""
+    """The hub revision (branch, tag or commit) of a hub model; empty: its default branch. `submit`
+    and `run --local` pin it to the commit it names then (workloads/client/revisions.py)."""
 
     attn_implementation: str = "varlen"
     """The attention backend: "varlen" (workloads/train/attention.py: packed samples as
@@ -70,7 +71,8 @@ class DataConfig:
     """The hub dataset's split (kind "hub")."""
 
     revision: str = ""
-    """The hub dataset's revision (kind "hub"); empty: its default branch."""
+    """The hub dataset's revision (kind "hub"); empty: its default branch. Pinned to a commit at
+    submission, as model.revision is."""
 
     text_field: str = "text"
     """The key of a plain-text record's text."""
