@@ -4,6 +4,7 @@ A scripted sink stands in for MLflow here; tests/test_tracking_server.py runs th
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -40,6 +41,7 @@ class ScriptedSink:
         self.calls: list[tuple] = []
         self.fail = fail
         self.runs = runs or {}
+        self.statuses: dict[str, str] = {}
         self.lock = threading.Lock()
 
     def _call(self, *call):
@@ -75,6 +77,15 @@ class ScriptedSink:
 
     def end(self, run_id, status):
         self._call("end", run_id, status)
+        self.statuses[run_id] = status
+
+    def status(self, run_id):
+        self._call("status", run_id)
+        return self.statuses.get(run_id, "RUNNING")
+
+    def find_run(self, experiment, *, run_name):
+        self._call("find", experiment, run_name)
+        return self.runs.get(run_name)
 
     def of(self, kind):
         with self.lock:
@@ -305,3 +316,40 @@ def test_annotating_an_ended_run_gives_up_after_its_timeout_without_raising():
 def test_tags_must_be_a_mapping_of_strings(tags):
     with pytest.raises(ValueError, match="tracking.tags"):
         with_overrides(preset("demo-cpu"), [f"tracking.tags={json.dumps(tags)}"])
+
+
+@pytest.mark.parametrize(("raised", "status"), [(RuntimeError("CUDA out of memory"), "FAILED"),
+                                                (KeyboardInterrupt(), "KILLED"), (SystemExit(143), "KILLED")])
+def test_a_loop_that_raises_ends_its_run_failed_and_an_interrupted_one_killed(raised, status):
+    sink = ScriptedSink()
+    with pytest.raises(type(raised)):
+        with tracking.ends_with_the_run():
+            tracker = start(tracked(), sink)
+            tracker.log_step(step(1))
+            raise raised
+    assert sink.of("end") == [("end", "new-run", status)]
+    assert [c[0] for c in sink.calls][-2:] == ["batch", "end"]  # the step before it was sent first
+    # A run that reached its summary is not ended again by a later failure of the same process.
+    sink = ScriptedSink()
+    with pytest.raises(RuntimeError):
+        with tracking.ends_with_the_run():
+            start(tracked(), sink).finish({})
+            raise RuntimeError("after the run")
+    assert sink.of("end") == [("end", "new-run", "FINISHED")]
+
+
+def test_a_run_left_running_is_ended_afterwards_and_an_ended_one_is_left_alone():
+    sink, said = ScriptedSink(runs={"demo-1": SimpleNamespace(info=SimpleNamespace(run_id="run-a"))}), []
+    end = functools.partial(tracking.end_run, "http://127.0.0.1:1", sink_factory=lambda: sink, say=said.append)
+    assert end(run_id="run-a", status="KILLED")
+    assert not end(run_id="run-a", status="FAILED")  # KILLED already
+    assert sink.of("end") == [("end", "run-a", "KILLED")]
+    sink.statuses.clear()
+    assert end(experiment="exp", run_name="demo-1", status="FAILED")  # found by its run name
+    assert not end(experiment="exp", run_name="never-opened", status="FAILED")
+    assert said == []
+    hung = ScriptedSink(fail=lambda call: time.sleep(5))
+    assert not tracking.end_run("http://127.0.0.1:1", run_id="run-b", status="KILLED", timeout_s=0.2,
+                                sink_factory=lambda: hung, say=said.append)
+    assert said == ["[tracking] warning: could not end run run-b at http://127.0.0.1:1 as KILLED: no answer "
+                    "within 0.2 s"]

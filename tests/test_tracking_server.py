@@ -310,3 +310,18 @@ def test_the_driver_tags_the_run_with_its_final_checkpoint_and_exported_model(se
     assert "model_location" not in mlflow.get_run(named).data.tags  # no weights were exported there
     # Untracked: nothing is asked of any tracker.
     assert not tell_tracker_where(preset("demo-cpu").to_dict(), filesystem=LocalFileSystem(), path=str(final))
+
+
+def test_the_driver_ends_the_run_of_a_job_that_failed_as_failed(server):
+    from workloads.launch.driver import tell_tracker_it_failed
+
+    mlflow = client(server.uri)
+    experiment = mlflow.create_experiment("driver-failed")
+    # Left RUNNING: its rank 0 was killed (a lost worker) before Ray Train gave up on the run.
+    run_id = mlflow.create_run(experiment, run_name="drv-f", tags={tracking.RUN_NAME_TAG: "drv-f"}).info.run_id
+    train = with_overrides(preset("demo-cpu"), [f"tracking.uri={server.uri}", "tracking.experiment=driver-failed",
+                                                "tracking.run_name=drv-f"]).to_dict()
+    assert tell_tracker_it_failed(train)
+    assert mlflow.get_run(run_id).info.status == "FAILED"
+    assert not tell_tracker_it_failed(train)  # ended already: left as it is
+    assert not tell_tracker_it_failed(preset("demo-cpu").to_dict())  # untracked: nothing is asked

@@ -367,15 +367,23 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
                   f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
     say = lambda message: console.print(f"[bold cyan]local[/] {message}")  # noqa: E731
-    with local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
-        console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
-        with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
-            request = submit.SubmitRequest(train=train, run_name=run_name,
-                                           storage_path=str(run_dir / "checkpoints"), max_failures=0,
-                                           expect="any", quiet=not args.verbose)
-            submitted: list[str] = []
-            with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
-                outcome = submit.submit_and_follow(conn, request, console=console, on_submitted=submitted.append)
+    try:
+        with local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
+            console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
+            with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
+                request = submit.SubmitRequest(train=train, run_name=run_name,
+                                               storage_path=str(run_dir / "checkpoints"), max_failures=0,
+                                               expect="any", quiet=not args.verbose)
+                submitted: list[str] = []
+                with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
+                    outcome = submit.submit_and_follow(conn, request, console=console,
+                                                       on_submitted=submitted.append)
+    except (KeyboardInterrupt, _Terminated):
+        # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING.
+        if tracking_uri and (run_dir / "job.log").is_file():
+            tracking.end_tracked_run((run_dir / "job.log").read_text(), status="KILLED", uri=tracking_uri,
+                                     say=lambda line: console.print(line, highlight=False, markup=False))
+        raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)
     if not outcome.records:

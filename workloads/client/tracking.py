@@ -3,6 +3,9 @@ the job's config carries (workloads/train/tracking.py does the logging), the loc
 `run --local`, what a local run adds at its end (its report, loss plot and exported model), and how
 to open the UI.
 
+A job that is stopped (`stop`), or a local run interrupted with its cluster, ends its tracker run
+KILLED from here (`end_tracked_run`): its rank 0 was killed before it could.
+
 The URI is, first to last: `--set tracking.uri=...`, $MLFLOW_TRACKING_URI where the command runs,
 the stack's SageMaker managed MLflow tracking server (`ray-eks:mlflow`: its ARN, a stack output),
 and for `run --local` a sqlite store under runs/mlflow. The experiment defaults to the stack's name,
@@ -122,6 +125,21 @@ def tracked_run(logs: str) -> Optional[TrackedRun]:
         return None
     return TrackedRun(run_id=str(found["run_id"]), experiment=str(found.get("experiment", "")),
                       experiment_id=str(found.get("experiment_id", "")), uri=str(found.get("uri", "")))
+
+
+def end_tracked_run(logs: str, *, status: str, say: Callable[[str], None], uri: str = "") -> bool:
+    """End the tracker run a job's log names with `status` (KILLED, FAILED) when it is still
+    RUNNING: a job stopped, or cut off with its cluster, before its rank 0 could end it. `uri`:
+    the tracker's (default: as the log names it, without a password). True when it was ended here."""
+    run = tracked_run(logs)
+    if run is None:
+        return False
+    from workloads.train.tracking import end_run
+
+    if not end_run(uri or run.uri, run_id=run.run_id, status=status, say=say):
+        return False
+    say(f"tracking: run {run.run_id} ended {status}")
+    return True
 
 
 def _shown(path: Path) -> str:
