@@ -102,7 +102,8 @@ def test_a_run_its_history_and_its_continuations_read_back(server):
     assert got.info.status == "FINISHED"
     assert history(mlflow, run_id, "train_loss") == [(n, pytest.approx(3.0 / n)) for n in range(1, 9)]
     assert history(mlflow, run_id, "world_size") == [(0, 2.0), (4, 2.0), (6, 2.0)]
-    assert got.data.tags["event.step-0000004.resize"] == "resumed after step 4 on 2 ranks (1 node(s)), was 4"
+    assert got.data.tags["event.step-0000004.resize"] == ("resumed after step 4 on 2 ranks (1 node(s)), was 4; 16 "
+                                                          "samples per optimizer step kept with grad_accum_steps=1")
     assert got.data.tags["event.step-0000006.restart"] == "resumed after step 6 on 2 ranks (1 node(s))"
     assert got.data.tags["params_changed.step-0000004"] == "steps: 200 -> 300"
     assert got.data.params["steps"] == "200"  # parameters are immutable in MLflow
