@@ -102,8 +102,8 @@ def test_list_logs_and_stop(target, ray_cluster, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"job {job_id} STOPPED" in out
     assert _client(ray_cluster).get_job_status(job_id) == JobStatus.STOPPED
-    # Its rank 0 was killed with the job: `stop` ends the tracker run it had opened.
-    assert f"tracking: run {run_id} ended KILLED" in out
+    # Its ranks were killed with the job: its tracker run ended KILLED, not left RUNNING (`stop` ends it,
+    # also over a FAILED written as the ranks saw each other go).
     from mlflow import MlflowClient
 
     assert MlflowClient(tracking_uri=store).get_run(run_id).info.status == "KILLED"

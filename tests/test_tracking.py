@@ -328,7 +328,7 @@ def test_a_loop_that_raises_ends_its_run_failed_and_an_interrupted_one_killed(ra
             tracker.log_step(step(1))
             raise raised
     assert sink.of("end") == [("end", "new-run", status)]
-    assert [c[0] for c in sink.calls][-2:] == ["batch", "end"]  # the step before it was sent first
+    assert [c[0] for c in sink.calls][-3:] == ["batch", "status", "end"]  # the step before it was sent first
     # A run that reached its summary is not ended again by a later failure of the same process.
     sink = ScriptedSink()
     with pytest.raises(RuntimeError):
@@ -336,6 +336,17 @@ def test_a_loop_that_raises_ends_its_run_failed_and_an_interrupted_one_killed(ra
             start(tracked(), sink).finish({})
             raise RuntimeError("after the run")
     assert sink.of("end") == [("end", "new-run", "FINISHED")]
+
+
+def test_a_failure_does_not_overwrite_what_whoever_stopped_the_run_said():
+    sink = ScriptedSink()
+    with pytest.raises(RuntimeError):
+        with tracking.ends_with_the_run():
+            tracker = start(tracked(), sink)
+            tracker.log_step(step(1))
+            sink.statuses["new-run"] = "KILLED"  # the client stopped the job meanwhile
+            raise RuntimeError("gloo: connection closed by peer")
+    assert sink.of("end") == [] and sink.statuses["new-run"] == "KILLED"
 
 
 def test_a_run_left_running_is_ended_afterwards_and_an_ended_one_is_left_alone():
@@ -347,6 +358,10 @@ def test_a_run_left_running_is_ended_afterwards_and_an_ended_one_is_left_alone()
     sink.statuses.clear()
     assert end(experiment="exp", run_name="demo-1", status="FAILED")  # found by its run name
     assert not end(experiment="exp", run_name="never-opened", status="FAILED")
+    # Whoever stopped it ends it KILLED over the FAILED its ranks wrote as their peers went, not over FINISHED.
+    assert end(run_id="run-a", status="KILLED", over=("RUNNING", "FAILED"))
+    sink.statuses["run-a"] = "FINISHED"
+    assert not end(run_id="run-a", status="KILLED", over=("RUNNING", "FAILED"))
     assert said == []
     hung = ScriptedSink(fail=lambda call: time.sleep(5))
     assert not tracking.end_run("http://127.0.0.1:1", run_id="run-b", status="KILLED", timeout_s=0.2,

@@ -379,9 +379,10 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
                     outcome = submit.submit_and_follow(conn, request, console=console,
                                                        on_submitted=submitted.append)
     except (KeyboardInterrupt, _Terminated):
-        # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING.
+        # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING, or FAILED
+        # where a rank or the driver saw the others go first.
         if tracking_uri and (run_dir / "job.log").is_file():
-            tracking.end_tracked_run((run_dir / "job.log").read_text(), status="KILLED", uri=tracking_uri,
+            tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
                                      say=lambda line: console.print(line, highlight=False, markup=False))
         raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))

@@ -278,8 +278,8 @@ def _stop(args: argparse.Namespace, console: Console) -> int:
         stopped = client.stop_job(args.job_id)
         status = wait_terminal(client, args.job_id)
         console.print(f"job {args.job_id} {status}" + ("" if stopped else " (it had already ended)"))
-        if stopped:  # its workers were killed with it: the tracker run would stay RUNNING
-            tracking.end_tracked_run(client.get_job_logs(args.job_id), status="KILLED",
+        if stopped:  # its workers were killed with it: the tracker run would stay RUNNING (or FAILED)
+            tracking.end_stopped_run(client.get_job_logs(args.job_id),
                                      say=lambda line: console.print(line, highlight=False, markup=False))
     return EXIT_OK
 

@@ -484,7 +484,9 @@ class BackgroundTracker(Tracker):
             obj, name = record.payload
             sink.log_json(run_id, obj, name)
         elif record.kind == "end":
-            sink.end(run_id, record.payload)
+            # A failure or an interruption does not overwrite what whoever stopped the run said of it.
+            if record.payload == "FINISHED" or sink.status(run_id) == "RUNNING":
+                sink.end(run_id, record.payload)
         else:
             raise AssertionError(record.kind)
 
@@ -571,13 +573,14 @@ def annotate_run(settings: TrackingConfig, *, run_id: str, tags: dict[str, str],
 
 
 def end_run(uri: str, *, run_id: str = "", status: str, experiment: str = "", run_name: str = "",
-            timeout_s: float = 30.0, say: Callable[[str], None] = print,
+            over: tuple[str, ...] = ("RUNNING",), timeout_s: float = 30.0, say: Callable[[str], None] = print,
             sink_factory: Optional[Callable[[], Any]] = None) -> bool:
-    """End a tracker run that is still RUNNING with `status` (FAILED, KILLED): the run of a job that
-    failed or was stopped where its rank 0 could not say so (killed with its worker, or its cluster).
-    The run is `run_id`, else the newest named `run_name` in `experiment`. True when it was ended
-    here; False when it had ended already, or, with one warning, when the tracker could not be told
-    within `timeout_s`. Never raises."""
+    """End a tracker run whose status is one of `over` with `status` (FAILED, KILLED): the run of a
+    job that failed or was stopped where its rank 0 could not say so (killed with its worker, or its
+    cluster). Whoever stops a running job ends its run KILLED over FAILED too: its ranks fail as
+    their peers are stopped. The run is `run_id`, else the newest named `run_name` in `experiment`.
+    True when it was ended here; False when it was not in one of those states, or, with one
+    warning, when the tracker could not be told within `timeout_s`. Never raises."""
     target = [run_id]
 
     def send() -> bool:
@@ -587,7 +590,7 @@ def end_run(uri: str, *, run_id: str = "", status: str, experiment: str = "", ru
             if found is None:
                 return False  # the run never opened: nothing to end
             target[0] = found.info.run_id
-        if sink.status(target[0]) != "RUNNING":
+        if sink.status(target[0]) not in over:
             return False
         sink.end(target[0], status)
         return True
