@@ -8,6 +8,7 @@ that month's P4/P5 price cut; other regions differ by up to ~30%, so treat them 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 PRICE_TABLE_DATE = "2025-06-05"
 PRICE_TABLE_REGION = "us-east-1"
@@ -25,6 +26,34 @@ its metadata storage (about 0.10 per GB-month) and the S3 artifacts are not incl
 
 
 @dataclass(frozen=True, kw_only=True)
+class Gpu:
+    """What the memory model, the step-time model and the plan need of one GPU."""
+
+    model: str
+    memory_mib: int
+    """Total memory as `nvidia-smi --query-gpu=memory.total` reports it (the CUDA context comes out
+    of it): a little under the datasheet's GB for GDDR cards, exactly its GiB for HBM ones."""
+    peak_bf16_flops: Optional[float]
+    """Dense bf16 tensor FLOP/s by the datasheet (half the "with sparsity" figure); None where
+    NVIDIA publishes none (A10G, AWS's own variant of the A10)."""
+    link_gbps: float
+    """GPU-to-GPU bandwidth inside a node, per direction, GB/s: PCIe Gen4 x16 (32) for the g
+    families, NVLink for the p families (A100 600 GB/s and H100 900 GB/s both ways)."""
+
+
+GPUS: dict[str, Gpu] = {
+    g.model: g
+    for g in (
+        Gpu(model="L4", memory_mib=23034, peak_bf16_flops=121e12, link_gbps=32.0),
+        Gpu(model="A10G", memory_mib=23028, peak_bf16_flops=None, link_gbps=32.0),
+        Gpu(model="L40S", memory_mib=46068, peak_bf16_flops=362e12, link_gbps=32.0),
+        Gpu(model="A100", memory_mib=40960, peak_bf16_flops=312e12, link_gbps=300.0),
+        Gpu(model="H100", memory_mib=81559, peak_bf16_flops=989e12, link_gbps=450.0),
+    )
+}
+
+
+@dataclass(frozen=True, kw_only=True)
 class InstanceType:
     name: str
     vcpus: int
@@ -38,23 +67,30 @@ class InstanceType:
     network_cards: int = 1
     """Network cards (`MaximumNetworkCards`): a launch template gives each its own EFA interface,
     the first (card 0) also carrying the node's IP address."""
+    network_gbps: float = 0.0
+    """The instance's network bandwidth in Gbps (EC2's instance type page), what EFA carries between
+    nodes."""
     usd_per_hour: float
+
+    @property
+    def gpu(self) -> Optional[Gpu]:
+        return GPUS.get(self.gpu_model)
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         InstanceType(name="g6.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="L4",
-                     gpu_memory_gib=24, efa_interfaces=1, usd_per_hour=4.6016),
+                     gpu_memory_gib=24, efa_interfaces=1, network_gbps=40, usd_per_hour=4.6016),
         InstanceType(name="g6e.12xlarge", vcpus=48, memory_gib=384, gpus=4, gpu_model="L40S",
-                     gpu_memory_gib=48, efa_interfaces=1, usd_per_hour=10.49264),
+                     gpu_memory_gib=48, efa_interfaces=1, network_gbps=100, usd_per_hour=10.49264),
         InstanceType(name="g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
-                     gpu_memory_gib=24, efa_interfaces=1, usd_per_hour=5.672),
+                     gpu_memory_gib=24, efa_interfaces=1, network_gbps=40, usd_per_hour=5.672),
         InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
-                     gpu_memory_gib=40, efa_interfaces=4, network_cards=4,
+                     gpu_memory_gib=40, efa_interfaces=4, network_cards=4, network_gbps=400,
                      usd_per_hour=21.96),
         InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
-                     gpu_memory_gib=80, efa_interfaces=32, network_cards=32,
+                     gpu_memory_gib=80, efa_interfaces=32, network_cards=32, network_gbps=3200,
                      usd_per_hour=55.04),
         InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, usd_per_hour=0.2016),
         InstanceType(name="m7i.2xlarge", vcpus=8, memory_gib=32, usd_per_hour=0.4032),

@@ -112,6 +112,26 @@ CASES = (
          "some.log:1: not valid JSON (Expecting value)"),
     Case("workloads", ("submit", "--stack", "us-west-2", "--set", "data.kind=jsonl"), 2,
          'data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file'),
+    Case("workloads", ("run", "--local", "--set", "method=dora"), 2, "method is 'dora': use one of 'full', 'lora'"),
+    Case("workloads", ("run", "--local", "--set", "method=lora", "--set", "lora.rank=0"), 2,
+         "lora.rank is 0: use a positive rank"),
+    Case("workloads", ("run", "--local", "--set", "method=lora", "--set", 'lora.target_modules=["qkv"]'), 2,
+         "lora.target_modules ['qkv'] match no linear module of the model's decoder layers; it has down_proj, "
+         "gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
+    Case("workloads", ("run", "--local", "--set", "seq_len=100000000000"), 2,
+         "does not fit this machine (2 CPU ranks)"),
+    Case("workloads", ("submit", "--stack", "us-west-2", "--preset", "qwen2.5-7b-24gb", "--set", "micro_batch=4",
+                       "--set", "model.activation_checkpointing=false"), 2,
+         "qwen2.5-7b-24gb does not fit 2 x g6.12xlarge (8 x L4): predicted "),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--instance-type", "g6.12xlarge", "--preset",
+                       "qwen2.5-7b-24gb"), 2,
+         "GiB of 22.49 GiB per GPU (needs "),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--instance-type", "g6.12xlarge", "--set", "method=lora",
+                       "--set", 'lora.target_modules=["proj"]'), 2, "lora.target_modules ['proj'] match no linear"),
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--nodes", "2"), 2, "--nodes goes with --instance-type"),
+    Case("workloads", ("plan", "--instance-type", "m7i.xlarge"), 2,
+         "instance type 'm7i.xlarge' is not a GPU type this project knows"),
+    Case("workloads", ("plan", "--nodes", "0"), 2, "--nodes 0: give 1 or more"),
     Case("workloads", ("export",), 2, "name the run: RUN"),
     Case("workloads", ("export", "no-such-run"), 2, "no-such-run: nothing is stored there"),
     Case("workloads", ("export", "some.log", "--dtype", "int8"), 2, "invalid choice: 'int8'"),
@@ -187,4 +207,4 @@ def test_every_cli_is_in_the_table():
     assert {c.module for c in CASES} == {"capacity", "workloads", "infra", "workloads.bench",
                                          "workloads.launch.torchrun"}
     commands = {c.args[0] for c in CASES if c.module == "workloads" and c.args}
-    assert {"submit", "logs", "run", "verify-transport", "export"} <= commands
+    assert {"submit", "logs", "run", "verify-transport", "export", "plan"} <= commands

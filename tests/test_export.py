@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
     try:
         data = build_data(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path=str(base))
         model, shape = build_model(cfg, device=CPU, pretrained=base)
-        model = shard_model(model, cfg, plan=mesh_plan(cfg, ctx=ctx, device=CPU, n_params=shape.n_params), device=CPU)
+        model = shard_model(model, cfg, plan=mesh_plan(cfg, ctx=ctx, device=CPU, model=model), device=CPU)
         load_weights(model, base, ctx=ctx, device=CPU, fetch_s=0.0)
         metadata = model_metadata(cfg, config=model_config(cfg.model, pretrained=base), pretrained=base, data=data)
         optimizer = build_optimizer(model, cfg, device=CPU)

@@ -89,7 +89,7 @@ def test_submit_sends_the_job_the_commits(hub, monkeypatch, capsys):
 def test_a_local_run_is_given_the_commits(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(local, "check_inputs", lambda *a, **k: None)  # the stand-in serves no files to check
     said = []
-    args = argparse.Namespace(preset="demo-cpu", set=[*HUB_RUN])
+    args = argparse.Namespace(preset="demo-cpu", set=[*HUB_RUN], nodes=2, cpus_per_node=1)
     train, _ = local.local_train_config(args, tmp_path / "run", say=said.append)
     assert (train["model"]["revision"], train["data"]["revision"]) == (THERE_MAIN, CHATS_MAIN)
     assert len(said) == 2

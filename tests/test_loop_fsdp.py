@@ -119,7 +119,7 @@ def step_loss_with_an_odd_label_count(rank: int, cfg: TrainConfig) -> dict[str, 
     ctx = TrainContext(rank=rank, world_size=WORLD_SIZE, local_rank=rank, local_world_size=WORLD_SIZE, node_rank=0,
                        report=recorder([]), latest_checkpoint=lambda: None, scratch_dir=Path("."))
     model, shape = build_model(cfg, device=cpu)
-    plan = mesh_plan(cfg, ctx=ctx, device=cpu, n_params=shape.n_params)
+    plan = mesh_plan(cfg, ctx=ctx, device=cpu, model=model)
     model = shard_model(model, cfg, plan=plan, device=cpu)
     _, sync = reductions(cfg, plan)
     source = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=512, model_name_or_path="").train

@@ -180,7 +180,7 @@ def sharded_step(rank: int, *, parallelism: str, dtype: str):
     ctx = context(rank, root=Path("."), name="unused", resume_from=None, reports=[])
     cpu = torch.device("cpu")
     model, shape = build_model(cfg, device=cpu)
-    plan = mesh_plan(cfg, ctx=ctx, device=cpu, n_params=shape.n_params)
+    plan = mesh_plan(cfg, ctx=ctx, device=cpu, model=model)
     model = shard_model(model, cfg, plan=plan, device=cpu)
     _, sync = reductions(cfg, plan)
     source = build_data(cfg.data, seq_len=cfg.seq_len, seed=0, vocab_size=512, model_name_or_path="").train
@@ -261,6 +261,8 @@ def losses(records: dict, name: str) -> list[float]:
 # --- the plan, as data ------------------------------------------------------------------------------
 
 GIB = 2**30
+QWEN_1_5B_STATE = 16 * 1_543_714_304
+"""Qwen2.5-1.5B's fp32 weights, gradients and AdamW moments (a full fine-tune)."""
 
 
 @pytest.mark.parametrize(
@@ -274,28 +276,31 @@ GIB = 2**30
     ],
 )
 def test_auto_follows_the_nodes(node_of_rank, gib, kind, shape, rows):
-    plan = plan_mesh(requested="auto", node_of_rank=node_of_rank, n_params=1_543_714_304, device_memory_bytes=gib * GIB)
+    plan = plan_mesh(requested="auto", node_of_rank=node_of_rank, model_state_bytes=QWEN_1_5B_STATE,
+                     device_memory_bytes=gib * GIB)
     assert (plan.kind, plan.shape, plan.ranks) == (kind, shape, rows)
     assert plan.nodes == len(set(node_of_rank))
 
 
 def test_auto_shards_over_every_rank_when_one_node_cannot_hold_the_model_state():
     # Qwen2.5-1.5B: 16 bytes a parameter is 23 GiB; on one 24 GB GPU per node that cannot be replicated.
-    one_gpu_nodes = plan_mesh(requested="auto", node_of_rank=[0, 1], n_params=1_543_714_304,
+    one_gpu_nodes = plan_mesh(requested="auto", node_of_rank=[0, 1], model_state_bytes=QWEN_1_5B_STATE,
                               device_memory_bytes=24 * GIB)
     assert one_gpu_nodes.kind == "fsdp" and "23.0 GiB per rank" in one_gpu_nodes.reason
-    h200 = plan_mesh(requested="auto", node_of_rank=[0, 1], n_params=1_543_714_304, device_memory_bytes=140 * GIB)
+    h200 = plan_mesh(requested="auto", node_of_rank=[0, 1], model_state_bytes=QWEN_1_5B_STATE,
+                     device_memory_bytes=140 * GIB)
     assert h200.kind == "hsdp"
-    assert plan_mesh(requested="auto", node_of_rank=[0, 1], n_params=10**12, device_memory_bytes=None).kind == "hsdp"
+    assert plan_mesh(requested="auto", node_of_rank=[0, 1], model_state_bytes=16 * 10**12,
+                     device_memory_bytes=None).kind == "hsdp"
 
 
 def test_the_config_overrides_auto():
     nodes = [0, 0, 1, 1]
-    assert plan_mesh(requested="fsdp", node_of_rank=nodes, n_params=1, device_memory_bytes=None).shape == (4,)
-    forced = plan_mesh(requested="hsdp", node_of_rank=[0, 0], n_params=1, device_memory_bytes=None)
+    assert plan_mesh(requested="fsdp", node_of_rank=nodes, model_state_bytes=16, device_memory_bytes=None).shape == (4,)
+    forced = plan_mesh(requested="hsdp", node_of_rank=[0, 0], model_state_bytes=16, device_memory_bytes=None)
     assert (forced.kind, forced.shape) == ("hsdp", (1, 2))
     with pytest.raises(ValueError, match="different numbers of ranks"):
-        plan_mesh(requested="hsdp", node_of_rank=[0, 0, 1], n_params=1, device_memory_bytes=None)
+        plan_mesh(requested="hsdp", node_of_rank=[0, 0, 1], model_state_bytes=16, device_memory_bytes=None)
 
 
 def test_only_traffic_between_nodes_uses_the_cross_node_dtype():

@@ -13,6 +13,7 @@ COMMANDS = {
     "logs": ("workloads.client.submit", "print or follow a submitted job's logs"),
     "stop": ("workloads.client.submit", "stop a submitted job"),
     "list": ("workloads.client.submit", "list the jobs of a RayCluster"),
+    "plan": ("workloads.client.plan", "memory per GPU, tokens/s and cost of a run, without a cluster"),
     "verify-transport": ("workloads.transport.verify", "check NCCL logs: did ranks talk over EFA?"),
     "export": ("workloads.client.export", "a run's checkpoint as a Hugging Face folder (local or s3://)"),
 }

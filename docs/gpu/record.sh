@@ -19,6 +19,11 @@
 #                                  the model's shape with random weights (no hub here)
 #   docs/gpu/record.sh load OUT    a full-size Qwen2.5-1.5B folder made here (random weights), loaded into
 #                                  FSDP2 shards, trained (tokens/s at micro-batch 16), exported, reloaded
+#   docs/gpu/record.sh memory OUT  the memory model's prediction against each point's peak on one GPU, each run
+#                                  capped at its prediction plus 10% (workloads/bench/memory_check.py)
+#   docs/gpu/record.sh peers OUT   the loop against Hugging Face's Trainer (peft for LoRA) on the same chats:
+#                                  Qwen2.5-1.5B full at micro-batch 16, then Qwen2.5-7B LoRA r16 at micro-batch 8
+#                                  (needs peft and liger-kernel; pass --steps/--warmup to lengthen)
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -135,5 +140,18 @@ rehearsal)
   shift 2
   run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" "$@" 2>&1 | tee "$out/rehearsal.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load OUT" >&2; exit 2 ;;
+memory)
+  shift 2
+  run python3 -m workloads.bench.memory_check --out "$out/memory" "$@" 2>&1 | tee "$out/memory.txt"
+  ;;
+peers)
+  shift 2
+  run torchrun --nproc-per-node 1 -m workloads.bench --preset qwen2.5-1.5b-synthetic --data chats --micro-batches 16 \
+      --strategies tuned,hf-trainer,hf-trainer-padded --out "$out/peers-1.5b" "$@" 2>&1 | tee "$out/peers-1.5b.txt"
+  run torchrun --nproc-per-node 1 -m workloads.bench --preset qwen2.5-7b-lora-24gb --data chats --micro-batches 8 \
+      --strategies tuned,hf-trainer,hf-trainer-padded --matmul-size 0 --set model.name_or_path=qwen2.5-7b \
+      --set model.activation_checkpointing=false --set grad_accum_steps=1 --set peak_flops=989e12 \
+      --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
+  ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers OUT" >&2; exit 2 ;;
 esac

@@ -116,7 +116,8 @@ def run_figures(
 @dataclass(frozen=True, kw_only=True)
 class Comparison:
     label: str
-    """"same micro-batch N" or "largest micro-batch that fits"."""
+    """"same micro-batch N", "largest micro-batch that fits", "chat vs synthetic, ..." or
+    "tuned vs <peer>, <method>, <model>, same micro-batch N"."""
     reference_micro_batch: int
     tuned_micro_batch: int
     ratio: float
@@ -167,6 +168,20 @@ def chat_comparisons(figures: Sequence[RunFigures], *, synthetic: str, chats: st
     ]
 
 
+def peer_comparisons(figures: Sequence[RunFigures], *, candidate: str, peers: Sequence[str],
+                     describe: str) -> list[Comparison]:
+    """The loop over the faster of its peer's runs (e.g. Trainer padding-free and padded) at each
+    micro-batch they share, on non-padding tokens/s; labelled "tuned vs <describe>"."""
+    rates = {(f.strategy, f.micro_batch): f.tokens_per_s_per_gpu for f in figures if f.tokens_per_s_per_gpu}
+    result = []
+    for mb in sorted({mb for _, mb in rates}, reverse=True):
+        peer_rates = [rates[(peer, mb)] for peer in peers if (peer, mb) in rates]
+        if (candidate, mb) in rates and peer_rates:
+            result.append(Comparison(label=f"tuned vs {describe}, same micro-batch {mb}", reference_micro_batch=mb,
+                                     tuned_micro_batch=mb, ratio=rates[(candidate, mb)] / max(peer_rates)))
+    return result
+
+
 def _cell(value: object, spec: str = "") -> str:
     if value is None:
         return "-"
@@ -197,6 +212,9 @@ def format_table(figures: Sequence[RunFigures], comps: Sequence[Comparison]) -> 
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for comp in comps:
+        if comp.label.startswith("tuned vs "):
+            lines.append(f"{comp.label}: {comp.ratio:.3f}x")
+            continue
         if comp.label.startswith("chat vs synthetic"):
             lines.append(f"tuned on chats / on synthetic tokens, {comp.label.removeprefix('chat vs synthetic, ')}: "
                          f"{comp.ratio:.3f}x")

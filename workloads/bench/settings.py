@@ -12,8 +12,13 @@ from typing import Optional, Sequence
 from workloads.train.config import DataConfig, TrainConfig, preset, with_overrides
 
 REFERENCE, TUNED = "reference", "tuned"
-STRATEGY_NAMES = (REFERENCE, TUNED)
-"""The strategies the benchmark runs (train_bench.STRATEGIES holds their functions)."""
+HF_TRAINER, HF_TRAINER_PADDED = "hf-trainer", "hf-trainer-padded"
+STRATEGY_NAMES = (REFERENCE, TUNED, HF_TRAINER, HF_TRAINER_PADDED)
+"""The strategies the benchmark runs (train_bench.STRATEGIES holds their functions): the seed-style
+reference, the project's loop, and Hugging Face's Trainer (peft for LoRA) padding-free and padded
+(workloads/bench/hf_trainer.py)."""
+CHATS_ONLY = (HF_TRAINER, HF_TRAINER_PADDED)
+"""Strategies that train on the generated chats only (they read conversations, not token rows)."""
 DATA_KINDS = ("synthetic", "chats")
 CHATS_SUFFIX = "-chats"
 PLACEHOLDER_CHATS = (Path("chats.jsonl"), Path("tokenizer"))
@@ -66,6 +71,9 @@ class BenchSettings:
         unknown = [s for s in self.strategies if s not in STRATEGY_NAMES]
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from {', '.join(STRATEGY_NAMES)}")
+        if any(s in CHATS_ONLY for s in self.strategies) and "chats" not in self.data:
+            raise ValueError(f"--strategies {','.join(self.strategies)}: {' and '.join(CHATS_ONLY)} train on "
+                             "conversations: add --data chats")
         if self.seq_len < 1 or self.matmul_size < 0:
             raise ValueError(
                 f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}"

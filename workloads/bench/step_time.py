@@ -107,10 +107,20 @@ class ModelShape:
     root_params: int
     """Parameters of the root unit: the embedding (tied with the lm_head) and the final norm."""
     flops_per_token: float
+    trained_per_layer: Optional[int] = None
+    """Parameters per layer whose gradients are reduced (LoRA: the adapters); None: all of them."""
+    trained_root: Optional[int] = None
+    forward_flops_per_token: Optional[float] = None
+    """The forward's share, run again in backward under activation checkpointing; None: a third
+    (the 6N rule's split)."""
 
     @property
     def params(self) -> int:
         return self.layers * self.params_per_layer + self.root_params
+
+    @property
+    def forward_flops(self) -> float:
+        return self.flops_per_token / 3 if self.forward_flops_per_token is None else self.forward_flops_per_token
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +132,8 @@ class Strategy:
     seq_len: int
     grad_accum_steps: int = 1
     reshard_after_forward: bool = False
+    activation_checkpointing: bool = False
+    """The forward runs again in backward: its compute once more per micro-step."""
     cross_node_bytes: int = FP32_BYTES
     """Bytes per gradient element between nodes (4: fp32, 2: bf16); within a node always fp32."""
 
@@ -166,13 +178,16 @@ def _flat_s(hw: Hardware, op: str, size_bytes: float) -> float:
     return max(inside, across)
 
 
-def _unit_comm(hw: Hardware, s: Strategy, params: int, *, last_micro_step: bool, resharded: bool) -> dict[str, float]:
+def _unit_comm(hw: Hardware, s: Strategy, params: int, *, last_micro_step: bool, resharded: bool,
+               trained: Optional[int] = None) -> dict[str, float]:
     """Seconds of one unit's collectives in one micro-step, by phase and link ("inter" carries
-    every collective that crosses nodes)."""
+    every collective that crosses nodes). `trained`: the parameters whose gradients are reduced
+    (default: all)."""
     gather = params * BF16_BYTES
+    reduced = params if trained is None else trained
     crosses = hw.nodes > 1
     if s.kind == FSDP:
-        reduce_bytes = params * (s.cross_node_bytes if crosses else FP32_BYTES)
+        reduce_bytes = reduced * (s.cross_node_bytes if crosses else FP32_BYTES)
         key = "inter" if crosses else "intra"
         return {
             f"fwd_{key}": _flat_s(hw, "all_gather", gather),
@@ -181,14 +196,14 @@ def _unit_comm(hw: Hardware, s: Strategy, params: int, *, last_micro_step: bool,
         }
     g = hw.gpus_per_node
     # The last micro-step reduces in the cross-node dtype (workloads.train.parallel.GradientSync).
-    scatter_bytes = params * (s.cross_node_bytes if last_micro_step and crosses else FP32_BYTES)
+    scatter_bytes = reduced * (s.cross_node_bytes if last_micro_step and crosses else FP32_BYTES)
     bwd_intra = collective_s("reduce_scatter", size_bytes=scatter_bytes, ranks=g, link=hw.intra)
     if resharded:
         bwd_intra += collective_s("all_gather", size_bytes=gather, ranks=g, link=hw.intra)
     bwd_inter = 0.0
     if last_micro_step and crosses:
         # Each GPU all-reduces its 1/g shard with its peers; the node's g GPUs share its network.
-        shard = params * s.cross_node_bytes / g
+        shard = reduced * s.cross_node_bytes / g
         bwd_inter = g * collective_s("all_reduce", size_bytes=shard, ranks=hw.nodes, link=hw.inter)
     return {
         "fwd_intra": collective_s("all_gather", size_bytes=gather, ranks=g, link=hw.intra),
@@ -208,16 +223,22 @@ def _exposed(layers: dict[str, float], root: dict[str, float], *, window: float,
 
 def predict_step(hw: Hardware, model: ModelShape, s: Strategy) -> StepPrediction:
     tokens = s.micro_batch * s.seq_len
-    compute = tokens * model.flops_per_token / (hw.mfu * hw.peak_flops / hw.ranks_per_gpu)
-    forward, backward = compute / 3, 2 * compute / 3
+    rate = hw.mfu * hw.peak_flops / hw.ranks_per_gpu
+    forward = tokens * model.forward_flops / rate
+    backward = tokens * (model.flops_per_token - model.forward_flops) / rate
+    if s.activation_checkpointing:
+        backward += forward
+    compute = forward + backward
     exposed_total = comm_total = 0.0
     phases: dict[str, float] = {}
     for micro in range(s.grad_accum_steps):
         last = micro == s.grad_accum_steps - 1
-        unit = _unit_comm(hw, s, model.params_per_layer, last_micro_step=last, resharded=s.reshard_after_forward)
+        unit = _unit_comm(hw, s, model.params_per_layer, last_micro_step=last, resharded=s.reshard_after_forward,
+                          trained=model.trained_per_layer)
         layers = {k: v * model.layers for k, v in unit.items()}
         # The root is never resharded after forward (workloads/train/parallel.py).
-        root = _unit_comm(hw, s, model.root_params, last_micro_step=last, resharded=False)
+        root = _unit_comm(hw, s, model.root_params, last_micro_step=last, resharded=False,
+                          trained=model.trained_root)
         for phase, window in (("fwd", forward), ("bwd", backward)):
             exposed, total = _exposed(layers, root, window=window, phase=phase)
             exposed_total += exposed

@@ -41,6 +41,7 @@ from workloads.bench.report import (
     RunResult,
     chat_comparisons,
     comparisons,
+    peer_comparisons,
     format_table,
     run_figures,
     write_json,
@@ -56,8 +57,8 @@ from workloads.bench.runtime import (
 )
 from workloads.bench.strategy import Strategy, StrategyResult
 from workloads.bench.profile import StepWindowProfiler
-from workloads.bench.settings import (CHATS_SUFFIX, PLACEHOLDER_CHATS, REFERENCE, STRATEGY_NAMES, TUNED,
-                                      BenchSettings, chat_data, preset_config)
+from workloads.bench.settings import (CHATS_ONLY, CHATS_SUFFIX, HF_TRAINER, HF_TRAINER_PADDED, PLACEHOLDER_CHATS,
+                                      REFERENCE, STRATEGY_NAMES, TUNED, BenchSettings, chat_data, preset_config)
 from workloads.bench.timing import StepClock
 from workloads.train.config import ModelConfig, TrainConfig
 from workloads.context import TrainContext
@@ -83,7 +84,20 @@ def train_tuned(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) ->
     return StrategyResult(losses=dict(sorted(losses.items())), self_reported=[*reports, {"summary": summary}])
 
 
-STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_tuned}
+def train_hf_trainer(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> StrategyResult:
+    from workloads.bench.hf_trainer import train_hf_trainer as train_peer
+
+    return train_peer(cfg, ctx=ctx, device=device, batching="flat")
+
+
+def train_hf_trainer_padded(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> StrategyResult:
+    from workloads.bench.hf_trainer import train_hf_trainer as train_peer
+
+    return train_peer(cfg, ctx=ctx, device=device, batching="padded")
+
+
+STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_tuned,
+                                      HF_TRAINER: train_hf_trainer, HF_TRAINER_PADDED: train_hf_trainer_padded}
 assert tuple(STRATEGIES) == STRATEGY_NAMES  # the names settings.py accepts
 
 
@@ -106,16 +120,29 @@ def job_config(settings: BenchSettings, *, micro_batch: int, chats: Optional[tup
 
 
 def flops_per_token(cfg: TrainConfig) -> float:
-    """The loop's FLOPs-per-token formula, on a parameter-free (meta) copy of the model."""
+    """The loop's FLOPs-per-token formula, on a parameter-free (meta) copy of the model with the
+    method's adapters (LoRA: the base's weights get no gradient)."""
+    from workloads.train.method import method_for
+
     model: ModelConfig = cfg.model
     config = (named_architecture(model.name_or_path) if model.is_named_architecture
               else AutoConfig.from_pretrained(model.name_or_path))
     with torch.device("meta"):
-        shape = shape_of(AutoModelForCausalLM.from_config(config))
+        lm = AutoModelForCausalLM.from_config(config)
+    shape = shape_of(lm)
+    method_for(cfg).adapt(lm, mixed_precision=False, seed=cfg.seed)
+    params = sum(p.numel() for p in lm.parameters())
+    trained = sum(p.numel() for p in lm.parameters() if p.requires_grad)
     return metrics.flops_per_token(
-        n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim,
-        seq_len=cfg.seq_len,
+        n_params=params, frozen_params=params - trained, n_layers=shape.n_layers, n_heads=shape.n_heads,
+        head_dim=shape.head_dim, seq_len=cfg.seq_len,
     )
+
+
+def model_label(cfg: TrainConfig) -> str:
+    """"7b" for Qwen/Qwen2.5-7B-Instruct or qwen2.5-7b, the name otherwise."""
+    name = cfg.model.name_or_path.rpartition("/")[2].lower()
+    return name.removeprefix("qwen2.5-").removesuffix("-instruct")
 
 
 def _first_line(error: BaseException) -> str:
@@ -222,9 +249,11 @@ class Document:
 
     def __init__(
         self, settings: BenchSettings, *, header: dict, flops: float, peak_flops: float, matmul: Optional[dict],
-        out: Optional[Path],
+        out: Optional[Path], method: str = "full", model: str = "",
     ):
         self.settings, self.out = settings, out
+        self.method, self.model = method, model
+        """For the peer comparison's label ("tuned vs hf-trainer, lora, 7b")."""
         self.flops, self.peak_flops = flops, peak_flops
         self.matmul_flops = matmul["flops"] if matmul else None
         self.runs: list[RunResult] = []
@@ -256,10 +285,12 @@ class Document:
             for run in self.runs
         ]
 
-    @staticmethod
-    def comparisons(figures: list[RunFigures]) -> list:
+    def comparisons(self, figures: list[RunFigures]) -> list:
         return [*comparisons(figures, baseline=REFERENCE, candidate=TUNED),
-                *chat_comparisons(figures, synthetic=TUNED, chats=TUNED + CHATS_SUFFIX)]
+                *chat_comparisons(figures, synthetic=TUNED, chats=TUNED + CHATS_SUFFIX),
+                *peer_comparisons(figures, candidate=TUNED + CHATS_SUFFIX,
+                                  peers=[p + CHATS_SUFFIX for p in (HF_TRAINER, HF_TRAINER_PADDED)],
+                                  describe=f"hf-trainer, {self.method}, {self.model}")]
 
     def table(self) -> str:
         figures = self.figures()
@@ -288,7 +319,7 @@ def run_benchmark(
     }
     document = Document(
         settings, header=header, flops=flops_per_token(base), peak_flops=base.peak_flops, matmul=matmul,
-        out=settings.out if runtime.rank == 0 else None,
+        out=settings.out if runtime.rank == 0 else None, method=base.method, model=model_label(base),
     )
     ctx = TrainContext(
         rank=runtime.rank,
@@ -314,7 +345,8 @@ def run_benchmark(
         say(f"[bench] {count} generated chats: {shape}")
     for micro_batch in settings.micro_batches:
         for data in settings.data:
-            names = settings.strategies if data == "synthetic" else [s for s in settings.strategies if s != REFERENCE]
+            names = ([s for s in settings.strategies if s not in CHATS_ONLY] if data == "synthetic"
+                     else [s for s in settings.strategies if s != REFERENCE])
             for strategy in names:
                 name = strategy if data == "synthetic" else strategy + CHATS_SUFFIX
                 cfg = job_config(settings, micro_batch=micro_batch, chats=chats if data == "chats" else None)

@@ -52,6 +52,8 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--from-shards", action="store_true",
                         help="consolidate the checkpoint's shards even when the run already exported it")
     parser.add_argument("--overwrite", action="store_true", help="replace what the --out folder holds")
+    parser.add_argument("--base", metavar="FOLDER_OR_HUB_ID",
+                        help="a LoRA run: the model to merge its adapter into (default: the base it trained on)")
     parser.add_argument("--generate", metavar="PROMPT", help="load the result and print a greedy continuation")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     return parser
@@ -74,7 +76,7 @@ def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
 
     result = export_run(uri, out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
                         from_shards=args.from_shards, overwrite=args.overwrite,
-                        keep_local=scratch / "model" if args.generate else None)
+                        keep_local=scratch / "model" if args.generate else None, base=args.base)
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
     if args.generate:
         assert result.local_folder is not None

@@ -338,7 +338,7 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     """The run's config, with every local input it names checked (seconds, before any cluster
     starts) and its hub model and dataset pinned to commits (`say` hears of each), and what the
     demo will make for it. ValueError for a mistake."""
-    from workloads.train.config import preset, with_overrides
+    from workloads.train.config import TrainConfig, preset, with_overrides
 
     inputs = demo.plan_demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
     base = preset(args.preset)
@@ -346,6 +346,15 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     train = resolved_for_local_run(cfg.to_dict(), cwd=Path.cwd(), made=inputs.fields)
     local = local_inputs(train, cwd=Path.cwd(), made=inputs.fields)
     check_inputs(train, local=local, hub=True)
+    # Every rank runs on this machine: refused here when their memory together would not fit. The
+    # toy model the demo is about to make has tiny-qwen2's shape.
+    from workloads.client.fit import Target, check_fits, host_available_gib
+    from workloads.model_io.architectures import named_architecture
+
+    check_fits(TrainConfig.from_dict(train), Target.host(ranks=args.nodes * args.cpus_per_node,
+                                                         available_gib=host_available_gib()),
+               what=f"{args.preset} (as set)", cwd=Path.cwd(),
+               config=named_architecture("tiny-qwen2") if inputs.model is not None else None)
     train, pinned = revisions.pin_hub_revisions(train, local=local)
     for line in pinned:
         say(line)

@@ -21,9 +21,10 @@ from workloads.transport.gate import EFA_TRANSPORT_ENV
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 """The `workloads` package, uploaded as the job's working_dir."""
 
-GPU_PACKAGES = ("liger-kernel==0.8.5",)
+GPU_PACKAGES = ("liger-kernel==0.8.5", "peft==0.21.2")
 """Installed into GPU jobs' runtime_env: the loop's fused linear cross-entropy uses liger-kernel when
-importable (docs/PERFORMANCE.md). The same pin as pyproject's `gpu` extra."""
+importable (docs/PERFORMANCE.md), and LoRA fine-tunes peft. The same pins as pyproject's `gpu`
+extra and dependencies."""
 
 TRACKING_PACKAGES = ("mlflow-skinny==3.17.2", "sagemaker-mlflow==0.5.0")
 """Installed into the runtime_env of a tracked job on EKS (and of any job tracked to a SageMaker ARN):

@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 from rich.console import Console
 
 from workloads.client import revisions, tracking
-from workloads.client.cluster import UnreachableError, client_factory, connect, first_line, job_client
+from workloads.client.cluster import PROJECT_DIR, UnreachableError, client_factory, connect, first_line, job_client
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
@@ -96,8 +96,14 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
     _target_options(parser)
     if command == "submit":
         parser.description = "Submit the fine-tune and follow it to the end."
-        parser.add_argument("--preset", help="training preset (default: by the stack's GPU memory, "
-                            "qwen2.5-1.5b on 80 GB GPUs, qwen2.5-1.5b-24gb on smaller ones)")
+        parser.add_argument("--preset", help="training preset (default: by --model-size and the stack's GPUs: "
+                            "qwen2.5-1.5b on 80 GB GPUs, qwen2.5-1.5b-24gb on smaller ones; for 7b, "
+                            "qwen2.5-7b, qwen2.5-7b-24gb on 8 or more smaller GPUs, else qwen2.5-7b-lora-24gb)")
+        parser.add_argument("--model-size", default="1.5b", choices=("1.5b", "7b"),
+                            help="without --preset: the model whose preset to choose (default 1.5b)")
+        parser.add_argument("--instance-type", help="with --address: the cluster's GPU instance type, to check that "
+                            "the run fits its GPUs before submitting (--stack reads it from the stack file)")
+        parser.add_argument("--nodes", type=int, help="with --instance-type: the cluster's GPU nodes (default 1)")
         parser.add_argument("--config", type=Path, help="a TrainConfig JSON file instead of a preset")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override a config field, e.g. --set steps=20 (repeatable)")
@@ -153,17 +159,60 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) ->
     return cfg.to_dict()
 
 
+def fit_target(args: argparse.Namespace, console: Console):
+    """The GPUs the run goes to, for the fit check: the stack file's instance type and node count
+    with --stack, --instance-type/--nodes with --address; None when unknown (said why)."""
+    from workloads.client.fit import Target
+
+    if args.address or not args.stack:
+        if args.instance_type is None:
+            if args.nodes is not None:
+                raise ValueError("--nodes goes with --instance-type (the cluster's GPU instance type)")
+            return None
+        return Target.instances(args.instance_type, 1 if args.nodes is None else args.nodes)
+    if args.instance_type or args.nodes is not None:
+        raise ValueError("--instance-type and --nodes are for --address: with --stack they come from the stack file")
+    from infra.config import ConfigErrors, load_stack_config
+
+    try:
+        stack = load_stack_config(args.stack, PROJECT_DIR)
+    except (ConfigErrors, ValueError, OSError) as exc:
+        console.print(f"[yellow]fit[/] not checked: the stack file of {args.stack!r} could not be read "
+                      f"({first_line(str(exc))})")
+        return None
+    return Target.instances(stack.gpu_instance_type, stack.gpu_node_count)
+
+
+def check_fit(train: dict, target, *, what: str, console: Console) -> None:
+    """Refuse (ValueError) a run that does not fit `target`; one line saying what it takes when it does."""
+    from workloads.client.fit import check_fits
+    from workloads.train.config import TrainConfig
+
+    fit = check_fits(TrainConfig.from_dict(train), target, what=what, cwd=Path.cwd())
+    if fit is None:
+        console.print(f"[yellow]fit[/] not checked: the shape of {train['model']['name_or_path']!r} cannot be read "
+                      "here")
+    else:
+        console.print(f"[bold cyan]fit[/] {fit.describe()} on {target.label}")
+
+
 def _submit(args: argparse.Namespace, console: Console) -> int:
     from workloads.train.config import preset_for_gpu
 
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.
     upload_absolute = bool(args.stack)  # the stack's nodes cannot see this machine's files
-    first = _train_config(args, expect=expect, preset_name=args.preset or preset_for_gpu(None))
+    target = fit_target(args, console)
+    planned_preset = args.preset or preset_for_gpu(None if target is None else target.gpu_memory_gib,
+                                                   model_size=args.model_size,
+                                                   gpus=None if target is None else target.world_size)
+    first = _train_config(args, expect=expect, preset_name=planned_preset)
     files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
     # The files uploaded with the job are read here as the job will read them; the hub's files are
     # the cluster's to fetch (this machine only asks which commit a revision names, below).
     check_inputs(first, local=local_inputs(first, cwd=Path.cwd(), upload_absolute=upload_absolute), hub=False)
+    if target is not None:  # before anything is uploaded or a port-forward opened
+        check_fit(first, target, what=planned_preset if args.config is None else str(args.config), console=console)
     if args.max_failures < 0:
         raise ValueError(f"--max-failures must be >= 0, got {args.max_failures}")
     if args.min_nodes < 0:
@@ -177,7 +226,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if args.resubmits < 0:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
     with connect(stack=args.stack, address=args.address, token=args.token) as conn:
-        preset_name = args.preset or preset_for_gpu(conn.gpu_memory_gib)
+        preset_name = planned_preset if target is not None else (
+            args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
         config = _train_config(args, expect=expect, preset_name=preset_name)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"

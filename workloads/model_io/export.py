@@ -75,9 +75,11 @@ class SafetensorsWriter:
     """Writes tensors into `model.safetensors`, or several `model-0000i-of-0000n.safetensors` plus
     `model.safetensors.index.json` once they exceed `max_shard_bytes`, as save_pretrained does."""
 
-    def __init__(self, folder: Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    def __init__(self, folder: Path, *, max_shard_bytes: int = MAX_SHARD_BYTES,
+                 file_name: str = "model.safetensors") -> None:
         self.folder = folder
         self.max_shard_bytes = max_shard_bytes
+        self.file_name = file_name
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
         self._written: list[tuple[Path, list[str]]] = []
@@ -103,7 +105,7 @@ class SafetensorsWriter:
             self._flush()
         count = len(self._written)
         if count == 1:
-            final = self.folder / "model.safetensors"
+            final = self.folder / self.file_name
             self._written[0][0].rename(final)
             return [final]
         weight_map, paths = {}, []
@@ -160,24 +162,40 @@ def generation_config_for(config, *, source: Optional[Path], extra_eos: list[int
     return generation
 
 
-def write_weights_from_shards(lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
-    """Gather each distinct parameter (and persistent buffer) of the sharded `lm` in turn and, on the
-    writing rank, add it to the folder's safetensors files in `dtype`. Every rank must call this
-    (each gather is a collective). Returns the bytes written (0 on other ranks)."""
-    writer = SafetensorsWriter(folder) if writer_rank else None
-    state = dict(lm.named_parameters())
-    state.update(lm.named_buffers())
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a (possibly sharded) parameter: a collective for a DTensor."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by name."""
+    state = dict(module.named_parameters())
+    state.update(module.named_buffers())
+    return state
+
+
+def write_tensors(tensors: Iterator[tuple[str, torch.Tensor]], writer: Optional[SafetensorsWriter], *,
+                  dtype: torch.dtype) -> int:
+    """Every rank runs through `tensors` (their gathers are collectives); the writing rank, the one
+    with a `writer`, adds each in `dtype`. Returns the bytes written (0 on other ranks)."""
     with torch.no_grad():
-        for name in tensor_aliases(lm):
-            tensor = state[name]
-            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        for name, full in tensors:
             if writer is not None:
-                writer.add(file_name(name), full.detach().to(device="cpu", dtype=dtype))
+                writer.add(name, full.detach().to(device="cpu", dtype=dtype))
             del full
     if writer is None:
         return 0
     writer.close()
     return writer.total_bytes
+
+
+def write_weights_from_shards(lm: nn.Module, folder: Path, *, dtype: torch.dtype, writer_rank: bool) -> int:
+    """Gather each distinct parameter (and persistent buffer) of the sharded `lm` in turn and, on the
+    writing rank, add it to the folder's safetensors files in `dtype`. Every rank must call this
+    (each gather is a collective). Returns the bytes written (0 on other ranks)."""
+    state = named_tensors(lm)
+    return write_tensors(((file_name(n), gathered(state[n])) for n in tensor_aliases(lm)),
+                         SafetensorsWriter(folder) if writer_rank else None, dtype=dtype)
 
 
 # --- consolidating a saved checkpoint -----------------------------------------------------------
@@ -217,9 +235,13 @@ def _groups(names: list[str], sizes: dict[str, int], limit: int) -> Iterator[lis
         yield group
 
 
-def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> torch.dtype:
+def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[str] = None) -> torch.dtype:
     """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
-    shards and its `model/` metadata), reading one output file's worth of tensors at a time."""
+    shards and its `model/` metadata), reading one output file's worth of tensors at a time. A LoRA
+    checkpoint's adapters are merged into its base (`base`: another than the one it recorded;
+    workloads/model_io/lora_export.py)."""
+    from workloads.model_io import lora_export
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -233,6 +255,8 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto") -> t
             f"{checkpoint} has no {MODEL_DIR}/config.json (saved before checkpoints carried one): it cannot "
             "be exported without knowing the model's architecture"
         )
+    if lora_export.is_lora_checkpoint(checkpoint):
+        return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base)
     config = AutoConfig.from_pretrained(meta_dir)
     dtype = resolve_dtype(dtype_choice, config)
     model = _meta_model(config)
@@ -295,13 +319,15 @@ class Exported:
 
 
 def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str] = None, dtype: str = "auto",
-               from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None) -> Exported:
+               from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None,
+               base: Optional[str] = None) -> Exported:
     """Export a checkpoint of the run at `run` (a local folder or an s3:// prefix; a run folder, a
     folder of runs' storage, or one checkpoint folder) as a Hugging Face folder at `out` (default:
     `model/` next to the checkpoints). The newest checkpoint unless `checkpoint` names one.
 
     When the checkpoint already holds the run's own export and no other dtype is asked for, the
-    folder is copied; otherwise it is consolidated from the shards. `keep_local`: for a remote `out`,
+    folder is copied; otherwise it is consolidated from the shards (a LoRA run's adapters merged into
+    its base, or into `base`). `keep_local`: for a remote `out`,
     also keep the written folder there (to load it afterwards)."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype!r}: use one of {', '.join(EXPORT_DTYPES)}")
@@ -350,7 +376,7 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
             else:
                 local = Path(ckpt.path)
             target = Path(tmp) / MODEL_DIR if dest.remote else Path(dest.path)
-            written = str(consolidate(local, target, dtype_choice=dtype)).removeprefix("torch.")
+            written = str(consolidate(local, target, dtype_choice=dtype, base=base)).removeprefix("torch.")
             if dest.remote:
                 dest.upload_from(target)
                 if keep_local is not None:

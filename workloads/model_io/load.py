@@ -70,13 +70,16 @@ def weight_files(folder: Path) -> dict[str, Path]:
     return mapping
 
 
-COMPILED_WRAPPER = "_orig_mod."
-"""What torch.compile's wrapper adds to the names of a compiled module's parameters."""
+WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.")
+"""What torch.compile's wrapper and activation checkpointing's wrapper add to the names of the
+parameters of the modules they wrap."""
 
 
 def file_name(name: str) -> str:
-    """A parameter's name as a Hugging Face file has it: without torch.compile's wrapper."""
-    return name.replace(COMPILED_WRAPPER, "")
+    """A parameter's name as a Hugging Face file has it: without the wrappers' prefixes."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 def persistent_buffer_names(module: nn.Module) -> list[str]:
@@ -124,30 +127,49 @@ class LoadStats:
     """Tensors in the files the model has no place for."""
 
 
-def fill_from_safetensors(module: nn.Module, folder: Path) -> LoadStats:
-    """Copy each parameter's (local shard of its) tensor from the folder's safetensors files, converted
-    to the parameter's dtype. ValueError when the files lack a tensor or hold one of another shape."""
-    started = time.monotonic()
-    files = weight_files(folder)
-    aliases = tensor_aliases(module)
+def _copy_local(target: torch.Tensor, read) -> int:
+    """Copy this rank's part of `target` from `read(slices)` (the full tensor's values at those
+    slices), converted to the target's dtype; returns the bytes read."""
+    local, where = _local_part(target)
+    if local.numel() == 0:
+        return 0
+    part = read(where)
+    local.copy_(part.to(dtype=local.dtype))
+    return part.numel() * part.element_size()
+
+
+def _targets(module: nn.Module) -> dict[str, torch.Tensor]:
     targets = dict(module.named_parameters())
     targets.update((name, module.get_buffer(name)) for name in persistent_buffer_names(module))
+    return targets
+
+
+def fill_from_safetensors(module: nn.Module, folder: Path, *, name_in_files=file_name) -> LoadStats:
+    """Copy each parameter's (local shard of its) tensor from the folder's safetensors files, converted
+    to the parameter's dtype. `name_in_files` maps a parameter's name to the files' name for it, or
+    to None for a parameter the files do not hold (a fine-tuning method's adapters). ValueError when
+    the files lack a tensor or hold one of another shape."""
+    started = time.monotonic()
+    files = weight_files(folder)
+    aliases = {name: [n for n in (name_in_files(a) for a in names) if n is not None]
+               for name, names in tensor_aliases(module).items()}
+    aliases = {name: names for name, names in aliases.items() if names}
+    targets = _targets(module)
     stored: dict[str, str] = {}
     missing = []
     for name, names in aliases.items():
-        found = next((file_name(n) for n in names if file_name(n) in files), None)
+        found = next((n for n in names if n in files), None)
         if found is None:
-            missing.append(name)
+            missing.append(names[0])
         else:
             stored[name] = found
     if missing:
-        missing = [file_name(n) for n in missing]
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ValueError(
             f"{folder} lacks {len(missing)} tensor(s) the model needs ({shown}): its config.json and weights "
             "do not match"
         )
-    used = {file_name(n) for names in aliases.values() for n in names}
+    used = {n for names in aliases.values() for n in names}
     bytes_read = 0
     with ExitStack() as stack, torch.no_grad():
         handles = {path: stack.enter_context(safe_open(path, framework="pt")) for path in set(files.values())}
@@ -159,11 +181,16 @@ def fill_from_safetensors(module: nn.Module, folder: Path) -> LoadStats:
                     f"{folder}: tensor {key} has shape {list(sliced.get_shape())}, the model expects "
                     f"{list(target.shape)}: its config.json and weights do not match"
                 )
-            local, where = _local_part(target)
-            if local.numel() == 0:
-                continue
-            part = sliced[where]
-            bytes_read += part.numel() * part.element_size()
-            local.copy_(part.to(dtype=local.dtype))
+            bytes_read += _copy_local(target, lambda where, s=sliced: s[where])
     return LoadStats(tensors=len(stored), bytes_read=bytes_read, seconds=time.monotonic() - started,
                      unused=sorted(set(files) - used))
+
+
+def fill_from_tensors(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy each named full tensor's (local shard) into the module's parameter of that file name."""
+    targets = {file_name(name): tensor for name, tensor in _targets(module).items()}
+    with torch.no_grad():
+        for name, full in tensors.items():
+            target = targets[name]
+            assert tuple(full.shape) == tuple(target.shape), (name, full.shape, target.shape)
+            _copy_local(target, lambda where, f=full: f[where])

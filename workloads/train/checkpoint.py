@@ -21,7 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from workloads.model_io.load import file_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +36,9 @@ class Progress:
     """Ranks that saved the checkpoint; 0: not recorded."""
     tracking_run_id: str = ""
     """The experiment tracker's run id (workloads/train/tracking.py); empty: none known."""
+    method: str = ""
+    """The fine-tuning method that saved it ("full", "lora"; workloads/train/method.py): what the
+    checkpoint holds. Empty: not recorded (a full fine-tune's, from before it was)."""
     planned_world_size: int = 0
     """The world size the run's grad_accum_steps is meant for (workloads/train/elastic.py); 0: not
     recorded."""
@@ -48,8 +53,24 @@ def checkpoint_dir(scratch_dir: Path, *, step: int) -> Path:
     return scratch_dir / f"checkpoint-{step:07d}"
 
 
-def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, progress: Progress) -> Path:
-    model_state, optim_state = get_state_dict(model, optimizer)
+def _state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, *, frozen: bool):
+    """(model state, optimizer state, options) as saved and loaded: with `frozen` False, the trained
+    parameters only (LoRA's adapters; the base comes from its source on every start)."""
+    if frozen:
+        return *get_state_dict(model, optimizer), None
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    # ignore_frozen_params drops a frozen tied weight under one of its two names only (torch 2.13
+    # keeps `lm_head.weight`): keep the trained names, as the state dict writes them.
+    trained = {file_name(n) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    return {k: v for k, v in model_state.items() if k in trained}, optim_state, options
+
+
+def save(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, progress: Progress,
+         frozen: bool = True) -> Path:
+    """`frozen`: whether the frozen parameters are saved too (a method that freezes its base saves
+    only what trains)."""
+    model_state, optim_state, _ = _state_dicts(model, optimizer, frozen=frozen)
     state = {
         "model": model_state,
         "optim": optim_state,
@@ -73,18 +94,28 @@ def read_progress(folder: Path) -> dict:
     return saved if isinstance(saved, dict) else {}
 
 
-def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> Progress:
-    """Load in place into the (already sharded) model and optimizer; return the saved progress."""
+def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, method: str = "full",
+         frozen: bool = True) -> Progress:
+    """Load in place into the (already sharded) model and optimizer; return the saved progress.
+    ValueError when the checkpoint was saved by another fine-tuning method than `method`."""
     if not (folder / ".metadata").is_file():
         raise ValueError(f"{folder} is not a torch.distributed.checkpoint folder (no .metadata)")
-    model_state, optim_state = get_state_dict(model, optimizer)
+    saved = read_progress(folder)
+    saved_method = str(saved.get("method") or "full")
+    if saved_method != method:
+        raise ValueError(
+            f"{folder} was saved by a {saved_method!r} fine-tune and this run is {method!r}: it holds other "
+            f"weights than this run trains. Resume with method={saved_method}, or start a new run (another "
+            "--run-name)")
+    model_state, optim_state, options = _state_dicts(model, optimizer, frozen=frozen)
     state = {"model": model_state, "optim": optim_state, "progress": {"step": 0, "data_position": 0}}
     dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    saved = read_progress(folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)
     return Progress(
         step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"]),
         world_size=int(saved.get("world_size") or 0), tracking_run_id=str(saved.get("tracking_run_id") or ""),
+        method=saved_method,
         planned_world_size=int(saved.get("planned_world_size") or 0),
         hub_revisions=dict(saved.get("hub_revisions") or {}),
     )

@@ -18,6 +18,7 @@ from workloads.model_io.architectures import NAMED_ARCHITECTURES
 from workloads.transport.gate import GateConfig
 
 DATA_KINDS = ("synthetic", "jsonl", "hub")
+METHODS = ("full", "lora")
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
 """What the GPU presets fine-tune: the base model, from the Hugging Face hub."""
@@ -42,6 +43,12 @@ class ModelConfig:
     """The attention backend: "varlen" (workloads/train/attention.py: packed samples as
     variable-length sequences, no mask; torch's FlashAttention kernels on CUDA) or one of
     transformers' ("sdpa", "eager", "flex_attention", "flash_attention_2", ...)."""
+
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input through forward and run the layer's forward again in
+    backward (torch's non-reentrant checkpoint, applied before compile and FSDP2 as torchtitan
+    does): activations shrink to one hidden state per layer and token, for about a third more
+    compute. The loss and gradients are those without it."""
 
     def __post_init__(self) -> None:
         if not self.name_or_path.strip():
@@ -109,6 +116,36 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoraSettings:
+    """The adapters of `method: lora` (peft's LoRA): each target linear layer W of the decoder gets
+    W + (alpha / rank) * B A, A of rank x in and B of out x rank, B starting at zero."""
+
+    rank: int = 16
+    """r: the adapters' inner dimension."""
+
+    alpha: float = 32.0
+    """The adapters' output is scaled by alpha / rank."""
+
+    dropout: float = 0.0
+    """Dropout on each adapter's input (0: none, and no copy of the input is made)."""
+
+    target_modules: tuple[str, ...] = ()
+    """Names of the linear modules that get adapters (the last part of their path, e.g. q_proj);
+    empty: every linear layer of the decoder layers (for Qwen2: q, k, v, o, gate, up and down)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"lora.rank is {self.rank}: use a positive rank such as 16")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha is {self.alpha}: use a positive scale such as 32 (twice the rank)")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout is {self.dropout}: use a probability in [0, 1), e.g. 0.05")
+        if not all(isinstance(m, str) and m.strip() for m in self.target_modules):
+            raise ValueError(f"lora.target_modules is {list(self.target_modules)}: give module names such as "
+                             '["q_proj", "v_proj"], or [] for every linear layer of the decoder')
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     """Where rank 0 logs the run (workloads/train/tracking.py): MLflow, when a URI is set. Not a
     hyperparameter: this section is left out of the run's logged parameters."""
@@ -163,6 +200,15 @@ class TrainConfig:
 
     data: DataConfig = field(default_factory=DataConfig)
     """What to train on."""
+
+    method: Literal["full", "lora"] = "full"
+    """"full": every weight trains (fp32 master weights and AdamW state for all of them); "lora":
+    the model's weights stay frozen (sharded in bf16 with mixed_precision) and only low-rank
+    adapters train, in fp32 (`lora`; workloads/train/method.py). Checkpoints then hold the adapters
+    and their optimizer state only; the export is the merged model plus the adapter in peft's format."""
+
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """The adapters, with method "lora" (ignored otherwise)."""
 
     seq_len: int = 64
     """Tokens per sample."""
@@ -301,6 +347,8 @@ class TrainConfig:
                 f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "
                 "tokenizer: set data.tokenizer to a tokenizer id or folder"
             )
+        if self.method not in METHODS:
+            raise ValueError(f"method is {self.method!r}: use one of {', '.join(METHODS)}")
         self._check_parallelism()
 
     def _check_parallelism(self) -> None:
@@ -493,25 +541,85 @@ def _qwen25_1_5b_24gb() -> TrainConfig:
     )
 
 
+QWEN25_7B_INSTRUCT = "Qwen/Qwen2.5-7B-Instruct"
+"""What the 7B presets fine-tune (hub id; its shape with random weights is `qwen2.5-7b`)."""
+
+ROWS_PER_STEP = 128
+"""Rows (samples) per optimizer step of the GPU fine-tune presets at their planned world size:
+micro_batch x grad_accum_steps x ranks. Each preset's docstring gives its product."""
+
+
+def _qwen25_7b_lora_24gb() -> TrainConfig:
+    # LoRA of Qwen2.5-7B-Instruct on one g6.12xlarge (4 L4, 24 GB): the frozen base in bf16 is 3.8 GB
+    # per GPU once sharded over the four, the adapters and their AdamW state a few hundred MB, and
+    # with each decoder layer checkpointed micro-batches of 8 rows fit (workloads/bench/memory.py:
+    # 13 GiB per L4). 8 x 4 micro-steps x 4 ranks = 128 rows per step, as the 1.5B presets.
+    return dataclasses.replace(
+        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
+        method="lora", lora=LoraSettings(rank=16, alpha=32.0), micro_batch=8, grad_accum_steps=4,
+        lr=2e-4, reshard_after_forward=True, peak_flops=121e12,
+    )
+
+
+def _qwen25_7b_24gb() -> TrainConfig:
+    # The full fine-tune of Qwen2.5-7B-Instruct on 2 x g6.12xlarge (8 L4): fp32 weights, gradients and
+    # AdamW state are 16 bytes per parameter, 122 GB, so every rank holds an eighth (flat FSDP over
+    # both nodes: a node's share would not leave room), with each layer checkpointed and one
+    # 2,048-token row per micro-step: 20 GiB per L4 (workloads/bench/memory.py). 1 x 16 micro-steps x
+    # 8 ranks = 128 rows per step.
+    return dataclasses.replace(
+        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
+        micro_batch=1, grad_accum_steps=16, lr=1e-5, reshard_after_forward=True, peak_flops=121e12,
+    )
+
+
+def _qwen25_7b() -> TrainConfig:
+    # The full fine-tune of Qwen2.5-7B-Instruct on 80 GB GPUs (8 per node: p5.48xlarge, p4de): an eighth
+    # of the model state is 14 GiB, so 4 rows of activations per micro-step fit without checkpointing.
+    # 4 x 4 micro-steps x 8 ranks = 128 rows per step.
+    return dataclasses.replace(
+        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT), micro_batch=4, grad_accum_steps=4,
+        lr=1e-5, reshard_after_forward=True,
+    )
+
+
 PRESETS = {
     "demo-cpu": _demo_cpu,
     "qwen2.5-1.5b": _qwen25_1_5b,
     "qwen2.5-1.5b-24gb": _qwen25_1_5b_24gb,
     "qwen2.5-1.5b-synthetic": _qwen25_1_5b_synthetic,
+    "qwen2.5-7b": _qwen25_7b,
+    "qwen2.5-7b-24gb": _qwen25_7b_24gb,
+    "qwen2.5-7b-lora-24gb": _qwen25_7b_lora_24gb,
 }
 """demo-cpu: the tiny model on CPU (`make demo`); qwen2.5-1.5b(-24gb): the fine-tune of the
 pretrained model on the hub dataset, for 80 GB (24 GB) GPUs; qwen2.5-1.5b-synthetic: the same
-shape with random weights on synthetic tokens, for benchmarks and GPU checks without a network."""
+shape with random weights on synthetic tokens, for benchmarks and GPU checks without a network;
+qwen2.5-7b: the full fine-tune of Qwen2.5-7B-Instruct on 80 GB GPUs; qwen2.5-7b-24gb: the same on
+2 x g6.12xlarge (8 x 24 GB); qwen2.5-7b-lora-24gb: its LoRA fine-tune on one g6.12xlarge."""
+
+MODEL_SIZES = ("1.5b", "7b")
+"""The model sizes `submit --model-size` chooses presets for."""
 
 LARGE_GPU_GIB = 80
-"""GPUs with at least this much memory run the `qwen2.5-1.5b` preset, smaller ones the 24 GB one."""
+"""GPUs with at least this much memory run the 80 GB presets, smaller ones the 24 GB ones."""
+
+FULL_7B_MIN_RANKS_24GB = 8
+"""A full fine-tune of 7B on 24 GB GPUs needs its state sharded at least this many ways."""
 
 
-def preset_for_gpu(gpu_memory_gib: int | None) -> str:
-    """The default fine-tune preset for GPUs of this much memory (None: unknown, the full preset)."""
-    if gpu_memory_gib is None or gpu_memory_gib >= LARGE_GPU_GIB:
-        return "qwen2.5-1.5b"
-    return "qwen2.5-1.5b-24gb"
+def preset_for_gpu(gpu_memory_gib: int | None, *, model_size: str = "1.5b", gpus: int | None = None) -> str:
+    """The default fine-tune preset for GPUs of this much memory (None: unknown, the 80 GB preset):
+    for 7B on smaller GPUs, the full fine-tune when there are enough of them
+    (FULL_7B_MIN_RANKS_24GB), else LoRA."""
+    if model_size not in MODEL_SIZES:
+        raise ValueError(f"model size {model_size!r}: use one of {', '.join(MODEL_SIZES)}")
+    large = gpu_memory_gib is None or gpu_memory_gib >= LARGE_GPU_GIB
+    if model_size == "1.5b":
+        return "qwen2.5-1.5b" if large else "qwen2.5-1.5b-24gb"
+    if large:
+        return "qwen2.5-7b"
+    return "qwen2.5-7b-24gb" if (gpus or 0) >= FULL_7B_MIN_RANKS_24GB else "qwen2.5-7b-lora-24gb"
 
 
 def preset(name: str) -> TrainConfig:

@@ -22,15 +22,10 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from workloads.context import DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
-from workloads.model_io.export import (
-    MODEL_DIR,
-    ModelMetadata,
-    generation_config_for,
-    resolve_dtype,
-    write_weights_from_shards,
-)
+from workloads.model_io.export import MODEL_DIR, ModelMetadata, generation_config_for, resolve_dtype
 from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig
@@ -46,6 +41,7 @@ from workloads.train.model import (
     model_config,
     shape_of,
 )
+from workloads.train.method import FineTuneMethod, FullFineTune, method_for, trainable_parameters
 from workloads.train.optim import build_optimizer, schedule
 from workloads.train.elastic import ELASTIC_PREFIX, accumulation_for
 from workloads.train.preemption import PREEMPTION_PREFIX, PreemptionWatch, notice_record
@@ -55,6 +51,7 @@ from workloads.train.parallel import (
     GradientSync,
     MeshPlan,
     build_mesh,
+    model_state_bytes,
     parallelize,
     plan_mesh,
     reduction_plan,
@@ -81,19 +78,23 @@ def fetch_pretrained(cfg: TrainConfig) -> Optional[Path]:
 
 
 def build_model(
-    cfg: TrainConfig, *, device: torch.device, pretrained: Optional[Path] = None
+    cfg: TrainConfig, *, device: torch.device, pretrained: Optional[Path] = None,
+    method: Optional[FineTuneMethod] = None,
 ) -> tuple[CausalLMWithLoss, Shape]:
-    """Random weights on `device` for a named architecture; for a pretrained folder, parameters on
-    the meta device, to be filled after sharding (`load_weights`)."""
+    """Random weights for a named architecture; for a pretrained folder, parameters on the meta
+    device, to be filled after sharding (`load_weights`). Then the method adapts it (LoRA's
+    adapters); the shape is the base model's."""
     if pretrained is None:
         lm = build_causal_lm(cfg.model, device=device, seed=cfg.seed)
     else:
         lm = causal_lm_on_meta(model_config(cfg.model, pretrained=pretrained))
+    shape = shape_of(lm)
+    (method or method_for(cfg)).adapt(lm, mixed_precision=cfg.mixed_precision, seed=cfg.seed)
     loss = LinearCrossEntropy(
         implementation=choose_implementation(fused=cfg.fused_linear_ce, device=device),
         chunk_size=cfg.loss_chunk_size,
     )
-    return CausalLMWithLoss(lm, loss=loss), shape_of(lm)
+    return CausalLMWithLoss(lm, loss=loss), shape
 
 
 def node_of_each_rank(ctx: TrainContext, *, device: torch.device) -> list[int]:
@@ -103,13 +104,13 @@ def node_of_each_rank(ctx: TrainContext, *, device: torch.device) -> list[int]:
     return [int(t.item()) for t in every]
 
 
-def mesh_plan(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, n_params: int) -> MeshPlan:
+def mesh_plan(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, model: nn.Module) -> MeshPlan:
     """Flat FSDP or HSDP for this run's nodes (`cfg.parallelism`; the same plan on every rank)."""
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     return plan_mesh(
         requested=cfg.parallelism,
         node_of_rank=node_of_each_rank(ctx, device=device),
-        n_params=n_params,
+        model_state_bytes=model_state_bytes(model),
         device_memory_bytes=memory,
     )
 
@@ -132,28 +133,32 @@ def shard_model(
         mixed_precision=cfg.mixed_precision,
         reshard_after_forward=cfg.reshard_after_forward,
         reduce_dtype=reduce_dtype,
+        activation_checkpointing=cfg.model.activation_checkpointing,
     )
 
 
 def resume(
-    ctx: TrainContext, *, model: CausalLMWithLoss, optimizer: torch.optim.Optimizer
+    ctx: TrainContext, *, model: CausalLMWithLoss, optimizer: torch.optim.Optimizer, method: FineTuneMethod
 ) -> checkpoint.Progress:
     folder = ctx.latest_checkpoint()
     if folder is None:
         return checkpoint.Progress(step=0, data_position=0)
-    return checkpoint.load(folder, model=model, optimizer=optimizer)
+    return checkpoint.load(folder, model=model, optimizer=optimizer, method=method.name,
+                           frozen=method.saves_frozen)
 
 
 def load_weights(
     model: CausalLMWithLoss, pretrained: Path, *, ctx: TrainContext, device: torch.device, fetch_s: float,
-    build_s: float = 0.0,
+    build_s: float = 0.0, method: Optional[FineTuneMethod] = None,
 ) -> list[dict]:
     """Fill this rank's shards from the pretrained folder; every rank's load figures, rank order:
     seconds to fetch the folder, to build and shard the empty model, to fill the shards; bytes read;
     peak host memory so far and peak GPU memory of the fill (the shards and one slice in flight)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    stats = load_pretrained(model.lm, pretrained, device=device)
+    method = method or FullFineTune()
+    stats = load_pretrained(model.lm, pretrained, device=device, name_in_files=method.weight_file_name)
+    method.fill_adapters(model.lm)
     mine = {
         "rank": ctx.rank,
         "node_rank": ctx.node_rank,
@@ -211,20 +216,23 @@ def save_checkpoint(
     metadata: ModelMetadata,
     export_weights: bool,
     tracking_run_id: str = "",
+    method: Optional[FineTuneMethod] = None,
     planned_world_size: int = 0,
     hub_revisions: Optional[dict[str, str]] = None,
 ) -> Path:
-    """Save the sharded state; rank 0 adds `model/` (config, generation config, tokenizer) and, with
-    `export_weights`, the weights gathered into a Hugging Face folder there."""
+    """Save the sharded state (what the method keeps); rank 0 adds `model/` (config, generation
+    config, tokenizer) and, with `export_weights`, the method's export of the weights there."""
+    method = method or FullFineTune()
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
-                                   tracking_run_id=tracking_run_id, planned_world_size=planned_world_size,
-                                   hub_revisions=hub_revisions or {})
-    checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress)
+                                   tracking_run_id=tracking_run_id, method=method.name,
+                                   planned_world_size=planned_world_size, hub_revisions=hub_revisions or {})
+    checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress, frozen=method.saves_frozen)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
+        method.write_metadata(folder / MODEL_DIR)
     if export_weights:
-        write_weights_from_shards(model.lm, folder / MODEL_DIR, dtype=metadata.dtype, writer_rank=ctx.rank == 0)
+        method.write_export(model.lm, folder / MODEL_DIR, dtype=metadata.dtype, writer_rank=ctx.rank == 0)
     return folder
 
 
@@ -379,18 +387,21 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         max_rows=cfg.eval_batches * cfg.micro_batch * planned_world_size)
 
     built = time.perf_counter()
-    model, shape = build_model(cfg, device=device, pretrained=pretrained)
-    plan = mesh_plan(cfg, ctx=ctx, device=device, n_params=shape.n_params)
+    method = method_for(cfg)
+    model, shape = build_model(cfg, device=device, pretrained=pretrained, method=method)
+    plan = mesh_plan(cfg, ctx=ctx, device=device, model=model)
+    # Counted before sharding: the base's weights and the method's additions, and which train.
+    all_params, trained_params = sum(p.numel() for p in model.parameters()), trainable_parameters(model)
     model = shard_model(model, cfg, plan=plan, device=device)
     _, sync = reductions(cfg, plan)
     load = None
     if pretrained is not None:
         load = load_weights(model, pretrained, ctx=ctx, device=device, fetch_s=fetch_s,
-                            build_s=time.perf_counter() - built)
+                            build_s=time.perf_counter() - built, method=method)
         print_rank0(ctx, LOAD_PREFIX, {"source": cfg.model.name_or_path, "ranks": load})
     metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
-    progress = resume(ctx, model=model, optimizer=optimizer)
+    progress = resume(ctx, model=model, optimizer=optimizer, method=method)
     if ctx.planned_world_size or planned_world_size != ctx.world_size:  # says on how many ranks it goes on
         print_rank0(ctx, ELASTIC_PREFIX, {"world_size": ctx.world_size, "planned_world_size": planned_world_size,
                                           "nodes": nodes, "grad_accum_steps": cfg.grad_accum_steps,
@@ -409,7 +420,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
                              plan=plan)
 
     flops = metrics.flops_per_token(
-        n_params=shape.n_params,
+        n_params=all_params,
+        frozen_params=all_params - trained_params,
         n_layers=shape.n_layers,
         n_heads=shape.n_heads,
         head_dim=shape.head_dim,
@@ -460,8 +472,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
                                      metadata=metadata, export_weights=final and cfg.export_model,
-                                     tracking_run_id=tracker.run_id, planned_world_size=planned_world_size,
-                                     hub_revisions=resumed.hub_revisions(cfg))
+                                     tracking_run_id=tracker.run_id, method=method,
+                                     planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg))
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,
@@ -495,6 +507,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "parallelism": {"kind": plan.kind, "mesh": list(plan.shape), "reason": plan.reason},
         "grad_accum_steps": cfg.grad_accum_steps,
         "loss_implementation": model.loss.implementation,
+        **method.describe(),
+        "trained_params": trained_params,
+        "activation_checkpointing": cfg.model.activation_checkpointing,
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
         "data": data.stats,

@@ -30,6 +30,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     so backward only scales the stored gradients and the lm_head matmul runs three times per
     step instead of four. Logits are upcast to fp32 before the softmax, as the HF loss does, and
     the weight's gradient is summed over the chunks in fp32 (one rounding to the weight's dtype).
+    A frozen weight (LoRA's lm_head) gets no gradient, and no [V, H] fp32 buffer for one.
     """
 
     @staticmethod
@@ -38,9 +39,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         targets = labels.masked_fill(~valid, 0)
         token_weight = valid.to(torch.float32)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        weight_grad = with_grads and ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if with_grads else None
         grad_weight = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if with_grads else None
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight_grad else None
         )
         for start in range(0, hidden.shape[0], chunk_size):
             end = start + chunk_size
@@ -53,15 +55,17 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 probs[torch.arange(probs.shape[0], device=probs.device), tgt] -= 1.0
                 grad_logits = probs.mul_(w[:, None]).to(hidden.dtype)
                 grad_hidden[start:end] = grad_logits @ weight
-                grad_weight += (grad_logits.T @ h).float()
+                if weight_grad:
+                    grad_weight += (grad_logits.T @ h).float()
         if with_grads:
-            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if weight_grad else None)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
+        return (grad_hidden * grad_loss, None if grad_weight is None else grad_weight * grad_loss,
+                None, None, None, None)
 
 
 def liger_available() -> bool:

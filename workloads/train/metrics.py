@@ -10,11 +10,14 @@ import torch
 H100_BF16_DENSE_FLOPS = 989e12
 
 
-def flops_per_token(*, n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls with the weights (forward + backward, N counting
-    the tied embedding once) plus 12 * L * H * Q * T for attention scores and values (H heads of
-    dimension Q over a context of T)."""
-    return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+def flops_per_token(*, n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int,
+                    frozen_params: int = 0) -> float:
+    """Training FLOPs per token: 6N for the matmuls with the weights (forward 2N; backward 2N for
+    the inputs' gradients and 2N for the weights', N counting the tied embedding once), less 2 per
+    frozen weight, whose gradient is never formed (LoRA's base), plus 12 * L * H * Q * T for
+    attention scores and values (H heads of dimension Q over a context of T). Recomputation under
+    activation checkpointing is not model work and is not counted."""
+    return 6.0 * n_params - 2.0 * frozen_params + 12.0 * n_layers * n_heads * head_dim * seq_len
 
 
 def mfu(*, tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:

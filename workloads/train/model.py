@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2ForCausalLM
 
 from workloads.model_io.architectures import named_architecture
-from workloads.model_io.load import LoadStats, fill_from_safetensors, materialize, parameters_on_meta
+from workloads.model_io.load import LoadStats, file_name, fill_from_safetensors, materialize, parameters_on_meta
 import workloads.train.attention  # noqa: F401  (registers the `varlen` attention backend)
 from workloads.train.config import ModelConfig
 from workloads.train.paths import resolve_path
@@ -41,14 +41,22 @@ def model_config(cfg: ModelConfig, *, pretrained: Optional[Path] = None):
     return config
 
 
+HOST_INIT_BYTES = 8 * 2**30
+"""A named architecture whose fp32 weights take more than this is built in host memory; FSDP2 then
+moves each unit to the GPU as it shards it. Qwen2.5-7B's 30 GB would not fit a 24 GB GPU whole."""
+
+
 def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> PreTrainedModel:
-    """fp32 weights on `device`, identical on every rank (same seed) before sharding. A local folder
-    is loaded whole with `from_pretrained` (the reference benchmark; training uses
-    `causal_lm_on_meta` + `load_pretrained`)."""
+    """fp32 weights, identical on every rank (same seed) before sharding: on `device`, or in host
+    memory for a large one (HOST_INIT_BYTES). A local folder is loaded whole with `from_pretrained`
+    (the reference benchmark; training uses `causal_lm_on_meta` + `load_pretrained`)."""
     torch.manual_seed(seed)
     if cfg.is_named_architecture:
-        with torch.device(device):
-            return Qwen2ForCausalLM(model_config(cfg))
+        config = model_config(cfg)
+        with torch.device("meta"):
+            size = sum(p.numel() for p in Qwen2ForCausalLM(config).parameters()) * 4
+        with torch.device(device if size <= HOST_INIT_BYTES else "cpu"):
+            return Qwen2ForCausalLM(config)
     model = AutoModelForCausalLM.from_pretrained(
         resolve_path(cfg.name_or_path, field="model.name_or_path", hub_id_allowed=True),
         dtype=torch.float32,
@@ -66,11 +74,12 @@ def causal_lm_on_meta(config) -> PreTrainedModel:
         return AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32)
 
 
-def load_pretrained(lm: nn.Module, folder: Path, *, device: torch.device) -> LoadStats:
+def load_pretrained(lm: nn.Module, folder: Path, *, device: torch.device, name_in_files=file_name) -> LoadStats:
     """Allocate this rank's shards of the (sharded, meta) `lm` on `device` and fill them from the
-    folder's safetensors files, fp32."""
+    folder's safetensors files, each in its parameter's dtype (`name_in_files`: see
+    `fill_from_safetensors`)."""
     materialize(lm, device=device)
-    return fill_from_safetensors(lm, folder)
+    return fill_from_safetensors(lm, folder, name_in_files=name_in_files)
 
 
 class CausalLMWithLoss(nn.Module):

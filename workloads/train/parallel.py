@@ -1,11 +1,13 @@
 """Apply per-block torch.compile and FSDP2 to the model, in one fixed order, on a mesh that follows
 the nodes the ranks run on.
 
-Order (as torchtitan's parallelize): compile each decoder layer, then `fully_shard` each decoder
-layer, then `fully_shard` the root. The root unit owns what is left: the embedding, the final norm
-and the lm_head, which Qwen2.5 ties to the embedding, so the tied weight is one parameter of one
-unit, gathered once for both uses and its two gradient contributions summed before the
-reduce-scatter.
+Order (as torchtitan's parallelize): activation checkpointing of each decoder layer (when asked
+for), then compile each decoder layer, then `fully_shard` each decoder layer, then the input
+embedding when it is not tied to the output one, then the root. The root unit owns what is left:
+the final norm and the lm_head, which Qwen2.5-1.5B ties to the embedding, so the tied weight is one
+parameter of one unit, gathered once for both uses and its two gradient contributions summed
+before the reduce-scatter. An untied embedding (Qwen2.5-7B: 545M parameters each) is a unit of its
+own, resharded after forward: it is not needed again until the very end of backward.
 
 Between nodes the links are slow (one EFA interface per g6.12xlarge against PCIe inside it), so
 `plan_mesh` picks HSDP across nodes where it fits (docs/PERFORMANCE.md has the step-time model),
@@ -19,6 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -41,8 +44,16 @@ def parallelize(
     mixed_precision: bool,
     reshard_after_forward: bool,
     reduce_dtype: torch.dtype = torch.float32,
+    activation_checkpointing: bool = False,
 ) -> CausalLMWithLoss:
     layers = model.decoder_layers
+    if activation_checkpointing:
+        # Non-reentrant: inputs that need no gradient (a frozen embedding's output) are fine, and
+        # FSDP2's hooks on the wrapper gather the layer again for the recomputation. The RNG state
+        # is not restored for it: the layers draw no random numbers (no dropout in training, and
+        # LoRA dropout defaults to 0; with it on, the recomputed mask differs from the first).
+        for name, layer in list(layers.named_children()):
+            layers.register_module(name, checkpoint_wrapper(layer, preserve_rng_state=False))
     if compile:
         for name, layer in list(layers.named_children()):
             layers.register_module(name, torch.compile(layer))
@@ -53,6 +64,9 @@ def parallelize(
         # again at once would be wasted work.
         last = i == len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
+    embedding = model.lm.get_input_embeddings()
+    if embedding.weight is not model.lm.get_output_embeddings().weight:
+        fully_shard(embedding, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     # The root's parameters (embedding, norm, lm_head) are needed again by the loss at the very
     # start of backward, so they stay gathered.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
@@ -62,8 +76,15 @@ def parallelize(
 # --- Topology: flat FSDP or HSDP, chosen from the nodes the ranks run on ---------------------------
 
 MODEL_STATE_BYTES_PER_PARAM = 16
-"""fp32 weight, fp32 gradient and AdamW's two fp32 moments: what each parameter costs the rank that
-holds its shard."""
+"""fp32 weight, fp32 gradient and AdamW's two fp32 moments: what each trained parameter costs the
+rank that holds its shard (a frozen one costs its own bytes: workloads/train/memory.py)."""
+
+def model_state_bytes(model: nn.Module) -> int:
+    """The whole model's weights, gradients and optimizer state, before sharding: 16 bytes per trained
+    parameter (MODEL_STATE_BYTES_PER_PARAM), a frozen one's own bytes."""
+    return sum(p.numel() * (MODEL_STATE_BYTES_PER_PARAM if p.requires_grad else p.element_size())
+               for p in model.parameters())
+
 
 HSDP_STATE_FRACTION = 0.5
 """`auto` picks HSDP only when a node's share of the model state (sharded over that node's ranks
@@ -99,7 +120,7 @@ def plan_mesh(
     *,
     requested: str,
     node_of_rank: Sequence[int],
-    n_params: int,
+    model_state_bytes: int,
     device_memory_bytes: Optional[int],
 ) -> MeshPlan:
     """The mesh for `requested` ("auto", "fsdp" or "hsdp") given each rank's node index.
@@ -107,7 +128,8 @@ def plan_mesh(
     Nodes are told apart by the launcher's node rank (torchrun's GROUP_RANK, Ray Train's node rank);
     ranks need not be numbered node by node. "auto" is flat FSDP on one node, or when nodes hold
     different numbers of ranks, or when a node's share of the model state would not fit (see
-    HSDP_STATE_FRACTION); HSDP otherwise."""
+    HSDP_STATE_FRACTION); HSDP otherwise. `model_state_bytes`: the whole model's weights, gradients
+    and optimizer state before sharding."""
     world = len(node_of_rank)
     flat = (tuple(range(world)),)
     by_node: dict[int, list[int]] = {}
@@ -131,7 +153,7 @@ def plan_mesh(
         return MeshPlan(kind="hsdp", ranks=rows, nodes=len(rows), reason=f"parallelism=hsdp on {layout}")
     if len(rows) == 1:
         return MeshPlan(kind="fsdp", ranks=flat, nodes=len(rows), reason=f"auto: one node ({layout})")
-    per_rank = MODEL_STATE_BYTES_PER_PARAM * n_params / sizes[0]
+    per_rank = model_state_bytes / sizes[0]
     if device_memory_bytes is not None and per_rank > HSDP_STATE_FRACTION * device_memory_bytes:
         return MeshPlan(
             kind="fsdp",

@@ -1,0 +1,184 @@
+"""`python -m workloads plan`: what a run needs and what it costs, without a cluster or a GPU.
+
+    python -m workloads plan [--preset P | --model-size 1.5b|7b] [--set KEY=VALUE ...]
+                             [--instance-type g6.12xlarge] [--nodes 2] [--json]
+
+Prints the method, the rows per optimizer step, the predicted memory per GPU against the GPU's
+(workloads/bench/memory.py), the predicted tokens/s (the step-time model, workloads/bench/step_time.py,
+from the loop's MFU measured on an H200), the cluster's $/h, and the hours and dollars per billion
+tokens. Without --preset, the one `submit` would choose for that GPU. Exit codes: 0 it fits;
+1 it does not (the nearest settings that do are listed); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
+
+MEASURED_MFU = {"full": 0.552, "lora": 0.552}
+"""The loop's MFU by method, measured on H200s (docs/PERFORMANCE.md): carried over to the target's
+GPU by its peak, which assumes the same efficiency there (an estimate, said so in the output). LoRA
+takes the full fine-tune's until a benchmark measures its own (the memory check's three timed steps
+of 7B LoRA ran at 58.0%)."""
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(message)
+
+
+def _arg_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m workloads plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", help="training preset (default: the one submit picks for the GPU)")
+    parser.add_argument("--model-size", default="1.5b", choices=("1.5b", "7b"),
+                        help="without --preset: the model whose preset to choose (default 1.5b)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    parser.add_argument("--instance-type", default="g6.12xlarge", help="GPU instance type (default g6.12xlarge)")
+    parser.add_argument("--nodes", type=int, default=2, help="GPU nodes (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser
+
+
+def step_model(cfg, arch, memory_settings, *, kind: str):
+    """The step-time model's shape and strategy for this run (LoRA reduces only its adapters)."""
+    from workloads.bench.memory import parameters
+    from workloads.bench.step_time import BF16_BYTES, FP32_BYTES, ModelShape, Strategy
+    from workloads.train.metrics import flops_per_token
+
+    params = parameters(arch, memory_settings)
+    per_layer = sum(p.numel for p in params if p.unit == "layer")
+    root = sum(p.numel for p in params if p.unit != "layer")
+    trained_layer = sum(p.numel for p in params if p.unit == "layer" and p.trained)
+    trained_root = sum(p.numel for p in params if p.unit != "layer" and p.trained)
+    total = arch.layers * per_layer + root
+    frozen = total - arch.layers * trained_layer - trained_root
+    attention = 12.0 * arch.layers * arch.heads * arch.head_dim * cfg.seq_len
+    flops = flops_per_token(n_params=total, frozen_params=frozen, n_layers=arch.layers, n_heads=arch.heads,
+                            head_dim=arch.head_dim, seq_len=cfg.seq_len)
+    shape = ModelShape(layers=arch.layers, params_per_layer=per_layer, root_params=root, flops_per_token=flops,
+                       trained_per_layer=trained_layer, trained_root=trained_root,
+                       forward_flops_per_token=2.0 * total + attention / 3)
+    cross = BF16_BYTES if cfg.mixed_precision and cfg.cross_node_reduce_dtype == "bfloat16" else FP32_BYTES
+    strategy = Strategy(label=cfg.method, kind=kind, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
+                        grad_accum_steps=cfg.grad_accum_steps, reshard_after_forward=cfg.reshard_after_forward,
+                        activation_checkpointing=cfg.model.activation_checkpointing, cross_node_bytes=cross)
+    return shape, strategy
+
+
+def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Path) -> dict:
+    """The plan as plain data (what --json prints)."""
+    from infra.instance_types import INSTANCE_TYPES
+    from workloads.bench.memory import Architecture, settings_for
+    from workloads.bench.step_time import Hardware, Link, predict_step
+    from workloads.client.fit import Target, assess, check_lora_targets, model_config, nearest_fits
+
+    target = Target.instances(instance_type, nodes)
+    kind = INSTANCE_TYPES[instance_type]
+    config = model_config(cfg, cwd=cwd)
+    if config is None:
+        raise ValueError(f"model.name_or_path {cfg.model.name_or_path!r}: its shape cannot be read here (give a "
+                         "named architecture, a local folder or a hub id this machine can reach)")
+    check_lora_targets(cfg, config)
+    arch = Architecture.from_config(config)
+    fit = assess(cfg, arch, target)
+    world = target.world_size
+    plan = {
+        "preset": preset_name, "model": cfg.model.name_or_path, "method": cfg.method,
+        "activation_checkpointing": cfg.model.activation_checkpointing,
+        "instance_type": instance_type, "nodes": nodes, "gpus_per_node": kind.gpus, "gpu": kind.gpu_model,
+        "world_size": world, "parallelism": "hsdp" if fit.shard_ranks < world else "fsdp",
+        "shard_ranks": fit.shard_ranks, "micro_batch": cfg.micro_batch, "grad_accum_steps": cfg.grad_accum_steps,
+        "rows_per_step": cfg.micro_batch * cfg.grad_accum_steps * world,
+        "tokens_per_step": cfg.micro_batch * cfg.grad_accum_steps * world * cfg.seq_len,
+        "memory": {"predicted_gib": round(fit.prediction.peak_gib, 2), "needed_gib": round(fit.needed_gib, 2),
+                   "gpu_gib": round(target.memory_gib, 2), "fits": fit.fits, "phase": fit.prediction.phase,
+                   "terms_gib": {k: round(v / 2**30, 2) for k, v in fit.prediction.terms.items()}},
+        "usd_per_hour": round(nodes * kind.usd_per_hour, 2),
+    }
+    if not fit.fits:
+        plan["fits_with"] = [{"change": a.label, "predicted_gib": round(a.fit.prediction.peak_gib, 2)}
+                             for a in nearest_fits(cfg, arch, target)]
+    peak = kind.gpu.peak_bf16_flops if kind.gpu else None
+    if peak is None:
+        plan["speed"] = None
+        return plan
+    mfu = MEASURED_MFU[cfg.method]
+    hardware = Hardware(nodes=nodes, gpus_per_node=kind.gpus, peak_flops=peak, mfu=mfu,
+                        intra=Link.constant(kind.gpu.link_gbps), inter=Link.constant(kind.network_gbps / 8),
+                        usd_per_node_hour=kind.usd_per_hour)
+    shape, strategy = step_model(cfg, arch, settings_for(cfg, shard_ranks=fit.shard_ranks), kind=plan["parallelism"])
+    step = predict_step(hardware, shape, strategy)
+    cluster = step.tokens_per_s_per_gpu * world
+    hours = 1e9 / cluster / 3600
+    plan["speed"] = {"tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1), "tokens_per_s": round(cluster, 1),
+                     "step_s": round(step.step_s, 3), "exposed_comm_s": round(step.exposed_comm_s, 3),
+                     "mfu": mfu, "peak_flops": peak, "inter_node_gbps": kind.network_gbps / 8,
+                     "hours_per_billion_tokens": round(hours, 2),
+                     "usd_per_billion_tokens": round(hours * plan["usd_per_hour"], 2)}
+    return plan
+
+
+def format_plan(plan: dict) -> str:
+    memory, speed = plan["memory"], plan["speed"]
+    method = "LoRA" if plan["method"] == "lora" else "full fine-tune"
+    extra = ", activation checkpointing" if plan["activation_checkpointing"] else ""
+    layout = (f"HSDP: sharded over {plan['shard_ranks']} ranks per node" if plan["parallelism"] == "hsdp"
+              else f"flat FSDP over {plan['world_size']} ranks")
+    terms = ", ".join(f"{k} {v:.2f}" for k, v in memory["terms_gib"].items())
+    verdict = "fits" if memory["fits"] else "DOES NOT FIT"
+    lines = [
+        f"plan            {plan['preset']} on {plan['nodes']} x {plan['instance_type']} "
+        f"({plan['world_size']} x {plan['gpu']})",
+        f"method          {method} of {plan['model']}{extra}, {layout}",
+        f"rows per step   {plan['rows_per_step']} = micro-batch {plan['micro_batch']} x {plan['grad_accum_steps']} "
+        f"micro-steps x {plan['world_size']} ranks ({plan['tokens_per_step']:,} tokens)",
+        f"memory per GPU  {memory['predicted_gib']:.2f} GiB predicted, {memory['needed_gib']:.2f} with the "
+        f"allocator's slack and the CUDA context, of {memory['gpu_gib']:.2f} GiB ({plan['gpu']}): {verdict}",
+        f"                [{terms}]",
+    ]
+    if speed is None:
+        lines.append(f"speed           not predicted: no published bf16 peak for the {plan['gpu']}")
+    else:
+        lines.append(f"speed           {speed['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+                     f"{speed['tokens_per_s']:,.0f} in all (step {speed['step_s']:.2f} s; MFU {speed['mfu']} as "
+                     f"measured on H200s, of {speed['peak_flops'] / 1e12:.0f} TFLOP/s; "
+                     f"{speed['inter_node_gbps']:.1f} GB/s between nodes)")
+        lines.append(f"cost            ${plan['usd_per_hour']:.2f} per hour; "
+                     f"{speed['hours_per_billion_tokens']:,.1f} h and ${speed['usd_per_billion_tokens']:,.0f} "
+                     "per billion tokens")
+    if not memory["fits"]:
+        ways = [f"{w['change']} ({w['predicted_gib']:.1f} GiB)" for w in plan.get("fits_with", [])]
+        lines.append("fits with       " + (", or ".join(ways) if ways else "nothing nearby: use GPUs with more memory"))
+    return "\n".join(lines)
+
+
+def main(command: str, argv: list[str]) -> int:
+    try:
+        args = _arg_parser().parse_args(argv)
+        from infra.instance_types import INSTANCE_TYPES
+        from workloads.client.fit import Target
+        from workloads.train.config import preset, preset_for_gpu, with_overrides
+
+        target = Target.instances(args.instance_type, args.nodes)
+        kind = INSTANCE_TYPES[args.instance_type]
+        name = args.preset or preset_for_gpu(kind.gpu_memory_gib, model_size=args.model_size,
+                                             gpus=target.world_size)
+        cfg = with_overrides(preset(name), args.set)
+        plan = make_plan(cfg, preset_name=name, instance_type=args.instance_type, nodes=args.nodes, cwd=Path.cwd())
+    except (_UsageError, ValueError) as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    return EXIT_OK if plan["memory"]["fits"] else EXIT_DOES_NOT_FIT
+
+
+if __name__ == "__main__":
+    sys.exit(main("plan", sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""A LoRA checkpoint as Hugging Face folders: the adapter in peft's format, and the base merged with it.
+
+A LoRA run's checkpoints hold only the adapters (and their optimizer state); its `model/` folder
+holds the base's config, tokenizer and the adapter's config (`model/adapter/adapter_config.json`,
+written by workloads/train/method.py). So any checkpoint exports:
+- the adapter: its tensors under peft's names (`base_model.model.<module>.lora_A.weight`), fp32, with
+  that config: `PeftModel.from_pretrained(base, OUT/adapter)` loads it;
+- the merged model: each adapted weight W of the base becomes W + (alpha / r) B A (peft's delta,
+  without fan_in_fan_out), computed in fp32 and written in the export dtype; every other tensor is
+  the base's. The base is read from its source (the adapter config's base_model_name_or_path and
+  revision, or `base` given here), one safetensors file's worth at a time.
+A base that is a named architecture (random weights from a seed) is not stored anywhere: its run's
+final checkpoint holds the merged export it made, and other checkpoints export the adapter only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import safe_open
+
+from workloads.model_io.architectures import NAMED_ARCHITECTURES
+from workloads.model_io.export import MODEL_DIR, SafetensorsWriter, resolve_dtype
+from workloads.model_io.load import INDEX_FILE, weight_files
+
+ADAPTER_DIR = "adapter"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+CHECKPOINT_PREFIX = "model.lm."
+"""Where a checkpoint keeps the language model's tensors (the loop's CausalLMWithLoss.lm)."""
+
+
+def is_lora_checkpoint(checkpoint: Path) -> bool:
+    return (checkpoint / MODEL_DIR / ADAPTER_DIR / ADAPTER_CONFIG).is_file()
+
+
+def adapter_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's adapters, full, under peft's saved names."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    stored = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    keys = [k for k, m in stored.items() if isinstance(m, TensorStorageMetadata) and k.startswith(CHECKPOINT_PREFIX)
+            and ".lora_" in k]
+    if not keys:
+        raise ValueError(f"{checkpoint} holds no LoRA adapters, though its {MODEL_DIR}/{ADAPTER_DIR} says it should")
+    state = {k: torch.empty(stored[k].size, dtype=stored[k].properties.dtype) for k in keys}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    return {"base_model.model." + k[len(CHECKPOINT_PREFIX):].replace(".default.", "."): v for k, v in state.items()}
+
+
+def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, scaling: float) -> torch.Tensor:
+    """W + scaling * B A, in fp32."""
+    return weight.float() + (b.float() @ a.float()) * scaling
+
+
+def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[str] = None,
+                     cache_dir: str = "") -> torch.dtype:
+    """Write OUT/adapter (peft's format) and, from the base's weights, OUT (the merged model)."""
+    from transformers import AutoConfig
+
+    from workloads.model_io.sources import fetch_model
+
+    meta = checkpoint / MODEL_DIR
+    adapter_config = json.loads((meta / ADAPTER_DIR / ADAPTER_CONFIG).read_text())
+    adapters = adapter_tensors(checkpoint)
+    (out / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(meta / ADAPTER_DIR / ADAPTER_CONFIG, out / ADAPTER_DIR / ADAPTER_CONFIG)
+    writer = SafetensorsWriter(out / ADAPTER_DIR, max_shard_bytes=2**62, file_name=ADAPTER_WEIGHTS)
+    for name, tensor in sorted(adapters.items()):
+        writer.add(name, tensor.float())
+    writer.close()
+    spec = base or adapter_config.get("base_model_name_or_path") or ""
+    if not spec or spec in NAMED_ARCHITECTURES:
+        raise ValueError(
+            f"the adapter is written to {out / ADAPTER_DIR}; the merged model needs the base's weights, and this run's "
+            f"base ({spec or 'unrecorded'}) has none stored (random weights): only the run's final checkpoint holds "
+            "its merged export. Give --base FOLDER_OR_HUB_ID to merge into another base")
+    folder = fetch_model(spec, revision=adapter_config.get("revision") or "", cache_dir=cache_dir, what="--base")
+    config = AutoConfig.from_pretrained(meta)
+    dtype = resolve_dtype(dtype_choice, config)
+    for path in meta.iterdir():
+        if path.is_file() and not path.name.endswith(".safetensors") and path.name != INDEX_FILE:
+            shutil.copy2(path, out / path.name)
+    config.dtype = dtype
+    config.save_pretrained(out)
+    scaling = float(adapter_config["lora_alpha"]) / float(adapter_config["r"])
+    weights = SafetensorsWriter(out)
+    merged = 0
+    files = weight_files(folder)
+    for path in sorted(set(files.values())):
+        with safe_open(path, framework="pt") as f:
+            for name in [n for n in f.keys() if files[n] == path]:
+                tensor = f.get_tensor(name)
+                module = name.removesuffix(".weight")
+                a = adapters.get(f"base_model.model.{module}.lora_A.weight")
+                if a is not None:
+                    tensor = merged_weight(tensor, a, adapters[f"base_model.model.{module}.lora_B.weight"],
+                                           scaling=scaling)
+                    merged += 1
+                weights.add(name, tensor.to(dtype))
+    weights.close()
+    expected = len(adapters) // 2
+    if merged != expected:
+        raise ValueError(f"the base {spec!r} has {merged} of the {expected} weights the adapter adapts: it is not "
+                         "the model the run trained")
+    return dtype
