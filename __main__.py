@@ -28,6 +28,11 @@ cfg = load_running_stack_config()
 gpu_window = gpu_launch_window(cfg)  # a reservation that has ended stops the program here
 name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
 idle_to_zero = scale_to_zero.enabled(cfg)
+if not cfg.api_access_cidrs:
+    pulumi.log.warn("the EKS API endpoint is private (ray-eks:apiAccessCidrs is empty): run `pulumi up` and "
+                    "`python -m workloads submit` from a machine that reaches the VPC, or name your address: "
+                    "pulumi config set --path 'ray-eks:apiAccessCidrs[0]' \"$(curl -fsS "
+                    "https://checkip.amazonaws.com)/32\" (docs/SECURITY.md)")
 if reservation_idle_note(cfg):
     pulumi.log.warn(f"ray-eks:gpuIdleMinutes scales the GPU nodes to zero, but {reservation_idle_note(cfg)}")
 
@@ -41,17 +46,18 @@ ray_cluster_name = manifest["metadata"]["name"]
 cluster = EksCluster("cluster", EksClusterArgs(
     cluster_name=name, kubernetes_version=cfg.kubernetes_version, vpc_id=network.vpc_id,
     public_subnet_ids=network.public_subnet_ids, private_subnet_ids=network.private_subnet_ids,
-    api_access_cidrs=cfg.api_access_cidrs, admin_principal_arns=cfg.admin_principal_arns,
-    pod_identity_agent_version=cfg.pod_identity_agent_version))
+    api_access_cidrs=cfg.api_access_cidrs, api_open_to_internet=cfg.api_open_to_internet,
+    admin_principal_arns=cfg.admin_principal_arns,
+    pod_identity_agent_version=cfg.pod_identity_agent_version, vpc_cni_version=cfg.vpc_cni_version))
 system_nodes = SystemNodeGroup("system", SystemNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.system_instance_type,
-    subnet_ids=network.node_subnet_ids, node_count=cfg.system_node_count))
+    subnet_ids=network.node_subnet_ids, node_count=cfg.system_node_count, after=[cluster.vpc_cni]))
 gpu_nodes = GpuNodeGroup("gpu", GpuNodeGroupArgs(
     cluster=cluster.cluster, instance_type=cfg.gpu_instance_type, node_count=cfg.gpu_node_count,
     availability_zone=cfg.gpu_availability_zone, subnet_id=network.gpu_subnet_id,
     root_volume_gib=cfg.gpu_root_volume_gib, capacity_type=cfg.gpu_capacity_type,
     reservation=cfg.gpu_reservation,
-    window=gpu_window, cluster_name=cluster.cluster_name,
+    window=gpu_window, cluster_name=cluster.cluster_name, after=[cluster.vpc_cni],
     scale_to_zero=ScaleToZero(asg_tags=scale_to_zero.node_template_tags(cfg, cluster_name=name),
                               extra_labels=scale_to_zero.accelerator_label(cfg))
     if idle_to_zero else None))
@@ -80,7 +86,7 @@ tracking = MlflowTracking("mlflow", MlflowTrackingArgs(
 ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
     manifest=manifest, provider=cluster.provider, operator_release=addons.kuberay_operator,
     pod_identity=storage.pod_identity, kubeconfig=cluster.kubeconfig,
-    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes,
+    workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes, kubernetes_version=cfg.kubernetes_version,
     workers_now=0 if idle_to_zero else gpu_window.desired_nodes if gpu_window else None,
     workers_note=scale_to_zero.idle_note(cfg) if idle_to_zero else gpu_window.note if gpu_window else ""))
 

@@ -1,6 +1,6 @@
 """Helm values of the add-on charts, as plain dicts (tests check every key against the chart's own
-values.yaml): the NVIDIA and EFA device plugins and the KubeRay operator, and with `gpuIdleMinutes`
-the Cluster Autoscaler."""
+values.yaml): the NVIDIA and EFA device plugins and the KubeRay operator, with `gpuIdleMinutes`
+the Cluster Autoscaler, and on Spot stacks the AWS Node Termination Handler."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
 from infra.scale_to_zero import CLUSTER_AUTOSCALER_NAMESPACE, cluster_autoscaler_values
 from infra.scale_to_zero import enabled as scales_to_zero
+from infra.spot import node_termination_handler_values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,9 @@ KUBERAY_OPERATOR = Chart(name="kuberay-operator",
 CLUSTER_AUTOSCALER = Chart(name="cluster-autoscaler",
                            repository="https://kubernetes.github.io/autoscaler",
                            namespace=CLUSTER_AUTOSCALER_NAMESPACE)
+NODE_TERMINATION_HANDLER = Chart(name="aws-node-termination-handler",
+                                 repository="https://aws.github.io/eks-charts",
+                                 namespace="kube-system")
 
 
 def nvidia_device_plugin_values() -> dict[str, Any]:
@@ -68,6 +72,8 @@ def chart_values(cfg: StackConfig, *, cluster_name: str) -> dict[str, dict[str, 
     }
     if scales_to_zero(cfg):
         values[CLUSTER_AUTOSCALER.name] = cluster_autoscaler_values(cfg, cluster_name=cluster_name)
+    if cfg.is_spot:
+        values[NODE_TERMINATION_HANDLER.name] = node_termination_handler_values()
     return values
 
 
@@ -79,6 +85,8 @@ def chart_versions(cfg: StackConfig) -> dict[str, str]:
     }
     if scales_to_zero(cfg):
         versions[CLUSTER_AUTOSCALER.name] = cfg.cluster_autoscaler_chart_version
+    if cfg.is_spot:
+        versions[NODE_TERMINATION_HANDLER.name] = cfg.node_termination_handler_chart_version
     return versions
 
 

@@ -14,18 +14,20 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 
 from infra.health import NODE_GROUP_TYPE, enable_node_auto_repair
+from infra.imds import launch_template_metadata_options, restrict_instance_metadata
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS,
                          SYSTEM_ROOT_VOLUME_GIB)
-from infra.config import GpuReservation, StackConfig
+from infra.config import GpuReservation, StackConfig, format_utc
 from infra.instance_types import INSTANCE_TYPES
 from infra.spot import EKS_CAPACITY_TYPE as SPOT_CAPACITY_TYPE
-from infra.reservation import (EKS_CAPACITY_TYPE, LaunchWindow, ReservationEnded,
+from infra.reservation import (END_ACTION, EKS_CAPACITY_TYPE, START_ACTION, LaunchWindow, ReservationEnded,
                                efa_network_interfaces, launch_window, reservation_launch_options,
                                reservation_update_config)
 
-NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-                 "AmazonEC2ContainerRegistryReadOnly")
+NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly")
+"""Join the cluster and pull images. The VPC CNI's network-interface writes are not here: its own
+service account has them, through Pod Identity (infra/cluster.py)."""
 
 
 def _node_role(name: str, parent: pulumi.Resource) -> aws.iam.Role:
@@ -54,6 +56,9 @@ class SystemNodeGroupArgs:
     node_count: int
     """desired = min = max; more than one keeps CoreDNS, the operator and the Ray head from
     sharing one node's fate."""
+    after: Sequence[pulumi.Resource] = ()
+    """What the nodes wait for (the VPC CNI add-on: its pods get their credentials only if its
+    Pod Identity association exists before they are admitted)."""
 
 
 class SystemNodeGroup(pulumi.ComponentResource):
@@ -75,7 +80,10 @@ class SystemNodeGroup(pulumi.ComponentResource):
                 desired_size=args.node_count, min_size=args.node_count, max_size=args.node_count),
             labels=dict(SYSTEM_NODE_LABELS),
             disk_size=SYSTEM_ROOT_VOLUME_GIB,
-            opts=pulumi.ResourceOptions(parent=self))
+            # A launch template of pulumi-eks's, whose metadata options the transform sets.
+            enable_imd_sv2=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after),
+                                        transforms=[restrict_instance_metadata]))
         self.register_outputs({})
 
 
@@ -96,13 +104,16 @@ class GpuNodeGroupArgs:
     """Capacity reservation to launch into: the group then gets its own launch template that
     targets it, and no placement group (infra/reservation.py says why)."""
     window: LaunchWindow | None = None
-    """With a reservation: how many nodes to ask for now (gpu_launch_window)."""
+    """With a reservation: how many nodes to ask for now, and a Capacity Block's scheduled scaling
+    (gpu_launch_window)."""
     cluster_name: pulumi.Input[str] = ""
     """Name of the EKS cluster (needed with a reservation: its security group goes on the EFA
     interfaces of the group's own launch template; and to scale to zero)."""
     scale_to_zero: ScaleToZero | None = None
     """With `gpuIdleMinutes`: the group may shrink to no node and the Cluster Autoscaler sets its
     size; None: its size is the stack's."""
+    after: Sequence[pulumi.Resource] = ()
+    """What the nodes wait for (the VPC CNI add-on, as for the system nodes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,10 +138,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.node_group = _reserved_node_group(name, args, role=role, parent=self)
         else:
             self.node_group = _on_demand_node_group(name, args, role=role, parent=self)
+        self.autoscaling_group_name = autoscaling_group_name(self.node_group)
         if args.scale_to_zero is not None:
             tag_autoscaling_group(name, tags=args.scale_to_zero.asg_tags,
-                                  cluster_name=args.cluster_name, node_group=self.node_group,
-                                  labels=GPU_NODE_LABELS, parent=self)
+                                  group_name=self.autoscaling_group_name, parent=self)
+        if args.window is not None:
+            schedule_capacity_block(name, window=args.window, node_count=args.node_count,
+                                    autoscaled=args.scale_to_zero is not None,
+                                    group_name=self.autoscaling_group_name, parent=self)
         self.register_outputs({})
 
 
@@ -170,8 +185,11 @@ def _on_demand_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Ro
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                                effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
             disk_size=args.root_volume_gib,
-            # Replaces a node that the monitoring agent reports unhealthy (infra/health.py).
-            opts=pulumi.ResourceOptions(parent=parent, transforms=[enable_node_auto_repair]))
+            enable_imd_sv2=True,
+            # Replaces a node that the monitoring agent reports unhealthy (infra/health.py); IMDS
+            # out of the pods' reach (infra/imds.py).
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=list(args.after),
+                                        transforms=[enable_node_auto_repair, restrict_instance_metadata]))
 
 
 def _scaling_ownership(args: GpuNodeGroupArgs) -> dict[str, bool]:
@@ -182,14 +200,11 @@ def _scaling_ownership(args: GpuNodeGroupArgs) -> dict[str, bool]:
     return {"ignore_scaling_changes": True} if args.scale_to_zero is not None else {}
 
 
-def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], cluster_name: pulumi.Input[str],
-                          node_group: pulumi.Resource, labels: Mapping[str, str],
+def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], group_name: pulumi.Input[str],
                           parent: pulumi.Resource) -> list[aws.autoscaling.Tag]:
-    """Tags on the Auto Scaling group EKS made for the node group labelled `labels`, one
-    resource each (EKS does not pass a managed node group's tags on to its Auto Scaling group).
-    Not propagated to instances: they are for the Cluster Autoscaler."""
-    group_name = autoscaling_group_name(cluster_name=cluster_name, labels=labels,
-                                        after=node_group, parent=parent)
+    """Tags on the Auto Scaling group `group_name`, one resource each (EKS does not pass a managed
+    node group's tags on to its Auto Scaling group). Not propagated to instances: they are for the
+    Cluster Autoscaler."""
     return [aws.autoscaling.Tag(
         f"{name}-asg-{re.sub(r'[^A-Za-z0-9]+', '-', key).strip('-')}",
         autoscaling_group_name=group_name,
@@ -197,25 +212,37 @@ def tag_autoscaling_group(name: str, *, tags: Mapping[str, str], cluster_name: p
         opts=pulumi.ResourceOptions(parent=parent)) for key, value in tags.items()]
 
 
-def autoscaling_group_name(*, cluster_name: pulumi.Input[str], labels: Mapping[str, str],
-                           after: pulumi.Resource, parent: pulumi.Resource) -> pulumi.Output[str]:
-    """The Auto Scaling group of the cluster's node group whose labels include `labels`, read from
-    the EKS API once the node group exists (EKS names the group; nothing here can predict it)."""
-    names = aws.eks.get_node_groups_output(
-        cluster_name=cluster_name,
-        opts=pulumi.InvokeOutputOptions(parent=parent, depends_on=[after])).names
+def schedule_capacity_block(name: str, *, window: LaunchWindow, node_count: int, autoscaled: bool,
+                            group_name: pulumi.Input[str], parent: pulumi.Resource
+                            ) -> list[aws.autoscaling.Schedule]:
+    """The Capacity Block's scheduled actions on the group's Auto Scaling group (infra/reservation.py):
+    up to `node_count` at the block's start, unless the Cluster Autoscaler owns the size
+    (`autoscaled`: it raises the group for a job); down to zero, and no more, before EC2 reclaims
+    the instances, so that neither autoscaler brings a node back for the last minutes."""
+    child = pulumi.ResourceOptions(parent=parent)
+    actions = []
+    if window.scale_up_at is not None and not autoscaled:
+        actions.append(aws.autoscaling.Schedule(
+            f"{name}-block-start", scheduled_action_name=START_ACTION, autoscaling_group_name=group_name,
+            start_time=format_utc(window.scale_up_at), min_size=node_count, max_size=node_count,
+            desired_capacity=node_count, opts=child))
+    if window.scale_down_at is not None:
+        actions.append(aws.autoscaling.Schedule(
+            f"{name}-block-end", scheduled_action_name=END_ACTION, autoscaling_group_name=group_name,
+            start_time=format_utc(window.scale_down_at), min_size=0, max_size=0, desired_capacity=0,
+            opts=child))
+    return actions
 
-    def pick(args: list) -> str:
-        cluster, group_names = args
-        for group_name in sorted(group_names or []):
-            group = aws.eks.get_node_group(cluster_name=cluster, node_group_name=group_name,
-                                           opts=pulumi.InvokeOptions(parent=parent))
-            if all((group.labels or {}).get(k) == v for k, v in labels.items()):
-                return group.resources[0].autoscaling_groups[0].name
-        raise pulumi.RunError(f"no node group of EKS cluster {cluster} has the labels {dict(labels)}: "
-                              f"its Auto Scaling group cannot be tagged for the Cluster Autoscaler")
 
-    return pulumi.Output.all(cluster_name, names).apply(pick)
+def autoscaling_group_name(node_group: eks.ManagedNodeGroup) -> pulumi.Output[str]:
+    """The Auto Scaling group EKS made for this node group, from the node group's own outputs
+    (`resources[0].autoscaling_groups[0].name`; EKS names the group, nothing here can predict it).
+
+    Never looked up by the group's labels: a change of capacity type, instance type, AZ or
+    reservation replaces the node group, Pulumi creates the new one before it deletes the old, and
+    for that while two groups of the cluster carry the same labels (docs/INFRA.md)."""
+    return node_group.node_group.apply(lambda group: group.resources).apply(
+        lambda resources: resources[0].autoscaling_groups[0].name)
 
 
 def gpu_launch_window(cfg: StackConfig) -> LaunchWindow | None:
@@ -272,6 +299,7 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         block_device_mappings=[{"device_name": "/dev/xvda", "ebs": {
             "volume_size": args.root_volume_gib, "volume_type": "gp3",
             "delete_on_termination": "true"}}],
+        metadata_options=launch_template_metadata_options(),
         **reservation_launch_options(reservation),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[target]))
     # An update (a new launch template version, a new AMI) adds nodes before it removes old ones;
@@ -295,4 +323,4 @@ def _reserved_node_group(name: str, args: GpuNodeGroupArgs, *, role: aws.iam.Rol
         labels=gpu_node_labels(args),
         taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE,
                                            effect=EKS_TAINT_EFFECTS[GPU_TAINT_EFFECT])],
-        opts=pulumi.ResourceOptions(parent=parent, transforms=transforms))
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(args.after), transforms=transforms))

@@ -15,10 +15,12 @@ import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
 from infra.nodes import GPU_NODE_LABELS, SYSTEM_NODE_LABELS, gpu_toleration
+from infra.network_policy import ray_network_policy
 from infra.readiness import RayWorkersReady, manifest_fingerprint
 from infra.scale_to_zero import SAFE_TO_EVICT_ANNOTATION, enabled as scales_to_zero, ray_autoscaler_options
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
 from infra.spot import worker_shutdown
+from workloads.launch.credentials import CREDENTIALS_DIR, CREDENTIALS_SECRET
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
 
 RAY_CLUSTER_NAME = "ray-train"
@@ -31,6 +33,8 @@ GCS_PORT = 6379
 CLIENT_PORT = 10001
 AUTH_SECRET_KEY = "auth_token"
 """The key KubeRay writes the Ray auth token under in the Secret it generates."""
+RAY_POD_LABELS = {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}
+"""On every Ray pod: the NetworkPolicy selects them by it (infra/network_policy.py)."""
 
 
 def head_service_name(cluster_name: str = RAY_CLUSTER_NAME) -> str:
@@ -67,14 +71,57 @@ def node_name_env() -> dict[str, Any]:
     return {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
+def region_env(cfg: StackConfig) -> dict[str, str]:
+    """The stack's region for the AWS SDKs in the Ray pods (S3, MLflow's signing plugin): EKS Pod
+    Identity gives credentials, not a region, and the pods cannot ask the instance metadata for one
+    (infra/imds.py)."""
+    return {"name": "AWS_REGION", "value": cfg.region}
+
+
 def _shm_volume() -> dict[str, Any]:
     # Memory-backed and counted against the pod's memory limit; Docker's 64 MiB default would
     # starve the Ray object store and NCCL's shared-memory transport.
     return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 
 
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+"""Every Ray container (and the Ray autoscaler's): no privilege escalation, no Linux capability. EFA
+needs none added: its device plugin hands the container the node's EFA devices, and EKS's own EFA
+example (the EKS user guide's NCCL test on p5) runs its workers with no securityContext at all."""
+POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+"""Every Ray pod: the container runtime's default seccomp profile."""
+POD_SECURITY_LEVEL = "baseline"
+"""The strictest Pod Security Standard the Ray pods meet, enforced on the Ray namespace. Not
+`restricted`: it also requires `runAsNonRoot`, and the Ray image chooses its own user (the DLC image
+is not known to run as non-root); the namespace warns and audits against `restricted`."""
+
+
+def pod_security_labels(kubernetes_version: str) -> dict[str, str]:
+    """The Pod Security Admission labels of the Ray namespace: `POD_SECURITY_LEVEL` enforced at
+    the cluster's Kubernetes minor, `restricted` warned and audited."""
+    version = f"v{kubernetes_version}"
+    prefix = "pod-security.kubernetes.io"
+    return {f"{prefix}/enforce": POD_SECURITY_LEVEL, f"{prefix}/enforce-version": version,
+            f"{prefix}/warn": "restricted", f"{prefix}/warn-version": version,
+            f"{prefix}/audit": "restricted", f"{prefix}/audit-version": version}
+
+
+def _credentials_volume() -> dict[str, Any]:
+    # The job's MLflow and hub credentials, as files its processes read at start
+    # (workloads/launch/credentials.py): kept out of the entrypoint and runtime_env, which Ray shows
+    # to whoever lists jobs, and out of the pod's environment, so a change needs no new pod.
+    # Optional: the pods start without it.
+    return {"name": "job-credentials", "secret": {"secretName": CREDENTIALS_SECRET, "optional": True,
+                                                  "defaultMode": 0o444}}
+
+
+def _volume_mounts() -> list[dict[str, Any]]:
+    return [{"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "job-credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True}]
+
+
 def _pod_metadata(cfg: StackConfig) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"labels": {"app.kubernetes.io/part-of": RAY_CLUSTER_NAME}}
+    metadata: dict[str, Any] = {"labels": dict(RAY_POD_LABELS)}
     if scales_to_zero(cfg):
         # The Cluster Autoscaler never removes a node that runs a Ray pod: only Ray's autoscaler
         # ends a worker, once it is idle.
@@ -88,14 +135,17 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
         "metadata": _pod_metadata(cfg),
         "spec": {
             "serviceAccountName": SERVICE_ACCOUNT,
+            "securityContext": dict(POD_SECURITY_CONTEXT),
             "nodeSelector": dict(SYSTEM_NODE_LABELS),
             "containers": [{
                 "name": "ray-head",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
+                "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
                 "env": [
                     # The DLC image sets NVIDIA_VISIBLE_DEVICES=all; the head has no GPU.
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                    region_env(cfg),
                 ],
                 "ports": [
                     {"name": "gcs-server", "containerPort": GCS_PORT},
@@ -103,22 +153,24 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
                     {"name": "client", "containerPort": CLIENT_PORT},
                 ],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": _volume_mounts(),
             }],
-            "volumes": [_shm_volume()],
+            "volumes": [_shm_volume(), _credentials_volume()],
         },
     }
 
 
 def _worker_template(cfg: StackConfig) -> dict[str, Any]:
     resources = worker_pod_size(cfg.gpu_instance, hugepages_mib=cfg.gpu_huge_pages_mib).resources()
-    # On Spot: a grace period and Ray drain that fit a checkpoint in the notice (infra/spot.py).
-    shutdown_spec, shutdown_env = worker_shutdown(cfg.gpu_capacity_type)
+    # On Spot and Capacity Blocks: a grace period and Ray drain that fit a checkpoint between the
+    # drain and the reclaim (infra/spot.py).
+    shutdown_spec, shutdown_env = worker_shutdown(cfg)
     return {
         "metadata": _pod_metadata(cfg),
         "spec": {
             **shutdown_spec,
             "serviceAccountName": SERVICE_ACCOUNT,
+            "securityContext": dict(POD_SECURITY_CONTEXT),
             "nodeSelector": {
                 **GPU_NODE_LABELS,
                 "node.kubernetes.io/instance-type": cfg.gpu_instance_type,
@@ -129,11 +181,13 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "name": "ray-worker",
                 "image": cfg.ray_image,
                 "imagePullPolicy": "IfNotPresent",
-                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), *shutdown_env],
+                "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
+                "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), region_env(cfg),
+                        *shutdown_env],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": _volume_mounts(),
             }],
-            "volumes": [_shm_volume()],
+            "volumes": [_shm_volume(), _credentials_volume()],
         },
     }
 
@@ -158,7 +212,8 @@ def worker_counts(manifest: dict[str, Any]) -> tuple[int, int]:
 def build_raycluster(cfg: StackConfig, *, name: str = RAY_CLUSTER_NAME) -> dict[str, Any]:
     """The RayCluster manifest for this stack: one head on a system node, one worker per GPU
     node (with `gpuIdleMinutes`, as many as the jobs ask for, none when idle)."""
-    autoscaling = ({"enableInTreeAutoscaling": True, "autoscalerOptions": ray_autoscaler_options(cfg)}
+    autoscaling = ({"enableInTreeAutoscaling": True, "autoscalerOptions": {
+                       **ray_autoscaler_options(cfg), "securityContext": dict(CONTAINER_SECURITY_CONTEXT)}}
                    if scales_to_zero(cfg) else {"enableInTreeAutoscaling": False})
     return {
         "apiVersion": "ray.io/v1",
@@ -197,6 +252,8 @@ class RayClusterDeploymentArgs:
     """The cluster's kubeconfig, with which `pulumi up` watches the worker pods."""
     workers_ready_timeout_minutes: int
     """How long `pulumi up` waits for every worker pod to be Ready; 0 does not wait."""
+    kubernetes_version: str
+    """The cluster's Kubernetes minor: the Pod Security Standards' version the namespace enforces."""
     workers_now: int | None = None
     """Worker pods `pulumi up` waits for: fewer than the worker group's replicas while a Capacity
     Block has not started (0 nodes until then), none when the GPU nodes scale to zero (the workers
@@ -207,7 +264,7 @@ class RayClusterDeploymentArgs:
 
 
 class RayClusterDeployment(pulumi.ComponentResource):
-    """The Ray namespace, the Ray pods' service account, the RayCluster itself, and (unless the
+    """The Ray namespace, the Ray pods' service account and NetworkPolicy, the RayCluster itself, and (unless the
     timeout is 0, or the workers scale to zero) `workers_ready`, which exists once every worker
     pod is Ready."""
 
@@ -217,12 +274,19 @@ class RayClusterDeployment(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
         meta = args.manifest["metadata"]
         namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": meta["namespace"]}, opts=child)
+            f"{name}-namespace", metadata={"name": meta["namespace"],
+                                           "labels": pod_security_labels(args.kubernetes_version)},
+            opts=child)
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account",
             metadata={"name": SERVICE_ACCOUNT, "namespace": meta["namespace"]},
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 depends_on=[namespace])))
+        # Before the RayCluster, so that no Ray pod runs a moment unguarded.
+        policy = ray_network_policy(namespace=meta["namespace"], ray_pod_labels=RAY_POD_LABELS)
+        self.network_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-network-policy", metadata=policy["metadata"], spec=policy["spec"],
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace])))
         self.ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=args.manifest["apiVersion"],
@@ -230,7 +294,7 @@ class RayClusterDeployment(pulumi.ComponentResource):
             metadata=meta,
             spec=args.manifest["spec"],
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[namespace, self.service_account, args.operator_release,
+                depends_on=[namespace, self.service_account, self.network_policy, args.operator_release,
                             args.pod_identity])))
         self.workers_ready = None
         (group,) = args.manifest["spec"]["workerGroupSpecs"]

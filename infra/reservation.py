@@ -11,6 +11,15 @@ group that targets a reservation gets no placement group. Capacity Blocks lose n
 places a block's instances together in an UltraCluster. An On-Demand reservation is only
 guaranteed to be in the AZ, so its nodes may sit farther apart than in a cluster placement group;
 EFA still carries NCCL between them.
+
+A Capacity Block has a start and an end, and nothing else moves the node group's size between two
+`pulumi up`s: so the group gets scheduled actions on its Auto Scaling group, as EKS documents for
+managed node groups on Capacity Blocks. One raises it to the node count at the block's start (a
+block bought for later deploys at 0 nodes and comes up by itself); one takes it to zero 45 minutes
+before the end. EC2 begins terminating a block's instances 30 minutes before its end, and EKS
+schedules its own scale-down at 40 minutes; ours comes first, with 15 minutes for the action's
+delay, EKS's drain and the worker pod's grace period, inside which the loop saves its checkpoint on
+the drain, as on a Spot notice (the worker pods of a block get Spot's shutdown timing).
 """
 
 from __future__ import annotations
@@ -87,29 +96,70 @@ def reservation_update_config(reservation: GpuReservation, *, node_count: int,
     return dict(MINIMAL_UPDATE_CONFIG)
 
 
+CAPACITY_BLOCK_SCALE_DOWN_LEAD = timedelta(minutes=45)
+"""How long before a Capacity Block's end its GPU nodes are scheduled down to zero: before EC2's
+reclaim (`CAPACITY_BLOCK_RECLAIM`) by `CAPACITY_BLOCK_DRAIN_BUDGET`, and before the scale-down EKS
+schedules itself (`EKS_SCALE_DOWN_LEAD`), so that this one acts and EKS's finds the group at zero."""
+EKS_SCALE_DOWN_LEAD = timedelta(minutes=40)
+"""EKS schedules its own scale-down of a managed node group on a Capacity Block this long before the
+block ends ("Amazon EKS Node Group Capacity Scaledown Before Reservation End"; EKS user guide,
+"Create a managed node group with Capacity Blocks for ML"). Scheduled actions of one Auto Scaling
+group may not share a start time, so ours is at another."""
+SCHEDULED_ACTION_DELAY = timedelta(minutes=2)
+"""A scheduled action may start up to two minutes after its time (EC2 Auto Scaling user guide,
+"Scheduled scaling")."""
+EKS_SCALE_IN_DRAIN_ALLOWANCE = timedelta(minutes=5)
+"""From the Auto Scaling group's scale-in to EKS evicting the node's pods (its termination lifecycle
+hook drains the node; EKS gives no figure, and terminates the node after 15 minutes whatever is
+left)."""
+CAPACITY_BLOCK_DRAIN_BUDGET = CAPACITY_BLOCK_SCALE_DOWN_LEAD - CAPACITY_BLOCK_RECLAIM
+"""From the scheduled scale-down to EC2's reclaim (15 min): the action's delay, EKS's drain, and the
+worker pod's grace period, inside which the loop saves its checkpoint (as on a Spot notice,
+infra/spot.py)."""
+SCHEDULE_MIN_LEAD = timedelta(minutes=5)
+"""A scheduled action is declared only this far ahead: Auto Scaling refuses a start time in the
+past, and `pulumi up` runs a while after its preview."""
+SHORT_BLOCK = timedelta(hours=1)
+"""A block that ends sooner than this gets a warning of its own: a job has little time left."""
+START_ACTION = "ray-eks-capacity-block-start"
+END_ACTION = "ray-eks-capacity-block-end"
+"""The scheduled actions' names on the GPU Auto Scaling group."""
+
+
 class ReservationEnded(ValueError):
     """The stack targets a reservation that can no longer launch instances."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchWindow:
-    """How many GPU nodes the node group asks for now, and why."""
+    """How many GPU nodes the node group asks for now, when scheduled actions change that, and why."""
 
     desired_nodes: int
-    """0 until a Capacity Block starts, else the stack's node count."""
+    """0 until a Capacity Block starts and from its scale-down on, else the stack's node count."""
     note: str
     """One line for `pulumi up` (empty when there is nothing to say)."""
+    scale_up_at: datetime | None = None
+    """A Capacity Block that starts later: when a scheduled action raises the group to the node
+    count (no second `pulumi up` needed). None otherwise."""
+    scale_down_at: datetime | None = None
+    """A Capacity Block: when a scheduled action takes the group to zero, early enough for a job's
+    checkpoint before EC2 reclaims the instances. None otherwise, or once that time is near."""
 
 
 def _span(delta: timedelta) -> str:
-    hours = delta.total_seconds() / 3600
+    minutes = delta.total_seconds() / 60
+    if minutes < 90:
+        return f"{minutes:.0f} min"
+    hours = minutes / 60
     return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
 
 
 def launch_window(reservation: GpuReservation, *, node_count: int, now: datetime,
                   stack: str) -> LaunchWindow:
-    """The node group's size at `now`. ReservationEnded when no instance can launch into the
-    reservation any more (for a Capacity Block: from 30 minutes before its end)."""
+    """The node group's size at `now` and, for a Capacity Block, its scheduled scaling: up at the
+    block's start, down `CAPACITY_BLOCK_SCALE_DOWN_LEAD` before its end. ReservationEnded when no
+    instance can launch into the reservation any more (for a Capacity Block: from 30 minutes
+    before its end)."""
     rid = reservation.reservation_id
     last_launch = reservation.end - (CAPACITY_BLOCK_RECLAIM if reservation.is_capacity_block
                                      else timedelta(0))
@@ -121,17 +171,35 @@ def launch_window(reservation: GpuReservation, *, node_count: int, now: datetime
             f"the GPU node group targets {reservation.kind} reservation {rid}, and {why}. Buy or "
             f"hold new capacity (`python -m capacity blocks` or `python -m capacity probe "
             f"--hold`), or stop targeting it: `python -m capacity release --stack {stack}`")
-    if reservation.is_capacity_block and now < reservation.start:
+    if not reservation.is_capacity_block:
+        return LaunchWindow(desired_nodes=node_count, note="")
+    scale_down = reservation.end - CAPACITY_BLOCK_SCALE_DOWN_LEAD
+    reclaim = (f"EC2 reclaims its instances from {format_utc(last_launch)}, 30 minutes before it "
+               f"ends")
+    if now >= scale_down - SCHEDULE_MIN_LEAD:
         return LaunchWindow(desired_nodes=0, note=(
+            f"Capacity Block {rid} ends at {format_utc(reservation.end)} (in "
+            f"{_span(reservation.end - now)}): its GPU nodes are scaled to zero from "
+            f"{format_utc(scale_down)}, 45 minutes before, so that a job saves its checkpoint on "
+            f"the drain before {reclaim}; the GPU node group stays at 0 nodes. Buy new capacity "
+            f"(`python -m capacity blocks`) to train again."))
+    down = (f"a scheduled action takes the GPU nodes to zero at {format_utc(scale_down)} (in "
+            f"{_span(scale_down - now)}), 45 minutes before it ends, so that a job saves its "
+            f"checkpoint on the drain before {reclaim}")
+    if now < reservation.start - SCHEDULE_MIN_LEAD:
+        return LaunchWindow(desired_nodes=0, scale_up_at=reservation.start, scale_down_at=scale_down, note=(
             f"Capacity Block {rid} starts at {format_utc(reservation.start)} (in "
-            f"{_span(reservation.start - now)}): the GPU node group has 0 nodes until then; run "
-            f"`pulumi up` again after it starts. EC2 reclaims its instances from "
-            f"{format_utc(last_launch)}, 30 minutes before it ends."))
-    if reservation.is_capacity_block:
-        return LaunchWindow(desired_nodes=node_count, note=(
-            f"Capacity Block {rid} runs until {format_utc(reservation.end)}; EC2 reclaims its "
-            f"instances from {format_utc(last_launch)} (in {_span(last_launch - now)})."))
-    return LaunchWindow(desired_nodes=node_count, note="")
+            f"{_span(reservation.start - now)}): the GPU node group has 0 nodes until then, when "
+            f"a scheduled action raises it to {node_count} (no second `pulumi up` needed); {down}."))
+    if reservation.end - now < SHORT_BLOCK:
+        return LaunchWindow(desired_nodes=node_count, scale_down_at=scale_down, note=(
+            f"Capacity Block {rid} ends in {_span(reservation.end - now)}, at "
+            f"{format_utc(reservation.end)}: a job started now has until "
+            f"{format_utc(scale_down)} ({_span(scale_down - now)}), when a scheduled action takes "
+            f"the GPU nodes to zero so that the job saves its checkpoint on the drain before "
+            f"{reclaim}."))
+    return LaunchWindow(desired_nodes=node_count, scale_down_at=scale_down, note=(
+        f"Capacity Block {rid} runs until {format_utc(reservation.end)}; {down}."))
 
 
 def odcr_idle_usd_per_hour(reservation: GpuReservation) -> float:

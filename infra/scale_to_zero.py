@@ -44,14 +44,15 @@ CLUSTER_AUTOSCALER_NAMESPACE = "kube-system"
 CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 CLUSTER_AUTOSCALER_IMAGE_TAGS = {
     "1.32": "v1.32.5",
-    "1.33": "v1.33.5",
-    "1.34": "v1.34.4",
-    "1.35": "v1.35.1",
+    "1.33": "v1.33.6",
+    "1.34": "v1.34.5",
+    "1.35": "v1.35.2",
 }
-"""The Cluster Autoscaler release for each Kubernetes minor the config accepts: its minor must be
-the cluster's (the project supports each Kubernetes minor with its own release line). Newest
-patch releases as published on registry.k8s.io (kubernetes/k8s.io PR 8815 promoted 1.32.5;
-1.33.5, 1.34.4 and 1.35.1 per the autoscaler's release page, 2026-07)."""
+"""The Cluster Autoscaler release for each Kubernetes minor the config accepts. The rule: its minor
+is the cluster's (the project supports each Kubernetes minor with its own release line), at the
+newest patch promoted to registry.k8s.io (kubernetes/k8s.io PR 8815 promoted 1.32.5, the last of
+its line; PR 9760, 2026-07-22, 1.33.6, 1.34.5 and 1.35.2). tests/fixtures/cluster-autoscaler lists
+the promoted tags, and a test holds the table to the rule against that list."""
 CLUSTER_AUTOSCALER_RESOURCES = {"cpu": "100m", "memory": "600Mi"}
 """The Cluster Autoscaler's pod on a system node (requests = limits; its examples ask 100m/600Mi)."""
 SCALE_DOWN_UNNEEDED = "2m"

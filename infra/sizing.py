@@ -82,6 +82,9 @@ GPU_NODE_DAEMONSETS = (
     DaemonSetRequests(name="dcgm-server", cpu_millicores=0, memory_mib=0,
                       source="the same chart: dcgmAgent.resources is empty, so no requests "
                              "(infra/health.py lets it onto the GPU nodes)"),
+    DaemonSetRequests(name="aws-node-termination-handler", cpu_millicores=50, memory_mib=64,
+                      source="infra/spot.py NODE_TERMINATION_HANDLER_RESOURCES (Spot stacks only, "
+                             "counted on every stack: the worker errs small)"),
 )
 """Every DaemonSet that runs on the GPU nodes (they tolerate the GPU taint or every taint)."""
 

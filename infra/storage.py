@@ -42,6 +42,20 @@ def checkpoint_policy(*, bucket_arn: str, key_prefix: str, cluster_name: str, na
     }
 
 
+def secure_transport_policy(*, bucket_arn: str) -> dict[str, Any]:
+    """The bucket's own policy: every request without TLS is denied, whoever sends it (a deny
+    outranks any allow, including the checkpoint role's). It is no public grant, so the public
+    access block lets it be."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [bucket_arn, f"{bucket_arn}/*"],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+        }],
+    }
+
+
 def lifecycle_rules(*, noncurrent_version_days: int, incomplete_upload_days: int
                     ) -> list[dict[str, Any]]:
     """S3 lifecycle rules that keep a versioned checkpoint bucket from growing forever: Ray
@@ -91,7 +105,7 @@ class CheckpointStorageArgs:
 
 
 class CheckpointStorage(pulumi.ComponentResource):
-    """S3 bucket (SSE, versioning with a lifecycle, public access blocked) and a Pod Identity
+    """S3 bucket (SSE, TLS only, versioning with a lifecycle, public access blocked) and a Pod Identity
     role. `pod_identity` is the association: pods admitted before it exists get no credentials."""
 
     def __init__(self, name: str, args: CheckpointStorageArgs,
@@ -120,13 +134,18 @@ class CheckpointStorage(pulumi.ComponentResource):
             # concurrent changes to one bucket's configuration.
             opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(
                 depends_on=[versioning])))
-        aws.s3.BucketPublicAccessBlock(
+        access_block = aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access-block", bucket=bucket.id, block_public_acls=True,
             block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True,
             opts=kept)
         aws.s3.BucketOwnershipControls(f"{name}-ownership", bucket=bucket.id,
                                        rule={"object_ownership": "BucketOwnerEnforced"},
                                        opts=kept)
+        aws.s3.BucketPolicy(
+            f"{name}-tls-only", bucket=bucket.id,
+            policy=bucket.arn.apply(lambda arn: json.dumps(secure_transport_policy(bucket_arn=arn))),
+            # After the public access block: S3 checks a new policy against it.
+            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=[access_block])))
 
         role = aws.iam.Role(f"{name}-role", assume_role_policy=json.dumps(POD_IDENTITY_TRUST),
                             opts=child)

@@ -1,8 +1,8 @@
 """The pulumi-policy wrappers around rules/: which rule runs on which resource type.
 
 A wrapper turns the engine's properties into plain data (UNKNOWN where a value is not known during
-preview), calls the rule and reports each message. Every policy but one is mandatory: a violation
-fails `pulumi preview` and stops `pulumi up`. The API endpoint's CIDR check is advisory: a warning.
+preview), calls the rule and reports each message. Every policy is mandatory: a violation
+fails `pulumi preview` and stops `pulumi up`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pulumi_policy.proxy import UnknownValueError
 import rules
 
 MANDATORY = EnforcementLevel.MANDATORY
-ADVISORY = EnforcementLevel.ADVISORY
 
 
 def to_plain(value: Any) -> Any:
@@ -50,8 +49,7 @@ def to_plain(value: Any) -> Any:
 
 
 def _resource_policy(*, name: str, description: str, types: tuple[str, ...],
-                     rule: Callable[[str, Mapping[str, Any]], list[str]],
-                     enforcement_level: EnforcementLevel = MANDATORY) -> ResourceValidationPolicy:
+                     rule: Callable[[str, Mapping[str, Any]], list[str]]) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         if args.resource_type not in types:
             return
@@ -59,7 +57,7 @@ def _resource_policy(*, name: str, description: str, types: tuple[str, ...],
             report_violation(message, None)
 
     return ResourceValidationPolicy(name=name, description=description, validate=validate,
-                                    enforcement_level=enforcement_level)
+                                    enforcement_level=MANDATORY)
 
 
 def to_stack_resource(resource: PolicyResource) -> rules.StackResource:
@@ -138,8 +136,8 @@ POLICIES = [
         rule=lambda _type, props: rules.encryption_config_violations(props)),
     _stack_policy(
         name="s3-bucket-private-and-encrypted",
-        description="Every S3 bucket has a public access block and a server-side encryption "
-                    "configuration of its own.",
+        description="Every S3 bucket has a public access block, a server-side encryption "
+                    "configuration and a policy that denies requests without TLS, of its own.",
         rule=rules.bucket_violations),
     _resource_policy(
         name="mlflow-access-least-privilege",
@@ -154,9 +152,8 @@ POLICIES = [
         rule=rules.tracking_server_violations),
     _resource_policy(
         name="eks-api-not-open-to-all",
-        description="The public EKS API endpoint is limited to known CIDRs, not 0.0.0.0/0 "
-                    "(advisory).",
+        description="The public EKS API endpoint is limited to known CIDRs, not 0.0.0.0/0, unless "
+                    "the cluster is tagged as meant to be open (ray-eks:apiOpenToInternet).",
         types=(rules.EKS_CLUSTER,),
-        rule=lambda _type, props: rules.public_api_access_warnings(props),
-        enforcement_level=ADVISORY),
+        rule=lambda _type, props: rules.public_api_access_violations(props)),
 ]

@@ -76,7 +76,7 @@ def test_committed_stack_file_still_parses_after_the_write(repo_root: Path, tmp_
     cfg = parse_stack_config(read_stack_values(path))
     assert (cfg.gpu_availability_zone, cfg.gpu_availability_zone_id, cfg.gpu_node_count) == (
         "us-west-2c", "usw2-az3", 4)
-    assert cfg.api_access_cidrs == ("0.0.0.0/0",)
+    assert cfg.api_access_cidrs == ()
 
 
 def test_missing_keys_are_inserted_next_to_the_placement_keys(tmp_path: Path):

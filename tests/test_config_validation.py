@@ -33,7 +33,7 @@ BAD = [
     ("ray-eks:nvidiaDevicePluginChartVersion", "0.20", "must pin an exact chart version"),
     ("ray-eks:efaDevicePluginChartVersion", "latest", "must pin an exact chart version"),
     ("ray-eks:kuberayOperatorChartVersion", ">=1.7", "must pin an exact chart version"),
-    ("ray-eks:apiAccessCidrs", "[]", "at least one CIDR"),
+    ("ray-eks:apiAccessCidrs", '["0.0.0.0/0"]', "to every address on the internet"),
     ("ray-eks:apiAccessCidrs", '["10.0.0.1/8"]', "is not an IPv4 CIDR"),
     ("ray-eks:adminPrincipalArns", '["alice"]', "is not an IAM role or user ARN"),
     ("ray-eks:adminPrincipalArns",
@@ -145,7 +145,9 @@ STACK_FILE_KEYS = {
     "nvidia_device_plugin_chart_version": "ray-eks:nvidiaDevicePluginChartVersion",
     "efa_device_plugin_chart_version": "ray-eks:efaDevicePluginChartVersion",
     "kuberay_operator_chart_version": "ray-eks:kuberayOperatorChartVersion",
+    "node_termination_handler_chart_version": "ray-eks:nodeTerminationHandlerChartVersion",
     "api_access_cidrs": "ray-eks:apiAccessCidrs",
+    "api_open_to_internet": "ray-eks:apiOpenToInternet",
     "admin_principal_arns": "ray-eks:adminPrincipalArns",
     "checkpoint_bucket_prefix": "ray-eks:checkpointBucketPrefix",
     "retain_checkpoints_on_destroy": "ray-eks:retainCheckpointsOnDestroy",
@@ -154,6 +156,7 @@ STACK_FILE_KEYS = {
     "eks_image_registry_account": "ray-eks:eksImageRegistryAccount",
     "system_node_count": "ray-eks:systemNodeCount",
     "pod_identity_agent_version": "ray-eks:podIdentityAgentVersion",
+    "vpc_cni_version": "ray-eks:vpcCniVersion",
     "node_monitoring_agent_version": "ray-eks:nodeMonitoringAgentVersion",
     "checkpoint_noncurrent_version_days": "ray-eks:checkpointNoncurrentVersionDays",
     "checkpoint_incomplete_upload_days": "ray-eks:checkpointIncompleteUploadDays",
@@ -293,6 +296,19 @@ def test_a_missing_stack_file_in_another_folder_says_to_run_from_the_projects_ro
                               f"are in the project's root ({REPO_ROOT}), beside Pulumi.yaml")
     assert message.endswith(f"{tmp_path} has no Pulumi.yaml: run the command from the project's root")
     assert "capacity probe" not in message
+
+
+def test_the_eks_api_is_private_unless_cidrs_are_named_and_open_to_all_only_when_said():
+    assert StackConfig.api_access_cidrs == ()
+    assert parse_stack_config(read_stack_values(REPO_ROOT / "Pulumi.us-west-2.yaml")).api_access_cidrs == ()
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": ["203.0.113.5/32", "0.0.0.0/0"]})
+    message = str(info.value)
+    assert message.startswith("ray-eks:apiAccessCidrs = '0.0.0.0/0': opens the EKS API of a cluster that runs any "
+                              "code it is sent to every address on the internet. Fix:")
+    assert "checkip.amazonaws.com" in message and "pulumi config set ray-eks:apiOpenToInternet true" in message
+    said = parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": ["0.0.0.0/0"], "ray-eks:apiOpenToInternet": True})
+    assert (said.api_access_cidrs, said.api_open_to_internet) == (("0.0.0.0/0",), True)
 
 
 def test_a_bare_address_in_api_access_cidrs_is_refused_with_its_32():

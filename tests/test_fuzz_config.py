@@ -44,7 +44,7 @@ def as_list_or_string(items: st.SearchStrategy[list[str]]) -> st.SearchStrategy:
 
 valid_cidrs = st.builds(lambda ip, prefix: str(ipaddress.IPv4Network(f"{ip}/{prefix}",
                                                                     strict=False)),
-                        st.ip_addresses(v=4), st.integers(0, 32))
+                        st.ip_addresses(v=4), st.integers(1, 32))  # /0 only with apiOpenToInternet
 valid_arns = regex(r"arn:aws(-us-gov|-cn)?:iam::\d{12}:(role|user)/"
                    r"[A-Za-z0-9+=.@_-]{1,20}(/[A-Za-z0-9_-]{1,10})?")
 valid_versions = regex(r"(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})")
@@ -79,8 +79,8 @@ def valid_configs(draw) -> dict:
         "ray-eks:efaDevicePluginChartVersion": valid_versions.map(lambda v: "v" + v),
         "ray-eks:kuberayOperatorChartVersion": valid_versions,
         "ray-eks:clusterAutoscalerChartVersion": valid_versions,
-        "ray-eks:apiAccessCidrs": as_list_or_string(st.lists(valid_cidrs, min_size=1,
-                                                             max_size=4)),
+        "ray-eks:nodeTerminationHandlerChartVersion": valid_versions,
+        "ray-eks:apiAccessCidrs": as_list_or_string(st.lists(valid_cidrs, max_size=4)),
         "ray-eks:adminPrincipalArns": as_list_or_string(st.lists(valid_arns, max_size=3)),
         "ray-eks:checkpointBucketPrefix": regex(r"[a-z0-9][a-z0-9-]{1,38}"),
         "ray-eks:retainCheckpointsOnDestroy": st.one_of(
@@ -90,6 +90,7 @@ def valid_configs(draw) -> dict:
         "ray-eks:eksImageRegistryAccount": regex(r"\d{12}"),
         "ray-eks:systemNodeCount": as_int_or_string(st.integers(1, 10)),
         "ray-eks:podIdentityAgentVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
+        "ray-eks:vpcCniVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
         "ray-eks:nodeMonitoringAgentVersion": regex(r"v\d{1,2}\.\d{1,2}\.\d{1,2}-eksbuild\.\d{1,2}"),
         "ray-eks:checkpointNoncurrentVersionDays": as_int_or_string(st.integers(0, 3650)),
         "ray-eks:checkpointIncompleteUploadDays": as_int_or_string(st.integers(1, 365)),
@@ -205,8 +206,9 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:efaDevicePluginChartVersion": bad_versions,
     "ray-eks:kuberayOperatorChartVersion": bad_versions,
     "ray-eks:clusterAutoscalerChartVersion": bad_versions,
+    "ray-eks:nodeTerminationHandlerChartVersion": bad_versions,
     "ray-eks:apiAccessCidrs": st.one_of(
-        st.just([]), st.just("[]"), st.just(" , "), not_a_string_list,
+        st.just(["0.0.0.0/0"]), st.just("0.0.0.0/0"), not_a_string_list,
         st.lists(valid_cidrs, min_size=1, max_size=3).map(",".join),  # a scalar, not a list
         st.builds(lambda good, bad, at: good[:at] + [bad] + good[at:],
                   st.lists(valid_cidrs, max_size=3), bad_cidrs, st.integers(0, 3))),
@@ -224,6 +226,9 @@ BAD: dict[str, st.SearchStrategy] = {
         regex(r"[a-z0-9][a-z0-9-]{39,50}"), regex(r"[a-z0-9]*[A-Z_.][a-z0-9]*"), not_a_scalar),
     "ray-eks:retainCheckpointsOnDestroy": st.one_of(
         st.sampled_from(["maybe", "yes", "no", "1", "0", "", "on"]), st.integers(), st.none(),
+        st.lists(st.booleans(), max_size=1), st.floats()),
+    "ray-eks:apiOpenToInternet": st.one_of(
+        st.sampled_from(["maybe", "yes", "open", "0.0.0.0/0", ""]), st.integers(), st.none(),
         st.lists(st.booleans(), max_size=1), st.floats()),
     "ray-eks:mlflow": st.one_of(
         st.sampled_from(["maybe", "yes", "on", "Small", ""]), st.integers(), st.none(),
@@ -262,6 +267,8 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:podIdentityAgentVersion": st.one_of(
         st.sampled_from(["latest", "v1.3.10", "1.3.10-eksbuild.2", "v1.3-eksbuild.1", "",
                          "v1.3.10-eksbuild"]), no_digits, not_a_scalar),
+    "ray-eks:vpcCniVersion": st.one_of(
+        st.sampled_from(["latest", "v1.22.3", "1.22.3-eksbuild.1", ""]), no_digits, not_a_scalar),
     "ray-eks:nodeMonitoringAgentVersion": st.one_of(
         st.sampled_from(["latest", "v1.4.0", "1.4.0-eksbuild.2", ""]), no_digits, not_a_scalar),
     "ray-eks:checkpointNoncurrentVersionDays": out_of_range(0, 3650),

@@ -195,7 +195,8 @@ def test_workers_declare_the_efa_transport_and_leave_the_nccl_log_to_each_rank()
     # (workloads/launch/ray_train.py), not also here where every process of the pod would get it.
     # Without a huge page request (the default) the container may use no huge page, so libfabric
     # is told to keep its buffers in regular pages.
-    assert env == {**EFA_TRANSPORT_ENV, "FI_EFA_USE_HUGE_PAGE": "0"}
+    # And the stack's region: pods cannot read it from the instance metadata (infra/imds.py).
+    assert env == {**EFA_TRANSPORT_ENV, "FI_EFA_USE_HUGE_PAGE": "0", "AWS_REGION": BASE.region}
     assert not {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"} & set(env)
     # The pod's node, which a failing transport gate names for draining.
     from_api = {e["name"]: e["valueFrom"] for e in spec["containers"][0]["env"] if "valueFrom" in e}

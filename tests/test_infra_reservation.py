@@ -16,13 +16,16 @@ from moto import mock_aws
 
 from capacity.stackfile import PLACEMENT_KEYS, RESERVATION_KEYS, plan_update, write
 from infra import outputs
-from infra.config import ConfigError, GpuReservation, parse_stack_config, read_stack_values
+from infra.config import ConfigError, GpuReservation, format_utc, parse_stack_config, parse_utc, read_stack_values
 from infra.health import enable_node_auto_repair
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
-from infra.reservation import (MINIMAL_UPDATE_CONFIG, UPDATE_SURGE_PER_AZ, ReservationEnded,
-                               after_destroy, efa_network_interfaces, idle_usd_per_hour,
-                               launch_window, reservation_update_config)
-from test_infra_program import REPO_ROOT, Declared, ProgramRun, _Mocks, run_program
+from infra.reservation import (CAPACITY_BLOCK_DRAIN_BUDGET, CAPACITY_BLOCK_RECLAIM, CAPACITY_BLOCK_SCALE_DOWN_LEAD,
+                               EKS_SCALE_DOWN_LEAD, EKS_SCALE_IN_DRAIN_ALLOWANCE, END_ACTION, MINIMAL_UPDATE_CONFIG,
+                               SCHEDULED_ACTION_DELAY, START_ACTION, UPDATE_SURGE_PER_AZ, ReservationEnded,
+                               after_destroy, efa_network_interfaces, idle_usd_per_hour, launch_window,
+                               reservation_update_config)
+from infra.spot import SIGKILL_MARGIN_S, SPOT_TERMINATION_GRACE_PERIOD_S
+from test_infra_program import REPO_ROOT, Declared, ProgramRun, _Mocks, autoscaling_group_of, run_program
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 CLUSTER_SG = "sg-0c1u5te7000000000"
@@ -31,6 +34,7 @@ BLOCK = "aws:ec2/capacityBlockReservation:CapacityBlockReservation"
 ODCR = "aws:ec2/capacityReservation:CapacityReservation"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 READY = "pulumi-python:dynamic/ray-eks:RayWorkersReady"
+SCHEDULE = "aws:autoscaling/schedule:Schedule"
 
 
 def odcr_values(**changes: Any) -> dict[str, Any]:
@@ -138,6 +142,39 @@ def test_a_running_block_gets_every_node_and_names_the_reclaim_time():
                            stack="us-east-2")
     assert window.desired_nodes == 2
     assert "reclaims its instances from 2026-12-04T11:30:00Z" in window.note
+    assert (window.scale_up_at, window.scale_down_at) == (None, NOW + timedelta(days=3, minutes=-45))
+    assert "takes the GPU nodes to zero at 2026-12-04T11:15:00Z" in window.note
+
+
+def test_a_block_is_scaled_up_at_its_start_and_down_before_ec2_and_eks_act():
+    block = reservation()
+    window = launch_window(block, node_count=2, now=NOW, stack="us-east-2")
+    assert (window.desired_nodes, window.scale_up_at) == (0, block.start)
+    assert window.scale_down_at == block.end - CAPACITY_BLOCK_SCALE_DOWN_LEAD
+    # Before EKS's own scale-down (actions of one group may not share a time), and before EC2's
+    # reclaim by enough for the action's delay, EKS's drain, and the worker's grace period with
+    # its margin, the same as on a Spot notice.
+    assert CAPACITY_BLOCK_SCALE_DOWN_LEAD > EKS_SCALE_DOWN_LEAD > CAPACITY_BLOCK_RECLAIM
+    assert (SCHEDULED_ACTION_DELAY + EKS_SCALE_IN_DRAIN_ALLOWANCE
+            + timedelta(seconds=SPOT_TERMINATION_GRACE_PERIOD_S + SIGKILL_MARGIN_S)) <= CAPACITY_BLOCK_DRAIN_BUDGET
+
+
+def test_a_block_that_ends_within_the_hour_is_a_warning_with_the_time_left():
+    window = launch_window(reservation(start=NOW - timedelta(hours=5), end=NOW + timedelta(minutes=55)),
+                           node_count=2, now=NOW, stack="us-east-2")
+    assert (window.desired_nodes, window.scale_up_at) == (2, None)
+    assert window.scale_down_at == NOW + timedelta(minutes=10)
+    assert window.note.startswith("Capacity Block cr-0b10c0000000000a1 ends in 55 min, at 2026-12-01T12:55:00Z: "
+                                  "a job started now has until 2026-12-01T12:10:00Z (10 min)")
+
+
+@pytest.mark.parametrize("minutes_left", [50, 44, 31])
+def test_a_block_past_its_scale_down_keeps_no_node_and_says_so(minutes_left):
+    window = launch_window(reservation(start=NOW - timedelta(hours=5), end=NOW + timedelta(minutes=minutes_left)),
+                           node_count=2, now=NOW, stack="us-east-2")
+    assert (window.desired_nodes, window.scale_up_at, window.scale_down_at) == (0, None, None)
+    assert f"ends at {(NOW + timedelta(minutes=minutes_left)).strftime('%Y-%m-%dT%H:%M:%SZ')}" in window.note
+    assert "the GPU node group stays at 0 nodes" in window.note
 
 
 @pytest.mark.parametrize("kind, end, message", [
@@ -276,11 +313,24 @@ def test_started_capacity_block_is_targeted_with_market_type_capacity_block(tmp_
     assert "cannot be cancelled" in run.outputs[outputs.GPU_RESERVATION]["afterDestroy"]
 
 
-def test_block_not_started_yet_deploys_with_no_gpu_nodes_and_says_when_it_starts(tmp_path):
+def test_block_not_started_yet_deploys_with_no_gpu_nodes_and_scales_up_at_its_start_by_itself(tmp_path):
     run = run_stack(tmp_path, "us-east-2", block_values("2099-01-01T11:30:00Z", "2099-01-03T11:30:00Z"))
     assert gpu_group(run)["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
     assert any("Capacity Block cr-0b10c0000000000a1 starts at 2099-01-01T11:30:00Z" in warning
-               and "run `pulumi up` again after it starts" in warning for warning in run.warnings)
+               and "no second `pulumi up` needed" in warning for warning in run.warnings)
+    # Scheduled actions on the GPU group's own Auto Scaling group: up to 2 at the start, down to 0
+    # 45 minutes before the end (EC2 reclaims from 30, EKS schedules its own at 40).
+    actions = {a.inputs["scheduledActionName"]: a.inputs for a in run.of_type(SCHEDULE)}
+    assert actions == {
+        START_ACTION: {"scheduledActionName": START_ACTION, "autoscalingGroupName": autoscaling_group_of("gpu-nodes"),
+                       "startTime": "2099-01-01T11:30:00Z", "minSize": 2, "maxSize": 2, "desiredCapacity": 2},
+        END_ACTION: {"scheduledActionName": END_ACTION, "autoscalingGroupName": autoscaling_group_of("gpu-nodes"),
+                     "startTime": "2099-01-03T10:45:00Z", "minSize": 0, "maxSize": 0, "desiredCapacity": 0}}
+    for action in run.of_type(SCHEDULE):
+        assert "gpu-nodes" in run.waits_for(SCHEDULE, action.name)
+    # The workers drain as on a Spot notice: the checkpoint is saved before the instances go.
+    worker = run.one(RAY_CLUSTER).inputs["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] == SPOT_TERMINATION_GRACE_PERIOD_S
     # The RayCluster keeps its 2 replicas (Pending until the block starts); `pulumi up` waits for
     # the workers the node group can run now, none, instead of running into its timeout.
     ray = run.one(RAY_CLUSTER).inputs
@@ -289,6 +339,43 @@ def test_block_not_started_yet_deploys_with_no_gpu_nodes_and_says_when_it_starts
     (warning,) = [w for w in run.warnings if "Ray worker pods" in w]
     assert warning.startswith("pulumi up waits for 0 of the 2 Ray worker pods")
     assert "starts at 2099-01-01T11:30:00Z" in warning
+
+
+def _block_from_now(*, started_hours_ago: float, ends_in_minutes: float) -> dict[str, Any]:
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    return block_values(format_utc(now - timedelta(hours=started_hours_ago)),
+                        format_utc(now + timedelta(minutes=ends_in_minutes)))
+
+
+def test_a_block_ending_within_the_hour_deploys_with_its_scale_down_and_a_warning(tmp_path):
+    values = _block_from_now(started_hours_ago=5, ends_in_minutes=58)
+    run = run_stack(tmp_path, "us-east-2", values)
+    assert gpu_group(run)["scalingConfig"] == {"desiredSize": 2, "minSize": 2, "maxSize": 2}
+    (action,) = run.of_type(SCHEDULE)
+    end = parse_utc(values["ray-eks:gpuReservationEnd"])
+    assert action.inputs["startTime"] == format_utc(end - CAPACITY_BLOCK_SCALE_DOWN_LEAD)
+    assert (action.inputs["desiredCapacity"], action.inputs["maxSize"]) == (0, 0)
+    (warning,) = [w for w in run.warnings if "Capacity Block cr-0b10c0000000000a1" in w]
+    assert "ends in 58 min" in warning and "a job started now has until" in warning
+
+
+def test_a_block_past_its_scale_down_deploys_at_zero_and_says_why(tmp_path):
+    run = run_stack(tmp_path, "us-east-2", _block_from_now(started_hours_ago=5, ends_in_minutes=40))
+    assert gpu_group(run)["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
+    assert run.of_type(SCHEDULE) == []
+    assert any("the GPU node group stays at 0 nodes" in w for w in run.warnings)
+
+
+def test_a_block_whose_nodes_scale_to_zero_gets_only_the_scale_down(tmp_path, monkeypatch):
+    # With gpuIdleMinutes the Cluster Autoscaler raises the group for a job; the end still caps it.
+    values = block_values("2099-01-01T11:30:00Z", "2099-01-03T11:30:00Z")
+    path = tmp_path / "Pulumi.us-east-2.yaml"
+    write(plan_update(path, values))
+    config = {**read_stack_values(path), "ray-eks:gpuIdleMinutes": 20}
+    run = run_program(repo_root=REPO_ROOT, stack="us-east-2", config=config, monkeypatch=monkeypatch,
+                      mocks=_mocks(_ec2_view(values)))
+    (action,) = run.of_type(SCHEDULE)
+    assert action.inputs["scheduledActionName"] == END_ACTION and action.inputs["maxSize"] == 0
 
 
 def _node_group_props(run: ProgramRun) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from infra.scale_to_zero import (CLUSTER_AUTOSCALER_IMAGE_TAGS, DISCOVERY_TAG_KE
                                  cluster_autoscaler_values, node_template_tags)
 from infra.sizing import GPU_NODE_DAEMONSETS, node_allocatable
 from test_infra_helm_values import _chart_file, _unknown_keys
-from test_infra_program import REPO_ROOT, ProgramRun, _Mocks, run_program
+from test_infra_program import REPO_ROOT, ProgramRun, _Mocks, autoscaling_group_of, run_program
 from test_infra_raycluster import crd, raycluster_schema  # noqa: F401  (fixtures)
 from test_infra_reservation import _ec2_view, block_values, odcr_values
 from test_infra_reservation import _mocks as reservation_mocks
@@ -167,6 +167,19 @@ def test_the_cluster_autoscaler_image_is_the_clusters_kubernetes_minor(minor):
     assert set(CLUSTER_AUTOSCALER_IMAGE_TAGS) == {f"1.{m}" for m in SUPPORTED_KUBERNETES_MINORS}
 
 
+def test_each_minors_image_is_the_newest_patch_promoted_for_that_minor():
+    # The table's rule (infra/scale_to_zero.py): the cluster's minor, its newest promoted patch.
+    listed = REPO_ROOT / "tests/fixtures/cluster-autoscaler/promoted-tags.txt"
+    promoted: dict[str, list[tuple[int, str]]] = {}
+    for line in listed.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            tag = line.split()[0]
+            major, minor, patch = tag.removeprefix("v").split(".")
+            promoted.setdefault(f"{major}.{minor}", []).append((int(patch), tag))
+    assert set(promoted) >= set(CLUSTER_AUTOSCALER_IMAGE_TAGS)
+    assert CLUSTER_AUTOSCALER_IMAGE_TAGS == {minor: max(promoted[minor])[1] for minor in CLUSTER_AUTOSCALER_IMAGE_TAGS}
+
+
 def test_the_autoscaler_may_resize_only_groups_with_this_stacks_discovery_tag():
     policy = cluster_autoscaler_policy(cluster_name=CLUSTER, partition="aws", region="eu-west-1")
     statements = policy["Statement"]
@@ -234,12 +247,13 @@ def test_idle_still_pays_a_held_reservation():
 # --- the program under mocks ---------------------------------------------------------------------
 
 class _EksMocks(_Mocks):
-    """The base mocks, plus EKS's answer about the cluster's two node groups (each with the Auto
-    Scaling group EKS made for it)."""
+    """The base mocks, plus EKS's answer about the cluster's node groups (each with the Auto Scaling
+    group EKS made for it), for a program that would look them up rather than read its own node
+    group's outputs."""
 
-    GROUPS = {"system-nodes-0a1b2c3": {"role": "system"},
-              "gpu-nodes-4d5e6f7": {"role": "gpu", "nvidia.com/gpu.present": "true",
-                                    "k8s.amazonaws.com/accelerator": "nvidia-l4"}}
+    GPU_LABELS = {"role": "gpu", "nvidia.com/gpu.present": "true", "k8s.amazonaws.com/accelerator": "nvidia-l4"}
+    GROUPS = {"system-nodes-0a1b2c3": ({"role": "system"}, autoscaling_group_of("system-nodes")),
+              "gpu-nodes-4d5e6f7": (GPU_LABELS, autoscaling_group_of("gpu-nodes"))}
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         if args.token == "aws:eks/getNodeGroups:getNodeGroups":
@@ -248,9 +262,21 @@ class _EksMocks(_Mocks):
         if args.token == "aws:eks/getNodeGroup:getNodeGroup":
             self.run.invokes.append(args.token)
             name = args.args["nodeGroupName"]
-            return {"clusterName": args.args["clusterName"], "nodeGroupName": name, "labels": self.GROUPS[name],
-                    "resources": [{"autoscalingGroups": [{"name": f"eks-{name}-asg"}]}]}
+            labels, asg = self.GROUPS[name]
+            return {"clusterName": args.args["clusterName"], "nodeGroupName": name, "labels": labels,
+                    "resources": [{"autoscalingGroups": [{"name": asg}]}]}
         return super().call(args)
+
+
+OLD_GPU_ASG = "eks-gpu-nodes-0000000-asg"
+
+
+class _ReplacedGpuGroupMocks(_EksMocks):
+    """EKS during the `pulumi up` that replaces the GPU node group (here, On-Demand to Spot): Pulumi
+    creates the new group before it deletes the old, so the cluster has both, with the same labels,
+    and the old one's name sorts first."""
+
+    GROUPS = {**_EksMocks.GROUPS, "gpu-nodes-0000000": (_EksMocks.GPU_LABELS, OLD_GPU_ASG)}
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +306,7 @@ def test_the_gpu_group_may_go_to_zero_and_pulumi_leaves_its_size_to_the_autoscal
 
 def test_the_gpu_auto_scaling_group_and_no_other_carries_the_node_template(idle_run):
     tags = idle_run.of_type(TAG)
-    assert {t.inputs["autoscalingGroupName"] for t in tags} == {"eks-gpu-nodes-4d5e6f7-asg"}
+    assert {t.inputs["autoscalingGroupName"] for t in tags} == {autoscaling_group_of("gpu-nodes")}
     assert {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in tags} == node_template_tags(
         parse_stack_config({**read_stack_values(STACK_FILE), "ray-eks:gpuIdleMinutes": 30}),
         cluster_name="ray-eks-us-west-2")
@@ -290,13 +316,46 @@ def test_the_gpu_auto_scaling_group_and_no_other_carries_the_node_template(idle_
         assert "gpu-nodes" in idle_run.waits_for(TAG, tag.name)
 
 
+def _after_the_update(run: ProgramRun) -> dict[str, dict[str, str]]:
+    """The Auto Scaling groups left once `pulumi up` ends (the old node group, and its group, deleted),
+    with the tags the program put on each."""
+    left = {autoscaling_group_of(g.name): {} for g in run.of_type("eks:index:ManagedNodeGroup")}
+    for tag in run.of_type(TAG):
+        group = left.get(tag.inputs["autoscalingGroupName"])
+        if group is not None:
+            group[tag.inputs["tag"]["key"]] = tag.inputs["tag"]["value"]
+    return left
+
+
+def test_a_replaced_gpu_node_group_gets_the_tags_the_autoscaler_finds_and_may_resize(monkeypatch):
+    config = {**read_stack_values(STACK_FILE), "ray-eks:gpuIdleMinutes": 30, "ray-eks:gpuCapacityType": "spot"}
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch,
+                      mocks=_ReplacedGpuGroupMocks)
+    new_group = autoscaling_group_of("gpu-nodes")
+    assert {t.inputs["autoscalingGroupName"] for t in run.of_type(TAG)} == {new_group}  # not OLD_GPU_ASG
+    groups = _after_the_update(run)
+    # What the Cluster Autoscaler discovers (its auto-discovery tags, key=value each) ...
+    cfg, cluster = parse_stack_config(config), "ray-eks-us-west-2"
+    discovery = cluster_autoscaler_values(cfg, cluster_name=cluster)["autoDiscovery"]
+    wanted = [tag.split("=", 1) for tag in discovery["tags"]]
+    assert {name for name, tags in groups.items() if all(tags.get(k) == v for k, v in wanted)} == {new_group}
+    # ... and what its IAM policy lets it resize, by the condition on the group's tags.
+    policy = cluster_autoscaler_policy(cluster_name=cluster, partition="aws", region="us-west-2")
+    (scaling,) = [s for s in policy["Statement"] if set(s["Action"]) == set(SCALE_ACTIONS)]
+    condition = {k.removeprefix("aws:ResourceTag/"): v for k, v in scaling["Condition"]["StringEquals"].items()
+                 if k.startswith("aws:ResourceTag/")}
+    assert {name for name, tags in groups.items() if all(tags.get(k) == v for k, v in condition.items())} == {new_group}
+    # The name came from the node group's own outputs: EKS's list of groups was never read.
+    assert "aws:eks/getNodeGroups:getNodeGroups" not in run.invokes
+
+
 def test_the_cluster_autoscaler_is_a_pinned_release_with_its_own_pod_identity(idle_run):
     cfg = parse_stack_config({**read_stack_values(STACK_FILE), "ray-eks:gpuIdleMinutes": 30})
     (release,) = [r for r in idle_run.of_type(RELEASE) if r.inputs["chart"] == "cluster-autoscaler"]
     assert release.inputs["version"] == "9.59.0"
     assert release.inputs["namespace"] == "kube-system"
     assert release.inputs["values"] == chart_values(cfg, cluster_name="ray-eks-us-west-2")["cluster-autoscaler"]
-    assert release.inputs["values"]["image"]["tag"] == "v1.34.4"  # kubernetesVersion 1.34
+    assert release.inputs["values"]["image"]["tag"] == "v1.34.5"  # kubernetesVersion 1.34
     association = next(a for a in idle_run.of_type(ASSOCIATION) if a.inputs["namespace"] == "kube-system")
     assert association.inputs["serviceAccount"] == "cluster-autoscaler"
     assert association.inputs["roleArn"].endswith("/autoscaler-role")

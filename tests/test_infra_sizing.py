@@ -24,7 +24,9 @@ from rules import parse_quantity  # noqa: E402  (quantities, read as the policy 
 
 from infra.config import StackConfig  # noqa: E402
 from infra.health import NODE_MONITORING_AGENT, node_monitoring_agent_values  # noqa: E402
-from infra.helm_values import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, chart_values  # noqa: E402
+from infra.helm_values import (EFA_DEVICE_PLUGIN, NODE_TERMINATION_HANDLER, NVIDIA_DEVICE_PLUGIN,  # noqa: E402
+                               chart_values)
+from infra.spot import node_termination_handler_values  # noqa: E402
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES  # noqa: E402
 from infra.raycluster import build_raycluster  # noqa: E402
 from infra.sizing import (EFA_RESOURCE, GPU_NODE_DAEMONSETS, GPU_RESOURCE,  # noqa: E402
@@ -119,10 +121,14 @@ def test_device_plugin_requests_are_the_charts_own(shared_dir, chart):
 def test_every_daemonset_the_gpu_nodes_run_is_counted():
     # The GPU node runs the EKS add-ons, both device plugins, and the node monitoring agent with
     # its GPU health reader (infra/health.py gives dcgm-server the GPU taint's toleration).
+    # On Spot stacks also the Node Termination Handler, counted on every stack at its values' requests.
     requests = {d.name: (d.cpu_millicores, d.memory_mib) for d in GPU_NODE_DAEMONSETS}
     assert set(requests) == {"aws-node", "kube-proxy", "eks-pod-identity-agent",
                              EFA_DEVICE_PLUGIN.name, NVIDIA_DEVICE_PLUGIN.name,
-                             NODE_MONITORING_AGENT, "dcgm-server"}
+                             NODE_MONITORING_AGENT, "dcgm-server", NODE_TERMINATION_HANDLER.name}
+    nth = node_termination_handler_values()["resources"]["requests"]
+    assert requests[NODE_TERMINATION_HANDLER.name] == (
+        parse_quantity(nth["cpu"]) * 1000, parse_quantity(nth["memory"]) / 2**20)
     # The add-on chart's own requests: the agent asks 10m/30Mi, dcgm-server sets none.
     assert requests[NODE_MONITORING_AGENT] == (10, 30)
     assert requests["dcgm-server"] == (0, 0)

@@ -16,10 +16,13 @@ from infra import outputs
 from infra.config import ConfigError, StackConfig, parse_stack_config, read_stack_values
 from infra.cost import estimated_cost_per_hour
 from infra.raycluster import build_raycluster
-from infra.spot import (DRAIN_TIMEOUT_ENV, NOTICE_TO_SIGTERM_S, PREEMPTION_POLL_S, SPOT_DRAIN_TIMEOUT_S, SPOT_NOTICE_S,
-                        SPOT_TERMINATION_GRACE_PERIOD_S, save_budget_s)
+from infra.helm_values import NODE_TERMINATION_HANDLER, chart_values, chart_versions
+from infra.spot import (DRAIN_TIMEOUT_ENV, NOTICE_TO_SIGTERM_S, NTH_EVENT_LOOP_S, NTH_IMDS_POLL_S, PREEMPTION_POLL_S,
+                        SPOT_DRAIN_TIMEOUT_S, SPOT_NOTICE_S, SPOT_TERMINATION_GRACE_PERIOD_S,
+                        node_termination_handler_values, save_budget_s)
+from test_infra_helm_values import _chart_file, _unknown_keys
 from test_infra_raycluster import crd, raycluster_schema  # noqa: F401  (fixtures)
-from test_infra_program import REPO_ROOT, run_program
+from test_infra_program import REPO_ROOT, _tolerates, run_program
 from test_policy_pack import analyze, servicer  # noqa: F401  (a fixture)
 
 BASE = {"aws:region": "us-west-2", "ray-eks:gpuAvailabilityZone": "us-west-2a",
@@ -63,6 +66,58 @@ def test_the_checkpoint_fits_inside_the_notice():
     # Asking every 10 steps of 1.5 s (the 1.5B model on L4s is slower per step than that only
     # with a larger batch) leaves a checkpoint 75 s.
     assert save_budget_s(step_s=1.5, check_every=10) == SPOT_DRAIN_TIMEOUT_S - PREEMPTION_POLL_S - 15
+
+
+# --- the Node Termination Handler ------------------------------------------------------------------
+
+def test_the_termination_handler_chart_is_pinned_and_its_values_are_keys_of_its_values_yaml(shared_dir):
+    chart = _chart_file(shared_dir, NODE_TERMINATION_HANDLER.name, "Chart")
+    assert (str(chart["version"]), str(chart["appVersion"])) == ("0.27.6", "1.25.6")
+    assert chart_versions(SPOT)[NODE_TERMINATION_HANDLER.name] == str(chart["version"])
+    values = chart_values(SPOT, cluster_name="ray-eks-us-west-2")[NODE_TERMINATION_HANDLER.name]
+    defaults = _chart_file(shared_dir, NODE_TERMINATION_HANDLER.name, "values")
+    # daemonsetNodeSelector is a free-form map, resources a container's (the chart's default is {}).
+    free_form = {k: v for k, v in values.items() if k not in ("daemonsetNodeSelector", "resources")}
+    assert list(_unknown_keys(free_form, defaults)) == []
+    assert {"daemonsetNodeSelector", "resources"} <= set(defaults) and defaults["resources"] == {}
+    # IMDS mode: no queue, and the chart's host network, through which the pod reaches the
+    # instance metadata with a hop limit of 1 (docs/SECURITY.md).
+    assert values["enableSqsTerminationDraining"] is False and defaults["useHostNetwork"] is True
+    assert "useHostNetwork" not in values
+
+
+def test_the_termination_handler_runs_on_the_spot_gpu_nodes_and_only_on_spot_stacks(spot_run):
+    config, run = spot_run
+    values = node_termination_handler_values()
+    gpu = next(g.inputs for g in run.of_type("eks:index:ManagedNodeGroup") if g.inputs.get("enableEfaSupport"))
+    (taint,) = gpu["taints"]
+    assert any(_tolerates(t, taint) for t in values["daemonsetTolerations"])
+    # Its node selector matches the GPU group's labels and the label EKS gives every Spot node.
+    eks_labels = {**gpu["labels"], "eks.amazonaws.com/capacityType": gpu["capacityType"]}
+    assert values["daemonsetNodeSelector"].items() <= eks_labels.items()
+    releases = {r.inputs["chart"]: r for r in run.of_type("kubernetes:helm.sh/v3:Release")}
+    release = releases[NODE_TERMINATION_HANDLER.name]
+    assert release.inputs["values"] == values
+    assert release.inputs["version"] == parse_stack_config(config).node_termination_handler_chart_version
+    assert release.inputs["namespace"] == "kube-system"
+    assert "gpu-nodes" in run.waits_for("kubernetes:helm.sh/v3:Release", release.name)
+    on_demand = chart_values(dataclasses.replace(SPOT, gpu_capacity_type="on-demand", gpu_spot_price_usd_per_hour=""),
+                             cluster_name="ray-eks-us-west-2")
+    assert NODE_TERMINATION_HANDLER.name not in on_demand
+
+
+def test_the_termination_handler_drains_on_the_notice_at_once_and_leaves_each_pod_its_grace_period():
+    values = node_termination_handler_values()
+    assert values["enableSpotInterruptionDraining"] is True
+    # NTH drains from (interruption time - nodeTerminationGracePeriod); the interruption time is the
+    # notice + 120 s, so at 120 the drain starts at the notice.
+    assert values["nodeTerminationGracePeriod"] == SPOT_NOTICE_S
+    # -1: the eviction asks for no grace period, so the worker pod's own applies.
+    assert values["podTerminationGracePeriod"] == -1
+    # Rebalance recommendations are the managed node group's (replacement first, then its drain).
+    assert values["enableRebalanceMonitoring"] is False and values["enableRebalanceDraining"] is False
+    # The budget to SIGTERM is NTH's poll and hand-off and an allowance for its API calls.
+    assert NTH_IMDS_POLL_S + NTH_EVENT_LOOP_S < NOTICE_TO_SIGTERM_S == 10
 
 
 def _worker_pod(manifest: dict) -> dict:
@@ -132,8 +187,7 @@ def test_the_spot_stack_passes_the_policy_pack(spot_run, servicer):  # noqa: F81
     _, run = spot_run
     judged = 0
     for resource in run.registered():
-        diagnostics = [d for d in analyze(servicer, resource.typ, resource.inputs)
-                       if d.policyName != "eks-api-not-open-to-all"]
+        diagnostics = analyze(servicer, resource.typ, resource.inputs)
         assert diagnostics == [], (resource.typ, resource.name, [d.message for d in diagnostics])
         judged += 1
     assert judged > 20

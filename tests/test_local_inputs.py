@@ -124,7 +124,7 @@ def test_the_hub_is_asked_only_when_this_machine_needs_it(hub, tmp_path):
 
 
 def _args(*sets: str) -> argparse.Namespace:
-    return argparse.Namespace(preset="demo-cpu", set=list(sets))
+    return argparse.Namespace(preset="demo-cpu", set=list(sets), nodes=2, cpus_per_node=1)
 
 
 def test_your_own_data_alone_trains_the_toy_model_with_its_tokenizer(workdir, monkeypatch):

@@ -70,3 +70,19 @@ def test_every_component_of_a_node_gets_its_own_port(kernel, index):
     assert len(ports) == (7 if index == 0 else 5), argv  # head: 4 agents, GCS, dashboard, client
     assert len(set(ports)) == len(ports), argv
     assert gcs_port in ports
+
+
+def test_the_jobs_api_is_on_loopback_every_node_is_token_guarded_and_no_node_exports_metrics(kernel):
+    gcs_port, dashboard_port = cluster.free_ports(2)
+    argvs = [local._node_argv(index=i, gcs_port=gcs_port, dashboard_port=dashboard_port,
+                              temp_dir=Path("/tmp/ray"), cpus=1) for i in (0, 1, 2)]
+    # The Jobs API (which runs any code it is sent) on the head's loopback only; each node advertises
+    # a loopback address of its own (Ray binds the head's agents to loopback because it is 127.0.0.1).
+    assert "--dashboard-host=127.0.0.1" in argvs[0]
+    assert [next(a for a in argv if a.startswith("--node-ip-address=")) for argv in argvs] == [
+        "--node-ip-address=127.0.0.1", "--node-ip-address=127.0.0.2", "--node-ip-address=127.0.0.3"]
+    env = local._node_env("t" * 32)
+    assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) == ("token", "t" * 32)
+    # Ray's Prometheus exporter answers without the token, on every interface of a node that is not
+    # 127.0.0.1 itself: the local nodes run without it.
+    assert env["RAY_enable_metrics_collection"] == "0"

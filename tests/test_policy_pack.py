@@ -78,23 +78,20 @@ def analyze_stack(servicer, resources: list[rules.StackResource]) -> list[proto.
     return list(servicer.AnalyzeStack(request, None).diagnostics)
 
 
-ADVISORY_POLICIES = {"eks-api-not-open-to-all"}
-
-
-def test_every_policy_but_the_api_cidr_warning_is_mandatory():
+def test_every_policy_is_mandatory():
     levels = {p.name: p.enforcement_level for p in policies.POLICIES}
-    assert {n for n, level in levels.items() if level != EnforcementLevel.MANDATORY} == \
-        ADVISORY_POLICIES
-    assert levels["eks-api-not-open-to-all"] == EnforcementLevel.ADVISORY
+    assert {n for n, level in levels.items() if level != EnforcementLevel.MANDATORY} == set()
     assert len(POLICY_NAMES) == len(policies.POLICIES) == 13
 
 
-def test_an_api_endpoint_open_to_all_is_an_advisory_warning(servicer):
+def test_an_api_endpoint_open_to_all_fails_the_preview_unless_the_cluster_says_it_is_meant(servicer):
     from test_policy_rules import eks_cluster
     diagnostics = analyze(servicer, rules.EKS_CLUSTER, eks_cluster(["0.0.0.0/0"]))
     assert [(d.policyName, d.enforcementLevel) for d in diagnostics] == [
-        ("eks-api-not-open-to-all", proto.ADVISORY)]
+        ("eks-api-not-open-to-all", proto.MANDATORY)]
     assert analyze(servicer, rules.EKS_CLUSTER, eks_cluster(["198.51.100.0/24"])) == []
+    meant = eks_cluster(["0.0.0.0/0"], tags={rules.OPEN_TO_INTERNET_TAG: "true"})
+    assert analyze(servicer, rules.EKS_CLUSTER, meant) == []
 
 
 def _raycluster_with(change) -> dict[str, Any]:
@@ -203,8 +200,7 @@ def test_pack_process_serves_mandatory_policies():
             info = stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=20)
             assert info.name == "ray-eks-invariants"
             assert {p.name for p in info.policies} == POLICY_NAMES
-            assert {p.name for p in info.policies if p.enforcementLevel != proto.MANDATORY} \
-                == ADVISORY_POLICIES
+            assert {p.name for p in info.policies if p.enforcementLevel != proto.MANDATORY} == set()
             rc = raycluster()
             rc["spec"]["headGroupSpec"]["serviceType"] = "LoadBalancer"
             response = stub.Analyze(proto.AnalyzeRequest(
@@ -220,7 +216,7 @@ def test_pack_process_serves_mandatory_policies():
 
 class _Recorder(pulumi.runtime.Mocks):
     """Records what each resource registers (type, name, inputs, outputs); a bucket's id is its
-    name, as in S3."""
+    name, and its ARN is named after it, as in S3."""
 
     def __init__(self) -> None:
         self.registered: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
@@ -230,6 +226,7 @@ class _Recorder(pulumi.runtime.Mocks):
         resource_id = f"{args.name}-id"
         if args.typ in rules.BUCKETS:
             resource_id = state["bucket"] = f"{args.inputs['bucketPrefix']}1a2b3c"
+            state["arn"] = f"arn:aws:s3:::{resource_id}"
         self.registered.append((args.typ, args.name, dict(args.inputs), state))
         return resource_id, state
 
@@ -273,7 +270,8 @@ def registered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
         ray = RayClusterDeployment("ray", RayClusterDeploymentArgs(
             manifest=build_raycluster(cfg), provider=provider,
             operator_release=addons.kuberay_operator, pod_identity=storage.pod_identity,
-            kubeconfig="{}", workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes))
+            kubeconfig="{}", workers_ready_timeout_minutes=cfg.workers_ready_timeout_minutes,
+            kubernetes_version=cfg.kubernetes_version))
         return pulumi.Output.all(storage.uri, ray.cluster_name)
 
     declare()

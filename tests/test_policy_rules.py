@@ -9,6 +9,7 @@ ManagedNodeGroup creates with `enableEfaSupport` (nodejs/eks/nodes/nodegroup.ts)
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -99,8 +100,14 @@ def gpu_stack(*, node_group: dict | None = None, template: dict | None = None,
     ]
 
 
-def bucket_stack(*, with_block: bool = True, with_sse: bool = True) -> list[StackResource]:
+TLS_URN = ("urn:pulumi:us-west-2::ray-eks::ray-eks:infra:CheckpointStorage$aws:s3/"
+           "bucketPolicy:BucketPolicy::ckpt-tls-only")
+
+
+def bucket_stack(*, with_block: bool = True, with_sse: bool = True, with_tls: bool = True) -> list[StackResource]:
     """The checkpoint bucket and its companions as infra/storage.py declares them."""
+    from infra.storage import secure_transport_policy
+
     linked = {"bucket": (BUCKET_URN,)}
     out = [StackResource(urn=BUCKET_URN, type=rules.BUCKETS[0],
                          props={"bucketPrefix": "ray-checkpoints-", "forceDestroy": False})]
@@ -115,6 +122,10 @@ def bucket_stack(*, with_block: bool = True, with_sse: bool = True) -> list[Stac
                                      "applyServerSideEncryptionByDefault":
                                          {"sseAlgorithm": "aws:kms"},
                                      "bucketKeyEnabled": True}]},
+                                 property_dependencies=linked))
+    if with_tls:
+        policy = json.dumps(secure_transport_policy(bucket_arn="arn:aws:s3:::ray-checkpoints-1a2b"))
+        out.append(StackResource(urn=TLS_URN, type=rules.BUCKET_POLICY, props={"bucket": UNKNOWN, "policy": policy},
                                  property_dependencies=linked))
     return out
 
@@ -345,35 +356,52 @@ def test_helm_values_with_floating_image_tag():
 
 def test_bucket_with_block_and_encryption_is_compliant():
     assert rules.bucket_violations(bucket_stack()) == []
-    _, block, sse = bucket_stack()
+    _, block, sse, _ = bucket_stack()
     assert rules.public_access_block_violations(block.props) == []
     assert rules.encryption_config_violations(sse.props) == []
 
 
-@pytest.mark.parametrize("with_block, with_sse, expected", [
-    (False, True, "no BucketPublicAccessBlock"),
-    (True, False, "no BucketServerSideEncryptionConfiguration"),
+@pytest.mark.parametrize("with_block, with_sse, with_tls, expected", [
+    (False, True, True, "no BucketPublicAccessBlock"),
+    (True, False, True, "no BucketServerSideEncryptionConfiguration"),
+    (True, True, False, "no BucketPolicy that denies requests without TLS"),
 ])
-def test_bucket_missing_companion(with_block, with_sse, expected):
-    (violation,) = rules.bucket_violations(bucket_stack(with_block=with_block, with_sse=with_sse))
+def test_bucket_missing_companion(with_block, with_sse, with_tls, expected):
+    (violation,) = rules.bucket_violations(bucket_stack(with_block=with_block, with_sse=with_sse, with_tls=with_tls))
     assert violation.urn == BUCKET_URN and expected in violation.message
 
 
 def test_block_of_another_bucket_does_not_count():
-    bucket, block, sse = bucket_stack()
+    bucket, block, sse, tls = bucket_stack()
     other = StackResource(urn=block.urn, type=block.type, props=block.props,
                           property_dependencies={"bucket": ("urn:other-bucket",)})
-    (violation,) = rules.bucket_violations([bucket, other, sse])
+    (violation,) = rules.bucket_violations([bucket, other, sse, tls])
     assert "no BucketPublicAccessBlock" in violation.message
 
 
 def test_block_matched_by_known_bucket_name():
-    bucket, block, sse = bucket_stack()
+    bucket, block, sse, tls = bucket_stack()
     named = StackResource(urn=bucket.urn, type=bucket.type,
                           props={**bucket.props, "bucket": "ray-checkpoints-1a2b"})
     by_name = StackResource(urn=block.urn, type=block.type,
                             props={**block.props, "bucket": "ray-checkpoints-1a2b"})
-    assert rules.bucket_violations([named, by_name, sse]) == []
+    assert rules.bucket_violations([named, by_name, sse, tls]) == []
+
+
+@pytest.mark.parametrize("change", [
+    lambda s: s.update(Effect="Allow"),
+    lambda s: s.update(Resource=s["Resource"][:1]),  # the bucket only, not its objects
+    lambda s: s["Condition"]["Bool"].update({"aws:SecureTransport": "true"}),
+    lambda s: s.update(Action="s3:GetObject"),
+])
+def test_a_bucket_policy_that_leaves_plain_http_open_does_not_count(change):
+    bucket, block, sse, tls = bucket_stack()
+    document = json.loads(tls.props["policy"])
+    change(document["Statement"][0])
+    weakened = StackResource(urn=tls.urn, type=tls.type, props={**tls.props, "policy": json.dumps(document)},
+                             property_dependencies=tls.property_dependencies)
+    (violation,) = rules.bucket_violations([bucket, block, sse, weakened])
+    assert "without TLS" in violation.message
 
 
 @pytest.mark.parametrize("flag", rules.PUBLIC_ACCESS_FLAGS)
@@ -417,27 +445,32 @@ def test_parse_quantity(text, value):
 
 # --- EKS API endpoint ------------------------------------------------------------------------
 
-def eks_cluster(cidrs: Any, public: Any = True) -> dict[str, Any]:
-    """The aws:eks/cluster:Cluster pulumi-eks's Cluster creates (its vpcConfig)."""
-    return {"name": "ray-eks-us-west-2", "version": "1.34",
-            "vpcConfig": {"endpointPublicAccess": public, "endpointPrivateAccess": True,
-                          "publicAccessCidrs": cidrs, "subnetIds": [UNKNOWN]}}
+def eks_cluster(cidrs: Any, public: Any = True, tags: Any = None) -> dict[str, Any]:
+    """The aws:eks/cluster:Cluster pulumi-eks's Cluster creates (its vpcConfig and tags)."""
+    cluster = {"name": "ray-eks-us-west-2", "version": "1.34",
+               "vpcConfig": {"endpointPublicAccess": public, "endpointPrivateAccess": True,
+                             "publicAccessCidrs": cidrs, "subnetIds": [UNKNOWN]}}
+    if tags is not None:
+        cluster["tags"] = tags
+    return cluster
 
 
-@pytest.mark.parametrize(("cidrs", "public", "warned"), [
-    (["0.0.0.0/0"], True, "0.0.0.0/0"),
-    (["203.0.113.7/32", "0.0.0.0/0"], True, "0.0.0.0/0"),
-    (None, True, "0.0.0.0/0 (the default)"),
-    (["203.0.113.0/24"], True, None),
-    (["0.0.0.0/0"], False, None),
-    (UNKNOWN, True, None),
+@pytest.mark.parametrize(("cidrs", "public", "tags", "refused"), [
+    (["0.0.0.0/0"], True, None, "0.0.0.0/0"),
+    (["203.0.113.7/32", "0.0.0.0/0"], True, {"team": "ml"}, "0.0.0.0/0"),
+    (None, True, None, "0.0.0.0/0 (the default)"),
+    (["0.0.0.0/0"], True, {rules.OPEN_TO_INTERNET_TAG: "false"}, "0.0.0.0/0"),
+    (["0.0.0.0/0"], True, {rules.OPEN_TO_INTERNET_TAG: "true"}, None),  # the stack said so
+    (["203.0.113.0/24"], True, None, None),
+    (["0.0.0.0/0"], False, None, None),
+    (UNKNOWN, True, None, None),
 ])
-def test_an_api_endpoint_open_to_everyone_is_warned_about(cidrs, public, warned):
-    warnings = rules.public_api_access_warnings(eks_cluster(cidrs, public))
-    if warned is None:
-        assert warnings == []
+def test_an_api_endpoint_open_to_everyone_is_refused_unless_the_stack_says_so(cidrs, public, tags, refused):
+    violations = rules.public_api_access_violations(eks_cluster(cidrs, public, tags))
+    if refused is None:
+        assert violations == []
     else:
-        (warning,) = warnings
-        assert f"accepts connections from {warned};" in warning
-        assert "ray-eks:apiAccessCidrs" in warning
+        (violation,) = violations
+        assert f"accepts connections from {refused}: anyone on the internet" in violation
+        assert "ray-eks:apiAccessCidrs" in violation and "ray-eks:apiOpenToInternet: true" in violation
 

@@ -3,6 +3,7 @@ transport check."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import json
@@ -63,7 +64,7 @@ def test_the_submission_runs_the_driver_with_a_config_that_round_trips():
     assert (args.train, args.run_name, args.storage_path, args.max_failures) == (train, "r1", "s3://b/runs", 2)
     assert sub.runtime_env["working_dir"] == "/tmp/stage"
     assert set(sub.runtime_env) == {"working_dir", "env_vars", "pip"}
-    assert sub.runtime_env["pip"] == {"packages": ["liger-kernel==0.8.5"], "pip_check": False}
+    assert sub.runtime_env["pip"] == {"packages": list(submit.GPU_PACKAGES), "pip_check": False}
     env = sub.runtime_env["env_vars"]
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_NET_PLUGIN"] == "ofi" and env["RAY_DEDUP_LOGS"] == "0"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["FI_EFA_FORK_SAFE"] == "1"
@@ -82,12 +83,15 @@ def test_without_efa_the_job_env_declares_no_network_and_installs_nothing():
 def test_rays_own_parser_accepts_the_runtime_env(expect, tmp_path):
     parsed = RuntimeEnv(**submit.runtime_env(working_dir=str(tmp_path), expect=expect))
     packages = (parsed.pip_config() or {}).get("packages", [])
-    assert packages == (["liger-kernel==0.8.5"] if expect == "efa" else [])
+    assert packages == (list(submit.GPU_PACKAGES) if expect == "efa" else [])
 
 
-def test_the_gpu_packages_are_the_pins_of_pyprojects_gpu_extra():
+def test_the_gpu_packages_are_the_pins_of_pyprojects_gpu_extra_and_dependencies():
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    assert list(submit.GPU_PACKAGES) == pyproject["project"]["optional-dependencies"]["gpu"]
+    gpu = pyproject["project"]["optional-dependencies"]["gpu"]
+    pins = {*gpu, *pyproject["project"]["dependencies"]}
+    assert set(gpu) <= set(submit.GPU_PACKAGES) and all(p in pins for p in submit.GPU_PACKAGES)
+    assert "peft==0.21.2" in submit.GPU_PACKAGES  # LoRA's adapters, on an image that may not have it
 
 
 def test_the_working_dir_holds_only_the_workloads_package():
@@ -361,6 +365,45 @@ def test_an_address_without_a_scheme_is_a_jobs_api_url(given, url):
 def test_an_address_that_is_no_jobs_api_url_is_refused(given):
     with pytest.raises(ValueError, match="is not a Ray Jobs API URL: use http://HOST:PORT"):
         cluster.normalize_address(given)
+
+
+@pytest.mark.parametrize("given", ["http://10.0.3.7:8265", "ray-head.example.com:8265", "http://192.0.2.1:8265"])
+def test_plain_http_to_another_machine_is_refused_unless_insecure(given, capsys):
+    with pytest.raises(ValueError, match="plain http to another machine would send the Ray token, and every job, "
+                                         "in the clear: use https://"):
+        cluster.normalize_address(given)
+    assert cluster.normalize_address(given, insecure=True).startswith("http://")
+    assert submit.main("list", ["--address", given]) == submit.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --insecure" in err
+
+
+def test_the_token_comes_from_the_environment_or_a_file_and_a_token_on_the_command_line_is_warned_about(
+        tmp_path, monkeypatch, capsys):
+    seen = []
+
+    @contextlib.contextmanager
+    def connect(**kwargs):
+        seen.append(kwargs["token"])
+        raise cluster.UnreachableError("stop here")
+        yield
+
+    monkeypatch.setattr(submit, "connect", connect)
+    (tmp_path / "token").write_text("from-the-file\n")
+    assert submit.main("list", ["--address", "http://127.0.0.1:9", "--token-file", str(tmp_path / "token")]) == 3
+    assert seen == ["from-the-file"] and "warning" not in capsys.readouterr().err
+    assert submit.main("list", ["--address", "http://127.0.0.1:9", "--token", "on-the-command-line"]) == 3
+    assert seen[-1] == "on-the-command-line"
+    assert f"warning: {submit.TOKEN_ON_COMMAND_LINE}" in capsys.readouterr().err
+    (tmp_path / "empty").write_text("\n")
+    assert submit.main("list", ["--address", "http://127.0.0.1:9", "--token-file", str(tmp_path / "empty")]) == 2
+    assert "the file is empty" in capsys.readouterr().err
+
+
+def test_with_an_address_and_no_token_file_the_token_is_ray_auth_token(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-the-environment")
+    with cluster.connect(stack=None, address="http://127.0.0.1:9", token=None) as conn:
+        assert conn.token == "from-the-environment"
 
 
 def test_an_address_that_does_not_answer_fails_within_the_connect_timeout():

@@ -37,9 +37,18 @@ def ray_cluster(tmp_path_factory):
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def token_file(ray_cluster, tmp_path_factory) -> Path:
+    """The cluster's token in a file of this user's only, as `--token-file` reads it."""
+    path = tmp_path_factory.mktemp("token") / "ray-token"
+    path.write_text(ray_cluster.token)
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture()
-def target(ray_cluster) -> list[str]:
-    return ["--address", ray_cluster.address, "--token", ray_cluster.token]
+def target(ray_cluster, token_file) -> list[str]:
+    return ["--address", ray_cluster.address, "--token-file", str(token_file)]
 
 
 def _client(cluster) -> JobSubmissionClient:
@@ -196,11 +205,11 @@ class _AnswerDroppingRelay:
         self.server.close()
 
 
-def test_a_submission_whose_answer_is_lost_leaves_one_job(ray_cluster, tmp_path, capsys):
+def test_a_submission_whose_answer_is_lost_leaves_one_job(ray_cluster, token_file, tmp_path, capsys):
     relay = _AnswerDroppingRelay(int(ray_cluster.address.rsplit(":", 1)[1]))
     run = f"dropped-{tmp_path.name}"
     try:
-        code = submit.main("submit", ["--address", f"http://127.0.0.1:{relay.port}", "--token", ray_cluster.token,
+        code = submit.main("submit", ["--address", f"http://127.0.0.1:{relay.port}", "--token-file", str(token_file),
                                       *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--set", "steps=100000",
                                       "--run-name", run, "--no-follow"])
     finally:
@@ -216,8 +225,9 @@ def test_a_submission_whose_answer_is_lost_leaves_one_job(ray_cluster, tmp_path,
         _client(ray_cluster).stop_job(f"{run}-job1")
 
 
-def test_a_wrong_token_is_refused(ray_cluster, capsys):
-    assert submit.main("list", ["--address", ray_cluster.address, "--token", "0" * 64]) == 3
+def test_a_wrong_token_is_refused(ray_cluster, monkeypatch, capsys):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 64)
+    assert submit.main("list", ["--address", ray_cluster.address]) == 3
     err = capsys.readouterr().err
     assert "refused the Ray token: Authentication failed" in err and err.count("\n") == 1
 

@@ -66,12 +66,12 @@ def test_a_tracked_gpu_job_installs_mlflow_and_the_sagemaker_plugin_pinned_as_py
     assert list(submit.TRACKING_PACKAGES) == pyproject["project"]["optional-dependencies"]["tracking"]
     assert "mlflow==3.17.2" in pyproject["project"]["optional-dependencies"]["dev"]
     env = submit.runtime_env(working_dir="/w", expect="efa", tracking_uri=ARN)
-    assert env["pip"] == {"packages": ["liger-kernel==0.8.5", "mlflow-skinny==3.17.2", "sagemaker-mlflow==0.5.0"],
+    assert env["pip"] == {"packages": [*submit.GPU_PACKAGES, "mlflow-skinny==3.17.2", "sagemaker-mlflow==0.5.0"],
                           "pip_check": False}
     parsed = RuntimeEnv(**{**env, "working_dir": str(tmp_path)})  # Ray's own parser takes it
     assert parsed.pip_config()["packages"] == env["pip"]["packages"]
     # Untracked, or tracked from a CPU cluster to a server of its own: as before.
-    assert submit.runtime_env(working_dir="/w", expect="efa")["pip"]["packages"] == ["liger-kernel==0.8.5"]
+    assert submit.runtime_env(working_dir="/w", expect="efa")["pip"]["packages"] == list(submit.GPU_PACKAGES)
     assert "pip" not in submit.runtime_env(working_dir="/w", expect="any", tracking_uri="http://h:5000")
     # A SageMaker ARN needs the plugin on any cluster; --offline installs nothing.
     assert submit.runtime_env(working_dir="/w", expect="any", tracking_uri=ARN)["pip"]["packages"] == list(

@@ -92,6 +92,21 @@ def test_preview_uses_the_makefile_oidc_and_comments_on_the_pr(workflow):
     assert steps.index(aws) < steps.index(pulumi)
 
 
+def test_pulumi_cloud_is_reached_with_a_short_lived_team_token_through_oidc_and_no_stored_token(workflow):
+    steps = _steps(workflow, "preview")
+    auth = next(s for s in steps if s.get("uses", "").startswith("pulumi/auth-actions@"))
+    pulumi = next(s for s in steps if s.get("uses", "").startswith("pulumi/actions@"))
+    # A team token: the team's access is to these stacks only, not the organization's.
+    assert auth["with"]["requested-token-type"] == "urn:pulumi:token-type:access_token:team"
+    assert auth["with"]["scope"] == "team:${{ vars.PULUMI_PREVIEW_TEAM }}"
+    assert auth["with"]["organization"] == "${{ vars.PULUMI_ORGANIZATION }}"
+    assert int(auth["with"]["token-expiration"]) <= 3600
+    assert steps.index(auth) < steps.index(pulumi)
+    assert "PULUMI_ACCESS_TOKEN" not in pulumi.get("env", {})
+    assert "secrets.PULUMI_ACCESS_TOKEN" not in WORKFLOW.read_text()
+    assert workflow["permissions"]["id-token"] == "write"
+
+
 def test_previews_skip_the_cluster_the_read_only_role_cannot_reach(workflow):
     steps = _steps(workflow, "preview")
     pulumi = next(s for s in steps if s.get("uses", "").startswith("pulumi/actions@"))

@@ -142,18 +142,15 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("ray_version"), cfg.ray_version, "must be a Ray release like 2.58.0",
                           fix_cmd(k("ray_version"), "2.58.0"))
     for name in ("nvidia_device_plugin_chart_version", "efa_device_plugin_chart_version",
-                 "kuberay_operator_chart_version", "cluster_autoscaler_chart_version"):
+                 "kuberay_operator_chart_version", "cluster_autoscaler_chart_version",
+                 "node_termination_handler_chart_version"):
         value = getattr(cfg, name)
         if not _SEMVER_RE.match(value):
             yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
                               fix_cmd(k(name), getattr(StackConfig, name, None) or "1.0.0"))
-    if not cfg.api_access_cidrs:
-        yield ConfigError(k("api_access_cidrs"), list(cfg.api_access_cidrs),
-                          "must list at least one CIDR allowed to reach the EKS API",
-                          f"pulumi config set --path '{k('api_access_cidrs')}[0]' 203.0.113.0/24")
     for cidr in cfg.api_access_cidrs:
         try:
-            ipaddress.IPv4Network(cidr, strict=True)
+            network = ipaddress.IPv4Network(cidr, strict=True)
         except ValueError as exc:
             yield ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
                               "write it like 203.0.113.0/24")
@@ -161,6 +158,14 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         if "/" not in cidr:  # ipaddress reads a bare address as /32: say so rather than guess
             yield ConfigError(k("api_access_cidrs"), cidr, "is an address, not a CIDR",
                               f"write {cidr}/32 for that one address")
+        elif network.prefixlen == 0 and not cfg.api_open_to_internet:
+            yield ConfigError(k("api_access_cidrs"), cidr,
+                              "opens the EKS API of a cluster that runs any code it is sent to every "
+                              "address on the internet",
+                              f"list your own address or range (pulumi config set --path "
+                              f"'{k('api_access_cidrs')}[0]' \"$(curl -fsS https://checkip.amazonaws.com)/32\"), "
+                              f"or remove it for a private endpoint; if you mean it, pulumi config set "
+                              f"{k('api_open_to_internet')} true")
     for arn in cfg.admin_principal_arns:
         session = _ASSUMED_ROLE_RE.match(arn)
         if session:
@@ -184,7 +189,7 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("gpu_root_volume_gib"), cfg.gpu_root_volume_gib,
                           "must be between 100 and 16384 GiB (the DLC image alone is tens of GB)",
                           fix_cmd(k("gpu_root_volume_gib"), 200))
-    for addon in ("pod_identity_agent_version", "node_monitoring_agent_version"):
+    for addon in ("pod_identity_agent_version", "vpc_cni_version", "node_monitoring_agent_version"):
         if not _EKS_ADDON_VERSION_RE.match(getattr(cfg, addon)):
             yield ConfigError(k(addon), getattr(cfg, addon),
                               f"must pin an EKS add-on version like {getattr(StackConfig, addon)}",

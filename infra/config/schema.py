@@ -56,15 +56,28 @@ class StackConfig:
     pod_identity_agent_version: str = "v1.3.10-eksbuild.2"
     """Version of the EKS Pod Identity agent add-on (`aws eks describe-addon-versions
     --addon-name eks-pod-identity-agent --kubernetes-version <minor>` lists them)."""
+    vpc_cni_version: str = "v1.22.3-eksbuild.1"
+    """Version of the VPC CNI add-on (`aws eks describe-addon-versions --addon-name vpc-cni
+    --kubernetes-version <minor>` lists them); v1.14 or later, the first that enforces network
+    policies."""
     node_monitoring_agent_version: str = "v1.4.0-eksbuild.2"
     """Version of the EKS node monitoring agent add-on (infra/health.py); v1.3.0 or later, the first
     whose configuration takes the `dcgmAgent` tolerations (`aws eks describe-addon-versions
     --addon-name eks-node-monitoring-agent --kubernetes-version <minor>` lists them)."""
+    node_termination_handler_chart_version: str = "0.27.6"
+    """Helm chart version of aws-node-termination-handler (installed on Spot stacks only: it drains a
+    Spot GPU node on EC2's interruption notice, infra/spot.py)."""
     kuberay_operator_chart_version: str = "1.7.0"
     """Helm chart version of kuberay-operator (must match the CRD the RayCluster is built for)."""
-    api_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
-    """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies);
-    narrow it to your own address or range (the policy pack warns on 0.0.0.0/0)."""
+    api_access_cidrs: tuple[str, ...] = ()
+    """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies), e.g.
+    your own address as a /32. Empty (the default): no public endpoint; the API answers inside the
+    VPC only, so `pulumi up` and `submit` must run from a machine that reaches the VPC
+    (docs/SECURITY.md says how). 0.0.0.0/0 only with `apiOpenToInternet`."""
+    api_open_to_internet: bool = False
+    """Say that `apiAccessCidrs` may list 0.0.0.0/0, opening the EKS API to every address: refused
+    otherwise, by config validation and by the policy pack (the cluster then carries a tag that says
+    it was meant)."""
     admin_principal_arns: tuple[str, ...] = ()
     """IAM roles/users given cluster-admin through EKS access entries. Leave out the identity
     running `pulumi up`: it already is admin as the cluster's creator."""

@@ -15,9 +15,9 @@ The package, one module per concern: `resources` (type tokens, UNKNOWN, the help
 here (`import rules`: policy/ is the pack's import root).
 """
 
-from .api_endpoint import OPEN_CIDRS, public_api_access_warnings
-from .buckets import (PUBLIC_ACCESS_FLAGS, SSE_ALGORITHMS, bucket_violations, encryption_config_violations,
-                      public_access_block_violations)
+from .api_endpoint import OPEN_CIDRS, OPEN_TO_INTERNET_TAG, public_api_access_violations
+from .buckets import (PUBLIC_ACCESS_FLAGS, SSE_ALGORITHMS, bucket_violations, denies_insecure_transport,
+                      encryption_config_violations, public_access_block_violations)
 from .gpu_nodes import (GPU_LABEL_KEY, GPU_LABEL_VALUE, GPU_TAINT_KEY, PRIMARY_INTERFACE_TYPES,
                         efa_launch_template_violations, gpu_node_group_efa_violations, gpu_node_group_violations,
                         is_gpu_node_group)
@@ -27,13 +27,14 @@ from .ray_pods import (ALLOWED_SERVICE_TYPES, EFA_RESOURCE, parse_quantity, ray_
 from .reservations import RESERVATION_TAG_KEYS, capacity_reservation_violations, reservation_target
 from .tracking import (IAM_POLICIES, MLFLOW_TRACKING_SERVER, mlflow_access_violations,
                        tracking_server_violations)
-from .resources import (BUCKETS, CAPACITY_BLOCK, CAPACITY_RESERVATION, EKS_CLUSTER, ENCRYPTION_CONFIGS, HELM_CHART,
-                        HELM_RELEASE, LAUNCH_TEMPLATE, NODE_GROUP, PLACEMENT_GROUP, POD_SPEC_PATHS,
+from .resources import (BUCKET_POLICY, BUCKETS, CAPACITY_BLOCK, CAPACITY_RESERVATION, EKS_CLUSTER, ENCRYPTION_CONFIGS,
+                        HELM_CHART, HELM_RELEASE, LAUNCH_TEMPLATE, NODE_GROUP, PLACEMENT_GROUP, POD_SPEC_PATHS,
                         PUBLIC_ACCESS_BLOCK, RAY_CLUSTER, SERVICE, SUBNET, UNKNOWN, StackResource, StackViolation)
 
 __all__ = [
-    "OPEN_CIDRS", "public_api_access_warnings",
-    "PUBLIC_ACCESS_FLAGS", "SSE_ALGORITHMS", "bucket_violations", "encryption_config_violations",
+    "OPEN_CIDRS", "OPEN_TO_INTERNET_TAG", "public_api_access_violations",
+    "PUBLIC_ACCESS_FLAGS", "SSE_ALGORITHMS", "bucket_violations", "denies_insecure_transport",
+    "encryption_config_violations",
     "public_access_block_violations",
     "GPU_LABEL_KEY", "GPU_LABEL_VALUE", "GPU_TAINT_KEY", "PRIMARY_INTERFACE_TYPES", "efa_launch_template_violations",
     "gpu_node_group_efa_violations", "gpu_node_group_violations", "is_gpu_node_group",
@@ -42,7 +43,7 @@ __all__ = [
     "ray_worker_violations", "selects_ray_pods", "service_exposure_violations",
     "RESERVATION_TAG_KEYS", "capacity_reservation_violations", "reservation_target",
     "IAM_POLICIES", "MLFLOW_TRACKING_SERVER", "mlflow_access_violations", "tracking_server_violations",
-    "BUCKETS", "CAPACITY_BLOCK", "CAPACITY_RESERVATION", "EKS_CLUSTER", "ENCRYPTION_CONFIGS", "HELM_CHART",
-    "HELM_RELEASE", "LAUNCH_TEMPLATE", "NODE_GROUP", "PLACEMENT_GROUP", "POD_SPEC_PATHS", "PUBLIC_ACCESS_BLOCK",
-    "RAY_CLUSTER", "SERVICE", "SUBNET", "UNKNOWN", "StackResource", "StackViolation",
+    "BUCKET_POLICY", "BUCKETS", "CAPACITY_BLOCK", "CAPACITY_RESERVATION", "EKS_CLUSTER", "ENCRYPTION_CONFIGS",
+    "HELM_CHART", "HELM_RELEASE", "LAUNCH_TEMPLATE", "NODE_GROUP", "PLACEMENT_GROUP", "POD_SPEC_PATHS",
+    "PUBLIC_ACCESS_BLOCK", "RAY_CLUSTER", "SERVICE", "SUBNET", "UNKNOWN", "StackResource", "StackViolation",
 ]

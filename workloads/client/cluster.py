@@ -2,14 +2,17 @@
 
 With a stack, its kubeconfig goes to a private temporary file, the Ray token is read from its
 Kubernetes Secret, and a `kubectl port-forward` to the head's dashboard port is held open while the
-connection is in use (the head is never exposed). With an address, the token comes from --token or
-RAY_AUTH_TOKEN.
+connection is in use (the head is never exposed). With an address, the token comes from
+RAY_AUTH_TOKEN or a file (--token-file), never from the command line, where every user of the machine
+sees it (`ps`) and the shell keeps it; and a plain-http address must be this machine's own
+(loopback), since the token and every job would cross the network in the clear.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -309,9 +312,20 @@ CONNECT_TIMEOUT_S = 5.0
 """How long --address may take to accept a connection before the command gives up (exit 3)."""
 
 
-def normalize_address(address: str) -> str:
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine's own (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def normalize_address(address: str, *, insecure: bool = False) -> str:
     """The Jobs API URL of an --address: `host:port` gets `http://`. ValueError for anything that
-    is not an http(s) URL (a `ray://` client or a bare GCS address would hang in Ray's own lookup)."""
+    is not an http(s) URL (a `ray://` client or a bare GCS address would hang in Ray's own lookup),
+    and for plain http to another machine unless `insecure` (--insecure) says so."""
     text = address.strip()
     if "://" not in text:
         text = f"http://{text}"
@@ -323,7 +337,23 @@ def normalize_address(address: str) -> str:
     if not valid:
         raise ValueError(f"--address {address!r} is not a Ray Jobs API URL: use http://HOST:PORT, the "
                          f"Ray head's dashboard port ({DEFAULT_DASHBOARD_PORT} by default)")
+    if url.scheme == "http" and not insecure and not is_loopback(url.hostname or ""):
+        raise ValueError(f"--address {address!r}: plain http to another machine would send the Ray token, and "
+                         "every job, in the clear: use https://, reach the head through a tunnel to 127.0.0.1 "
+                         "(ssh -L, kubectl port-forward), or pass --insecure to send them anyway")
     return text.rstrip("/")
+
+
+def read_token_file(path: Path) -> str:
+    """The Ray token in the file at `path` (surrounding whitespace dropped); ValueError when it
+    cannot be read or is empty."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"--token-file {path}: cannot read it ({exc.strerror or exc})") from None
+    if not token:
+        raise ValueError(f"--token-file {path}: the file is empty")
+    return token
 
 
 def check_reachable(url: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -339,11 +369,12 @@ def check_reachable(url: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
 
 
 @contextmanager
-def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str]) -> Iterator[Connection]:
+def connect(*, stack: Optional[str], address: Optional[str], token: Optional[str],
+            insecure: bool = False) -> Iterator[Connection]:
     if stack and address:
         raise ValueError("--stack and --address both name a cluster: give one of them")
     if address:
-        address = normalize_address(address)
+        address = normalize_address(address, insecure=insecure)
         token = token or os.environ.get("RAY_AUTH_TOKEN") or None
         yield Connection(address=address, token=token, storage_path=None, target_args=("--address", address))
     elif stack:

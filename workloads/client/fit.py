@@ -98,14 +98,15 @@ def model_config(cfg: TrainConfig, *, cwd: Path):
     from transformers import AutoConfig
 
     folder = (cwd / name).expanduser()
-    if (folder / "config.json").is_file():
-        return AutoConfig.from_pretrained(folder)
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+    local = (folder / "config.json").is_file()
+    if not local and (name.startswith((".", "/", "~")) or name.count("/") != 1):
         return None  # a folder this machine does not have
-    try:  # a hub id: its config.json alone
+    try:  # a local folder's config.json, or a hub id's alone
+        if local:
+            return AutoConfig.from_pretrained(folder)
         return AutoConfig.from_pretrained(name, revision=cfg.model.revision or None)
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable here: the job's own load says why
 
 
 def check_lora_targets(cfg: TrainConfig, config) -> None:

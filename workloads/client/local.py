@@ -112,11 +112,22 @@ def _node_argv(*, index: int, gcs_port: int, dashboard_port: int, temp_dir: Path
     return argv + [f"--address=127.0.0.1:{gcs_port}", "--include-log-monitor=false"]
 
 
+LOCAL_NODE_ENV = {
+    "RAY_AUTH_MODE": "token",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # No Prometheus exporter on the nodes: it answers without the token, on every interface of a
+    # worker node (Ray binds a node's servers to loopback only for 127.0.0.1 itself, and the worker
+    # nodes have 127.0.0.2 and up); nothing of the demo reads Ray's metrics.
+    "RAY_enable_metrics_collection": "0",
+}
+"""The environment every local node runs with, besides the token (docs/SECURITY.md lists what still
+listens beyond loopback, and why)."""
+
+
 def _node_env(token: str, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     # "python" in the job's entrypoint must be this interpreter, as it is the image's on EKS.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-            "RAY_USAGE_STATS_ENABLED": "0", **(extra or {})}
+    return {**os.environ, "PATH": path, **LOCAL_NODE_ENV, "RAY_AUTH_TOKEN": token, **(extra or {})}
 
 
 def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: str, offset: int = 0) -> None:
@@ -368,6 +379,9 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     train, inputs = local_train_config(args, run_dir, say=lambda line: console.print(f"[bold cyan]hub[/] {line}"))
     run_name = f"{args.preset}-{stamp}"
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
+    # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
+    # in its config (entrypoint, report.json, logs).
+    tracking_uri, uri_credentials = tracking.split_credentials(tracking_uri)
     if inputs.model is not None and inputs.chats is None:
         console.print(f"[bold cyan]local[/] your data trains a toy model made in {inputs.model} (random weights; its "
                       "tokenizer reads any text); --set model.name_or_path=FOLDER starts from another, such as "
@@ -377,7 +391,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
                   f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
     say = lambda message: console.print(f"[bold cyan]local[/] {message}")  # noqa: E731
     try:
-        with local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
+        with environment_with(uri_credentials), local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
             console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
             with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
                 request = submit.SubmitRequest(train=train, run_name=run_name,
@@ -391,8 +405,9 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
         # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING, or FAILED
         # where a rank or the driver saw the others go first.
         if tracking_uri and (run_dir / "job.log").is_file():
-            tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
-                                     say=lambda line: console.print(line, highlight=False, markup=False))
+            with environment_with(uri_credentials):
+                tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
+                                         say=lambda line: console.print(line, highlight=False, markup=False))
         raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)
@@ -417,6 +432,19 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",
                  console=console)
     return outcome.exit_code
+
+
+@contextmanager
+def environment_with(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with `values` (unless set already), while the block runs: the
+    local cluster's processes, started inside it, inherit them."""
+    added = {k: v for k, v in values.items() if not os.environ.get(k)}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def local_tracking(train: dict, args: argparse.Namespace, *, run_name: str, console: Console) -> tuple[dict, str]:

@@ -32,7 +32,8 @@ from typing import Iterator, Optional
 from rich.console import Console
 
 from workloads.client import revisions, tracking
-from workloads.client.cluster import PROJECT_DIR, UnreachableError, client_factory, connect, first_line, job_client
+from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_factory, connect, first_line, job_client,
+                                      read_token_file)
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
@@ -88,7 +89,27 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster (one of)")
     group.add_argument("--stack", help="Pulumi stack whose RayCluster to use (port-forwarded with kubectl)")
     group.add_argument("--address", help="Ray Jobs API URL, e.g. http://127.0.0.1:8265 (skips the stack)")
-    group.add_argument("--token", help="Ray auth token with --address (default: $RAY_AUTH_TOKEN)")
+    group.add_argument("--token-file", type=Path, metavar="FILE",
+                       help="a file holding the Ray auth token, with --address (default: $RAY_AUTH_TOKEN)")
+    group.add_argument("--insecure", action="store_true",
+                       help="allow a plain http:// --address on another machine (the token crosses in the clear)")
+    group.add_argument("--token", help=argparse.SUPPRESS)  # shown to every user by `ps`: RAY_AUTH_TOKEN or --token-file
+
+
+TOKEN_ON_COMMAND_LINE = ("--token puts the Ray token where every user of this machine sees it (ps) and in your shell "
+                         "history: set RAY_AUTH_TOKEN or use --token-file FILE")
+
+
+def _connect(args: argparse.Namespace):
+    """The cluster the options name, with the Ray token from --token-file or RAY_AUTH_TOKEN (a
+    --token given anyway is used, with a warning)."""
+    token = None
+    if args.token_file is not None:
+        token = read_token_file(args.token_file)
+    elif args.token:
+        print(f"warning: {TOKEN_ON_COMMAND_LINE}", file=sys.stderr)
+        token = args.token
+    return connect(stack=args.stack, address=args.address, token=token, insecure=args.insecure)
 
 
 def _arg_parser(command: str) -> argparse.ArgumentParser:
@@ -225,7 +246,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--wait-gpus-s must be > 0, got {args.wait_gpus_s:g}")
     if args.resubmits < 0:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
-    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+    with _connect(args) as conn:
         preset_name = planned_preset if target is not None else (
             args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
         config = _train_config(args, expect=expect, preset_name=preset_name)
@@ -248,6 +269,9 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if tracking_uri:
             train = tracking.with_tracking(train, uri=tracking_uri, run_name=run_name, experiment=args.stack or "",
                                            tags=tracking.client_tags(stack=args.stack))
+            tracking_uri = train["tracking"]["uri"]
+        if note := tracking.credentials_note(tracking.resolve_uri(first, stack_uri=conn.tracking_uri)):
+            console.print(f"[bold]credentials[/] {note}", highlight=False)
         wait_gpus_s = args.wait_gpus_s or (WAKE_WAIT_S if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
@@ -300,7 +324,7 @@ def _waking(conn, console: Console, *, limit_s: float) -> Iterator[Optional[Wake
 
 
 def _logs(args: argparse.Namespace, console: Console) -> int:
-    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+    with _connect(args) as conn:
         client = job_client(conn)
         if not args.follow:
             sys.stdout.write(client.get_job_logs(args.job_id))
@@ -323,7 +347,7 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
 
 
 def _stop(args: argparse.Namespace, console: Console) -> int:
-    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+    with _connect(args) as conn:
         client = job_client(conn)
         stopped = client.stop_job(args.job_id)
         status = wait_terminal(client, args.job_id)
@@ -335,7 +359,7 @@ def _stop(args: argparse.Namespace, console: Console) -> int:
 
 
 def _list(args: argparse.Namespace, console: Console) -> int:
-    with connect(stack=args.stack, address=args.address, token=args.token) as conn:
+    with _connect(args) as conn:
         jobs = job_client(conn).list_jobs()
     rows = [("JOB", "STATUS", "STARTED (UTC)", "RUN")]
     for job in sorted(jobs, key=lambda j: j.start_time or 0):

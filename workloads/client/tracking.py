@@ -21,6 +21,7 @@ import os
 import shlex
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -71,12 +72,25 @@ def stack_image(stack: str, project_dir: Path = PROJECT_DIR) -> Optional[str]:
     return str(values.get(config_key("ray_image")) or DEFAULT_RAY_IMAGE)
 
 
+def split_credentials(uri: str) -> tuple[str, dict[str, str]]:
+    """(the URI without its user and password, MLflow's environment variables that carry them). A
+    URI travels in the job's entrypoint, its report and its logs: the credentials must not."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri, {}
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    found = {"MLFLOW_TRACKING_USERNAME": urllib.parse.unquote(parts.username or ""),
+             "MLFLOW_TRACKING_PASSWORD": urllib.parse.unquote(parts.password or "")}
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), {k: v for k, v in found.items() if v}
+
+
 def with_tracking(train: dict, *, uri: str, run_name: str, experiment: str = "",
                   tags: Optional[dict[str, str]] = None) -> dict:
-    """The job's config with the tracker filled in where the user set nothing: the URI, experiment
-    and run name, and the tags (a user's own tag of the same key wins)."""
+    """The job's config with the tracker filled in where the user set nothing: the URI (without any
+    credentials in it, `split_credentials`), experiment and run name, and the tags (a user's own tag
+    of the same key wins)."""
     section = dict(train.get("tracking") or {})
-    section["uri"] = section.get("uri") or uri
+    section["uri"], _ = split_credentials(section.get("uri") or uri)
     section["experiment"] = section.get("experiment") or experiment
     section["run_name"] = section.get("run_name") or run_name
     section["tags"] = {**(tags or {}), **(section.get("tags") or {})}
@@ -91,6 +105,22 @@ def resolve_uri(train: dict, *, stack_uri: Optional[str] = None, local_default: 
     if mine == "off":
         return ""
     return mine or env.get("MLFLOW_TRACKING_URI") or stack_uri or local_default or ""
+
+
+def credentials_note(uri: str, *, environ: Optional[dict] = None) -> str:
+    """One line for a submission to a cluster of its own (`submit`), when this machine holds
+    credentials the job might need (in the tracking URI, or MLflow's or the hub's variables): they
+    are not sent with the job, and where the job finds them instead. Empty when there are none."""
+    from workloads.launch.credentials import CREDENTIAL_NAMES, CREDENTIALS_SECRET
+
+    env = os.environ if environ is None else environ
+    names = sorted({*split_credentials(uri)[1], *(n for n in CREDENTIAL_NAMES if env.get(n))})
+    if not names:
+        return ""
+    return (f"{', '.join(names)} stay on this machine (a job's entrypoint and runtime_env are shown to whoever "
+            f"lists jobs): on a stack the job reads them from the Kubernetes Secret {CREDENTIALS_SECRET} of the "
+            f"Ray namespace (kubectl -n ray create secret generic {CREDENTIALS_SECRET} --from-env-file=FILE; "
+            "docs/SECURITY.md), on a cluster of your own from its processes' environment")
 
 
 def client_tags(*, stack: Optional[str] = None) -> dict[str, str]:

@@ -432,10 +432,12 @@ def run(args: DriverArgs) -> int:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from workloads.launch.credentials import load_credentials
     from workloads.launch.ray_train import PreflightRecorder, ResizeReporter, WorkerGroupWait, train_worker
     from workloads.launch.storage import resolve_storage
     from workloads.train.config import TrainConfig
 
+    load_credentials()  # MLflow's and the hub's, from the pod's Secret (workloads/launch/credentials.py)
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)
     preflight_file = Path(tempfile.mkdtemp(prefix="preflight-")) / "failed.txt"

@@ -31,6 +31,7 @@ from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from workloads.context import PREFLIGHT_FAILED_KEY, RESTORE_PREFIX, PreflightError, TrainContext
 from workloads.launch.checkpoints import remove_unregistered
+from workloads.launch.credentials import load_credentials
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
 from workloads.transport.gate import nccl_log_env
@@ -304,6 +305,7 @@ def train_worker(config: dict) -> None:
     from workloads.train.config import TrainConfig
     from workloads.train.loop import train
 
+    load_credentials()  # MLflow's and the hub's, from the pod's Secret (workloads/launch/credentials.py)
     cfg = TrainConfig.from_dict(config["train"])
     # An elastic run: the world size grad_accum_steps is meant for (workloads/train/elastic.py).
     ctx = ray_train_context(planned_world_size=int(config.get("planned_world_size", 0)))

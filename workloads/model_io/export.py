@@ -235,17 +235,18 @@ def _groups(names: list[str], sizes: dict[str, int], limit: int) -> Iterator[lis
         yield group
 
 
-def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[str] = None) -> torch.dtype:
+def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
+                base: Optional[str] = None) -> torch.dtype:
     """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
     shards and its `model/` metadata), reading one output file's worth of tensors at a time. A LoRA
     checkpoint's adapters are merged into its base (`base`: another than the one it recorded;
     workloads/model_io/lora_export.py)."""
-    from workloads.model_io import lora_export
-
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
+
+    from workloads.model_io import lora_export
+    from workloads.model_io.safe_checkpoint import SafeFileSystemReader, read_checkpoint_metadata
 
     meta_dir = checkpoint / MODEL_DIR
     if not (checkpoint / DCP_METADATA).is_file():
@@ -263,7 +264,7 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base
     names = list(tensor_aliases(model))
     stored = {
         key: value
-        for key, value in FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata.items()
+        for key, value in read_checkpoint_metadata(checkpoint).state_dict_metadata.items()
         if isinstance(value, TensorStorageMetadata)
     }
     prefix = _checkpoint_prefix(names, stored)
@@ -287,7 +288,7 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base
                  for n in group}
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+            dcp.load(state, storage_reader=SafeFileSystemReader(checkpoint), no_dist=True)
         for n in group:
             writer.add(n, state[prefix + n].to(dtype))
         del state

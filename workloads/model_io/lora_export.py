@@ -42,10 +42,12 @@ def is_lora_checkpoint(checkpoint: Path) -> bool:
 def adapter_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's adapters, full, under peft's saved names."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    stored = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    from workloads.model_io.safe_checkpoint import SafeFileSystemReader, read_checkpoint_metadata
+
+    # Read as export reads any checkpoint: nothing it holds is run (workloads/model_io/safe_checkpoint.py).
+    stored = read_checkpoint_metadata(checkpoint).state_dict_metadata
     keys = [k for k, m in stored.items() if isinstance(m, TensorStorageMetadata) and k.startswith(CHECKPOINT_PREFIX)
             and ".lora_" in k]
     if not keys:
@@ -53,7 +55,7 @@ def adapter_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     state = {k: torch.empty(stored[k].size, dtype=stored[k].properties.dtype) for k in keys}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+        dcp.load(state, storage_reader=SafeFileSystemReader(checkpoint), no_dist=True)
     return {"base_model.model." + k[len(CHECKPOINT_PREFIX):].replace(".default.", "."): v for k, v in state.items()}
 
 

@@ -36,9 +36,9 @@ class Progress:
     """Ranks that saved the checkpoint; 0: not recorded."""
     tracking_run_id: str = ""
     """The experiment tracker's run id (workloads/train/tracking.py); empty: none known."""
-    method: str = ""
+    method: str = "full"
     """The fine-tuning method that saved it ("full", "lora"; workloads/train/method.py): what the
-    checkpoint holds. Empty: not recorded (a full fine-tune's, from before it was)."""
+    checkpoint holds. A checkpoint from before it was recorded is a full fine-tune's."""
     planned_world_size: int = 0
     """The world size the run's grad_accum_steps is meant for (workloads/train/elastic.py); 0: not
     recorded."""
