@@ -371,7 +371,7 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
 
     # The whole run against an uninterrupted one of the same data: each step's loss as the attempt
     # that completed it logged it.
-    reference = run_loop(tmp_path / "reference", "uninterrupted", 2, {"cfg": train})[0]
+    reference = run_loop(tmp_path / "reference", 2, {"uninterrupted": {"cfg": train}})["uninterrupted"][0]
     uninterrupted = {r["metrics"]["step"]: r["metrics"]["loss"] for r in reference["reports"]}
     interrupted = completed_losses(logs.splitlines())
     assert sorted(interrupted) == sorted(uninterrupted) == list(range(1, SPOT_STEPS + 1))

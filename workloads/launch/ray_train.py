@@ -301,6 +301,7 @@ def remove_local_checkpoints(scratch_dir: Path) -> None:
 
 def train_worker(config: dict) -> None:
     """`train_loop_per_worker` of the TorchTrainer: config is {"train": TrainConfig.to_dict()}."""
+    from workloads.train import tracking
     from workloads.train.config import TrainConfig
     from workloads.train.loop import train
 
@@ -325,7 +326,8 @@ def train_worker(config: dict) -> None:
             storage = ray.train.get_context().get_storage()
             remove_unregistered(storage.storage_filesystem, storage.experiment_fs_path,
                                 say=lambda message: print(f"[checkpoints] {message}", flush=True))
-        train(cfg, ctx)
+        with tracking.ends_with_the_run():  # FAILED or KILLED in the tracker, not RUNNING, when it raises
+            train(cfg, ctx)
     except PreflightError as exc:
         # Raised on every rank together; each returns after one report, as Ray Train requires.
         ray.train.report({PREFLIGHT_FAILED_KEY: str(exc)})
