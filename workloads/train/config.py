@@ -103,6 +103,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.kind not in DATA_KINDS:
             raise ValueError(f"data.kind is {self.kind!r}: use one of {', '.join(DATA_KINDS)}")
+        if self.kind == "synthetic" and self.path:
+            raise ValueError(f'data.path is {self.path!r} but data.kind is "synthetic", which generates its tokens and '
+                             'reads no file: set data.kind=jsonl (a JSONL or Parquet file) or data.kind=hub (a hub '
+                             'dataset id), or leave data.path empty')
         if self.kind == "jsonl" and not self.path:
             raise ValueError('data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file')
         if self.kind == "hub" and "/" not in self.path:
