@@ -305,13 +305,31 @@ def parse_driver_line(line: str) -> Optional[dict]:
 
 
 def failure_reason(error: BaseException) -> str:
-    """One line saying why training failed: the first failing rank and its exception's last line."""
+    """One line saying why training failed: each failing rank's error (`error_line`), ranks that
+    failed alike together; without ranks, the controller's error's last line (a traceback's)."""
     worker_failures = getattr(error, "worker_failures", None)
     if worker_failures:
-        rank = min(worker_failures)
-        return f"rank {rank}: {_last_line(str(worker_failures[rank]))}"
+        by_line: dict[str, list[int]] = {}
+        for rank in sorted(worker_failures):
+            by_line.setdefault(error_line(worker_failures[rank]), []).append(rank)
+        parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}"
+                 for line, ranks in by_line.items()]
+        shown = parts[:MAX_RANK_ERRORS_SHOWN]
+        more = len(parts) - len(shown)
+        return "; ".join(shown) + (f"; and {more} other error(s) in the job's log" if more else "")
     cause = getattr(error, "controller_failure", None) or error.__cause__ or error
     return _last_line(str(cause)) or type(cause).__name__
+
+
+MAX_RANK_ERRORS_SHOWN = 4
+"""Distinct rank errors the failure line names; the job's log has every rank's traceback."""
+
+
+def error_line(exc: BaseException) -> str:
+    """A rank's error in one line: its type and the first line of its message (`MemoryError`,
+    `OSError: no model`), never empty: some errors carry no message (a MemoryError has none)."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _last_line(text: str) -> str:
