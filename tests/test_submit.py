@@ -136,6 +136,23 @@ def test_the_printer_shows_the_loops_gate_line_once():
     assert out.getvalue().splitlines() == ["gate transport gate does not apply: gloo"]
 
 
+def test_the_printer_says_on_the_console_what_the_data_lost_to_seq_len():
+    """Truncated and dropped conversations were counted only in job.log and report.json."""
+    printer, out = _printer(quiet=True)
+    data = {"records": 17, "chats": 17, "held_out": 1, "seq_len": 64, "examples": 15, "rows": 12,
+            "label_tokens": 135, "fill": 0.87, "truncated": 2, "dropped": 1, "longest_cut": 97, "eval_rows": 1}
+    line = f"(RayTrainWorker pid=7) [data] {json.dumps(data)}\n"
+    printer.feed(line + line)
+    assert [" ".join(out.getvalue().split())] == [  # one line (the console wraps at its width)
+        "data 17 records, 1 held out for the eval loss: 15 examples in 12 rows of 64 tokens, 135 tokens to learn; "
+        "2 conversation(s) longer than seq_len 64 cut to their start and 1 dropped with nothing left to learn: "
+        "--set seq_len=128 keeps every one whole"]
+    printer, out = _printer(quiet=True)
+    printer.feed(f"[data] {json.dumps({**data, 'truncated': 0, 'dropped': 0, 'longest_cut': 0})}\n")
+    assert out.getvalue().splitlines() == [
+        "data 17 records, 1 held out for the eval loss: 15 examples in 12 rows of 64 tokens, 135 tokens to learn"]
+
+
 def test_the_printer_passes_other_lines_through_unless_quiet():
     printer, out = _printer(quiet=False)
     printer.feed("Traceback (most recent call last):\nValueError: x\n")

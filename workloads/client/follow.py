@@ -12,8 +12,8 @@ from typing import Callable, Optional
 from rich.console import Console
 
 from workloads.client.cluster import UnreachableError, first_line
-from workloads.client.report import format_record, parse_prefixed, parse_train_line
-from workloads.context import GATE_PREFIX, TRACKING_PREFIX
+from workloads.client.report import format_data, format_record, parse_prefixed, parse_train_line
+from workloads.context import DATA_PREFIX, GATE_PREFIX, TRACKING_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 
 class LogPrinter:
@@ -56,6 +56,11 @@ class LogPrinter:
             return
         if self._tracking(line):
             return
+        data = parse_prefixed(line, DATA_PREFIX)
+        if data is not None and (text := format_data(data)) is not None:
+            style = "yellow" if data.get("truncated") or data.get("dropped") else "default"
+            self.console.print(f"[bold cyan]data[/] [{style}]{text}[/]", highlight=False)
+            return
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
             self.plan = plan
@@ -92,7 +97,7 @@ class LogPrinter:
         return True
 
     def _is_repeat(self, line: str) -> bool:
-        keyed = parse_train_line(line) is not None or self._gate_prefix in line
+        keyed = parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
         if not keyed:
             return False
         if line == self._last_shown:

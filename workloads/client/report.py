@@ -163,6 +163,30 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
     return text
 
 
+SEQ_LEN_STEP = 64
+"""A seq_len suggested to keep every conversation is rounded up to a multiple of this."""
+
+
+def format_data(record: dict) -> Optional[str]:
+    """The loop's `[data]` record as one console line: records, held out, rows; and, when
+    conversations were cut to seq_len or dropped, how many and the seq_len that keeps them. None for
+    synthetic tokens."""
+    if "records" not in record:
+        return None
+    held = f", {record['held_out']} held out for the eval loss" if record.get("held_out") else ""
+    line = (f"{record['records']} records{held}: {record.get('examples', '?')} examples in {record.get('rows', '?')} "
+            f"rows of {record.get('seq_len', '?')} tokens, {record.get('label_tokens', '?')} tokens to learn")
+    truncated, dropped = int(record.get("truncated") or 0), int(record.get("dropped") or 0)
+    if not truncated and not dropped:
+        return line
+    cut = [f"{truncated} conversation(s) longer than seq_len {record.get('seq_len', '?')} cut to their start"] * bool(
+        truncated) + [f"{dropped} dropped with nothing left to learn"] * bool(dropped)
+    longest = int(record.get("longest_cut") or 0)
+    keep = (f": --set seq_len={-(-longest // SEQ_LEN_STEP) * SEQ_LEN_STEP} keeps every one whole" if longest
+            else " (their assistant turns are empty)")
+    return f"{line}; {' and '.join(cut)}{keep}"
+
+
 def format_summary(summary: RunSummary) -> str:
     rate = "n/a" if summary.tokens_per_s is None else f"{summary.tokens_per_s:,.0f}"
     where = "" if summary.nodes is None else f", on {summary.nodes} node(s)"

@@ -239,7 +239,7 @@ def load_records_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: i
 
     train_rows, train_stats = packed([i for i in range(len(records)) if i not in held])
     stats = {"records": len(records), "chats": sum(r.is_chat for r in records), "held_out": len(held),
-             **asdict(train_stats)}
+             "seq_len": seq_len, **asdict(train_stats)}
     eval_source, eval_rows = None, 0
     if held:
         rows, eval_stats = packed(sorted(held))
