@@ -22,6 +22,8 @@ from workloads.client.datapaths import local_inputs
 
 CHAT = {"messages": [{"role": "user", "content": "What colour is the sky?"},
                      {"role": "assistant", "content": "Blue."}]}
+ALPACA = {"instruction": "What colour is the sky?", "input": "", "output": "Blue."}
+SHAREGPT = {"conversations": [{"from": "human", "value": "What colour is the sky?"}, {"from": "gpt", "value": "Blue."}]}
 NO_CLUSTER = "http://127.0.0.1:9"
 FAST_S = 10.0
 """Far under a local cluster's start (30-65 s on two busy cores), far over the checks' own time."""
@@ -37,6 +39,9 @@ def workdir(tmp_path: Path) -> Path:
     write_jsonl(tmp_path / "mychats.jsonl", [json.dumps(CHAT)] * 3)
     write_jsonl(tmp_path / "broken.jsonl", [json.dumps(CHAT), json.dumps(CHAT),
                                             '{"messages": [{"role": "user", "content": "x"}'])
+    write_jsonl(tmp_path / "alpaca.jsonl", [json.dumps(ALPACA), json.dumps({**ALPACA, "text": "also a text"})])
+    write_jsonl(tmp_path / "sharegpt.jsonl", [json.dumps(SHAREGPT), json.dumps({"conversations": [
+        {"from": "human", "value": "What colour is coal?"}, {"from": "robot", "value": "Black."}]})])
     (tmp_path / "empty-folder").mkdir()
     return tmp_path
 
@@ -69,8 +74,14 @@ JSONL = ("--set", "data.kind=jsonl", "--set")
     (("--set", "data.path=mychats"), {},
      "data.path is 'mychats' but data.kind is not set (the preset's is 'synthetic'), and the path names no kind: add "
      "--set data.kind=jsonl"),
+    (("--set", "data.path=alpaca.jsonl"), {},
+     "alpaca.jsonl:2: the record fits the formats alpaca and text: set data.format to the one it is"),
+    (("--set", "data.path=sharegpt.jsonl"), {},
+     "sharegpt.jsonl:2: turn 1 is from 'robot': ShareGPT turns are from one of system, human, user, gpt"),
+    (("--set", "data.path=sharegpt.jsonl", "--set", "data.format=alpaca"), {},
+     "sharegpt.jsonl:1: data.format is 'alpaca' but the record has no Alpaca's 'instruction' and 'output'"),
 ], ids=["bad-jsonl-line", "tokenizer-no-source", "tokenizer-empty-folder", "model-empty-folder", "hub-unreachable",
-        "hub-offline", "data-path-of-no-kind"])
+        "hub-offline", "data-path-of-no-kind", "alpaca-ambiguous", "sharegpt-bad-role", "format-mismatch"])
 def test_a_local_input_mistake_is_one_line_before_the_cluster_starts(workdir, args, env, message):
     took, done = run("run", "--local", "--runs-dir", str(workdir / "runs"), *args, cwd=workdir,
                      env={"WORKLOADS_CACHE": str(workdir / "cache"), **env})

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
+from workloads.train.records import DATA_FORMATS
 from workloads.transport.gate import GateConfig
 
 DATA_KINDS = ("synthetic", "jsonl", "hub")
@@ -81,6 +82,11 @@ class DataConfig:
     """The hub dataset's revision (kind "hub"); empty: its default branch. Pinned to a commit at
     submission, as model.revision is."""
 
+    format: str = "auto"
+    """How a record reads (workloads/train/records.py): "messages" ({"role", "content"} chats),
+    "text", "alpaca" (instruction, optional input, output, optional system), "sharegpt"
+    (`conversations` of {"from", "value"}); "auto": each record's by its keys, refused where two fit."""
+
     text_field: str = "text"
     """The key of a plain-text record's text."""
 
@@ -111,6 +117,8 @@ class DataConfig:
             raise ValueError('data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file')
         if self.kind == "hub" and "/" not in self.path:
             raise ValueError(f'data.path is {self.path!r}: kind "hub" needs a hub dataset id such as {DEFAULT_DATASET}')
+        if self.format not in DATA_FORMATS:
+            raise ValueError(f"data.format is {self.format!r}: use one of {', '.join(DATA_FORMATS)}")
         if not self.text_field or not self.messages_field:
             raise ValueError("data.text_field and data.messages_field must name the JSONL keys of text and messages")
         if self.max_examples < 0:

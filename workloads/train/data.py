@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from workloads.train.encode import encode_records, end_of_turn_id, load_tokenize
 from workloads.train.loss import IGNORE_INDEX
 from workloads.train.packing import PackedRows, pack
 from workloads.train.paths import resolve_path
-from workloads.train.records import read_records
+from workloads.train.records import hold_out, read_records  # noqa: F401  (hold_out: this module's too)
 
 EVAL_STREAM = 7_919
 """Offset of the seed of the synthetic held-out stream: samples drawn apart from the training ones."""
@@ -205,14 +204,6 @@ class Data:
     """Records, examples, rows, label tokens, fill... for the `[data]` line."""
 
 
-def hold_out(count: int, *, fraction: float, seed: int) -> set[int]:
-    """A seeded choice of round(count * fraction) record numbers (at least one if fraction > 0)."""
-    if fraction <= 0 or count < 2:
-        return set()
-    n = min(count - 1, max(1, round(count * fraction)))
-    return set(random.Random(seed).sample(range(count), n))
-
-
 def data_files(cfg: DataConfig, *, cache_dir: str) -> list[Path]:
     if cfg.kind == "hub":
         return fetch_hub_dataset(cfg.path, split=cfg.split, revision=cfg.revision, cache_dir=cache_dir)
@@ -228,7 +219,7 @@ def load_records_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: i
             f"{vocab_size}: use the model's own tokenizer"
         )
     records = read_records(data_files(cfg, cache_dir=cache_dir), text_field=cfg.text_field,
-                           messages_field=cfg.messages_field, limit=cfg.max_examples)
+                           messages_field=cfg.messages_field, limit=cfg.max_examples, data_format=cfg.format)
     examples = encode_records(tokenizer, records)
     held = hold_out(len(records), fraction=cfg.eval_fraction, seed=seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
