@@ -149,7 +149,7 @@ def test_your_own_data_alone_trains_the_toy_model_with_its_tokenizer(workdir, mo
     assert train["model"]["name_or_path"] == str(run_dir / "base-model") and inputs.model == run_dir / "base-model"
     assert train["data"]["path"] == str(workdir / "mychats.jsonl") and inputs.chats is None
     assert inputs.fields == {"model.name_or_path"}
-    assert demo.first_question(train) == "What colour is the sky?"  # what the trained model is asked
+    assert demo.closing_question(train).prompt == "What colour is the sky?"  # what the trained model is asked
     assert not run_dir.exists()  # nothing written until the checks passed
 
 

@@ -40,7 +40,8 @@ from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
-from workloads.client.report import clean_log, format_summary, loop_summary, resize_events, summarize, write_report
+from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
+                                     write_report)
 
 STARTED_MARK = "Ray runtime started"
 
@@ -424,11 +425,13 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
         "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()),
     }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
+    for warning in eval_warnings(outcome.records, data=(final or {}).get("data")):
+        console.print(f"[bold yellow]warning[/] {warning}", highlight=False)
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
     if outcome.exit_code == submit.EXIT_OK:
         from workloads.model_io.toy import DEMO_PROMPT
 
-        demo.show_model(run_dir, console, prompt=DEMO_PROMPT if inputs.chats else demo.first_question(train))
+        demo.show_model(run_dir, console, question=DEMO_PROMPT if inputs.chats else demo.closing_question(train))
     show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",
                  console=console)
     return outcome.exit_code

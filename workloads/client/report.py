@@ -197,6 +197,36 @@ def format_summary(summary: RunSummary) -> str:
     )
 
 
+RISING_EVALS = 2
+"""Evaluations in a row whose eval loss rose over the one before, from which a run is said to
+overfit."""
+FEW_HELD_OUT = 10
+"""Held-out records below which an eval loss says little about the model."""
+
+
+def eval_warnings(records: list[dict], *, data: Optional[dict] = None) -> list[str]:
+    """What the eval loss says against the run looking like a success: it rose at each of the last
+    RISING_EVALS evaluations or more (the model memorizes its training records), or it is computed
+    over fewer than FEW_HELD_OUT held-out records (`data`: the loop's data record)."""
+    warnings = []
+    evals = [(int(r["step"]), float(r["eval_loss"])) for r in records if r.get("eval_loss") is not None]
+    rises = 0
+    while rises + 1 < len(evals) and evals[-1 - rises][1] > evals[-2 - rises][1]:
+        rises += 1
+    if rises >= RISING_EVALS:
+        (low_step, low), (step, last) = evals[-1 - rises], evals[-1]
+        warnings.append(
+            f"the eval loss rose at each of the last {rises} evaluations, {low:.4f} at step {low_step} to "
+            f"{last:.4f} at step {step}, while the training loss went to {float(records[-1]['loss']):.4f}: the model "
+            "is memorizing its training records (overfitting). Train fewer steps or at a lower lr, add data, or keep "
+            "the model of the lowest eval loss (--set checkpoint.keep_best=true)")
+    held = (data or {}).get("held_out")
+    if held is not None and 0 < int(held) < FEW_HELD_OUT:
+        warnings.append(f"the eval loss is over {held} held-out record(s): too few to tell how the model does on "
+                        "data it did not train on (more records, or a larger data.eval_fraction)")
+    return warnings
+
+
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _WORKER_PREFIX = re.compile(r"^\(([^)]*pid=[^)]*)\) ")
 REPEAT_WINDOW = 8

@@ -37,6 +37,7 @@ from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_fact
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
+from workloads.client.report import eval_warnings, loop_summary
 from workloads.client.usage import Parser, UsageError
 from workloads.client.wakeup import WAKE_WAIT_S, WakeWatching, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
@@ -293,6 +294,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                           f"--run-name {run_name} resumes the run from its latest checkpoint")
             return EXIT_FAILED
     report_outcome(outcome, console)
+    for warning in eval_warnings(outcome.records, data=(loop_summary(outcome.logs.splitlines()) or {}).get("data")):
+        console.print(f"[bold yellow]warning[/] {warning}", highlight=False)
     run = tracking.tracked_run(outcome.logs) if tracking_uri else None
     if run is not None:
         console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=tracking_uri)}", highlight=False)

@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 from safetensors.torch import save_file
@@ -398,20 +398,22 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
 # --- using an exported folder -------------------------------------------------------------------
 
 
-def greedy_generate(folder: Path, prompt: str, *, max_new_tokens: int = 24) -> str:
-    """Load the folder with from_pretrained and continue `prompt` greedily (through the tokenizer's
-    chat template when it has one, as a user turn); returns the new text."""
+def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24) -> str:
+    """Load the folder with from_pretrained and continue `prompt` greedily; returns the new text.
+    Through the tokenizer's chat template when it has one: a string as one user turn, a list of
+    {"role", "content"} messages as that conversation (with its system prompt and earlier turns)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
     model.eval()
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_dict=True, return_tensors="pt")["input_ids"]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                            return_tensors="pt")["input_ids"]
     else:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
     ids = ids.to(device)
     with torch.no_grad():
         output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
