@@ -1,4 +1,4 @@
-"""A model fine-tuned on a user's own chats, asked as it was trained: the closing question of a run
+"""A model fine-tuned on a user's own chats, asked as it was trained (and talked to: `chat`): the closing question of a run
 is a record's conversation up to its answer (its system prompt and earlier turns included), a held-out
 record where the run held some out; the eval loss warns when it rises or is over too few records.
 
@@ -9,12 +9,16 @@ chats whose answer depends on their system prompt or on an earlier turn: asked a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from workloads.client import demo
+from workloads.client.chat import converse
 from workloads.client.report import eval_warnings
 from workloads.context import TrainContext
 from workloads.model_io.export import export_run, greedy_generate
@@ -112,3 +116,28 @@ def test_generation_takes_a_conversation_through_the_chat_template(fine_tuned):
     model, _ = fine_tuned
     assert greedy_generate(model, [{"role": "user", "content": "What colour is grass?"}]) == "Green."
     assert greedy_generate(model, "What colour is grass?") == "Green."  # a string is one user turn
+
+
+def test_chat_answers_each_line_from_stdin_with_its_system_prompt(fine_tuned):
+    model, _ = fine_tuned
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "workloads", "chat", str(model), "--system", FRENCH],
+        input="What colour is snow?\n/reset\n\nWhat colour is coal?\n/exit\nWhat colour is snow?\n",
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["Blanc.", "(a new conversation)", "Noir."]  # nothing after /exit
+
+
+def test_a_conversation_carries_its_earlier_turns_until_reset():
+    seen: list[list[dict]] = []
+    said: list[str] = []
+
+    def reply(messages: list[dict]) -> str:
+        seen.append([dict(m) for m in messages])
+        return f"answer {len(seen)}"
+
+    converse(["hi\n", "and then?\n", "/reset\n", "again\n"], reply=reply, system="Be brief.", say=said.append)
+    assert said == ["answer 1", "answer 2", "(a new conversation)", "answer 3"]
+    assert [m["content"] for m in seen[1]] == ["Be brief.", "hi", "answer 1", "and then?"]
+    assert [m["content"] for m in seen[2]] == ["Be brief.", "again"]

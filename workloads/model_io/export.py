@@ -398,24 +398,37 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
 # --- using an exported folder -------------------------------------------------------------------
 
 
-def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24) -> str:
-    """Load the folder with from_pretrained and continue `prompt` greedily; returns the new text.
-    Through the tokenizer's chat template when it has one: a string as one user turn, a list of
-    {"role", "content"} messages as that conversation (with its system prompt and earlier turns)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class ChatModel:
+    """An exported folder loaded once with from_pretrained, answering conversations greedily: through
+    the tokenizer's chat template when it has one (as training rendered the chats), else on the
+    messages' text joined by newlines. Generation stops at the folder's generation config's end tokens
+    (a chat fine-tune's end-of-turn token among them)."""
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
-    model.eval()
+    def __init__(self, folder: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device)
+        self.model.eval()
+
+    def reply(self, messages: list[dict], *, max_new_tokens: int = 24) -> str:
+        tokenizer = self.tokenizer
+        if tokenizer.chat_template:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                                return_tensors="pt")["input_ids"]
+        else:
+            ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
+        ids = ids.to(self.device)
+        with torch.no_grad():
+            output = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                         do_sample=False,
+                                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
+def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24) -> str:
+    """Load the folder and answer `prompt` greedily (`ChatModel`): a string as one user turn, a list
+    of {"role", "content"} messages as that conversation (its system prompt and earlier turns)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                            return_tensors="pt")["input_ids"]
-    else:
-        ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
-    ids = ids.to(device)
-    with torch.no_grad():
-        output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    return ChatModel(folder).reply(messages, max_new_tokens=max_new_tokens)
