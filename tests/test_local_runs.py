@@ -100,8 +100,9 @@ def _run_folder(root: Path, name: str, *, status: str, steps: int, done: int | N
     if record:
         runs.write_run(folder, {"name": name, "status": status, "train": {"steps": steps}})
     if done is not None and status in ("succeeded", "failed"):
-        (folder / "report.json").write_text(json.dumps({"status": status.upper(), "config": {"steps": steps}, "summary": {
-            "steps": done, "first_loss": 6.2, "last_loss": 0.04, "eval_loss": 0.05}}))
+        summary = {"steps": done, "first_loss": 6.2, "last_loss": 0.04, "eval_loss": 0.05}
+        (folder / "report.json").write_text(json.dumps({"status": status.upper(), "config": {"steps": steps},
+                                                        "summary": summary}))
     elif done is not None:
         (folder / "checkpoints" / name / "checkpoint_1").mkdir(parents=True)
         (folder / "checkpoints" / name / "checkpoint_1" / "progress.json").write_text(json.dumps({"step": done}))
