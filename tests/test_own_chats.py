@@ -1,6 +1,7 @@
 """A model fine-tuned on a user's own chats, asked as it was trained (and talked to: `chat`): the
-closing question of a run is a record's conversation up to its answer (its system prompt and earlier turns included), a held-out
-record where the run held some out; the eval loss warns when it rises or is over too few records.
+closing question of a run is a record's conversation up to its answer (its system prompt and earlier
+turns included), a held-out record where the run held some out; the eval loss warns when it rises or
+is over too few records.
 
 The fine-tune here is the loop itself on one gloo rank (seconds on a CPU), from a fresh toy model, on
 chats whose answer depends on their system prompt or on an earlier turn: asked as a bare user turn
@@ -91,8 +92,9 @@ def test_the_closing_question_is_a_held_out_record_when_there_are_any(tmp_path):
     assert question.held_out and question.where == f"{chats}:{first_held + 1}"
     record = CHATS[first_held % len(CHATS)]["messages"]
     assert question.messages == record[:2 if record[0]["role"] == "system" else 1]
-    nothing_held = with_overrides(preset("demo-cpu"), ["data.kind=jsonl", f"data.path={chats}",
-                                                       "data.eval_fraction=0", "eval_every=0", "data.tokenizer=unused"]).to_dict()
+    nothing_held = with_overrides(preset("demo-cpu"), [
+        "data.kind=jsonl", f"data.path={chats}", "data.eval_fraction=0", "eval_every=0", "data.tokenizer=unused"])
+    nothing_held = nothing_held.to_dict()
     question = demo.closing_question(nothing_held)
     assert not question.held_out and question.where == f"{chats}:1" and question.answer == "White."
 
