@@ -444,9 +444,9 @@ class _Jobs:
     with Ray's message, an unknown id is Ray's 404. `drop_answers` loses the answer of that many
     submissions after the cluster took them (a port-forward that drops mid-request)."""
 
-    def __init__(self, *, drop_answers: int = 0, refuse_first: int = 0) -> None:
+    def __init__(self, *, drop_answers: int = 0, refuse_first: int = 0, agent_after: int = 0) -> None:
         self.jobs: dict[str, dict] = {}
-        self.drop_answers, self.refuse_first = drop_answers, refuse_first
+        self.drop_answers, self.refuse_first, self.agent_after = drop_answers, refuse_first, agent_after
         self.submit_calls = 0
 
     def list_jobs(self):
@@ -461,6 +461,10 @@ class _Jobs:
         from ray.job_submission import JobStatus
 
         self.submit_calls += 1
+        if self.agent_after:  # the head's dashboard answers, its job agent is not registered yet
+            self.agent_after -= 1
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
+                               "again later.")
         if self.refuse_first:
             self.refuse_first -= 1
             raise requests.exceptions.ConnectionError("Connection refused")  # never reached the cluster
@@ -528,6 +532,21 @@ def test_a_submission_that_never_arrived_is_sent_again_under_the_same_id():
     submitted = submit.submit_or_attach(lambda: jobs, _request(), sleep=lambda s: None)
     assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=False, index=1)
     assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 3
+
+
+def test_a_submission_waits_for_the_heads_job_agent_as_for_the_head():
+    """A local run from another folder failed at once, exit 1: "Request failed with status code 500: No
+    available agent to submit job"; a rerun worked."""
+    jobs, said, now = _Jobs(agent_after=3), [], [0.0]
+    submitted = submit.submit_or_attach(lambda: jobs, _request(), say=said.append, sleep=lambda s: now.append(
+        now[-1] + s), clock=lambda: now[-1])
+    assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=False, index=1)
+    assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 4
+    assert said == ["the cluster's job agent is not up yet; waiting for it"]
+    now = [0.0]
+    with pytest.raises(cluster.UnreachableError, match="its job agent did not come up within 10 s"):
+        submit.submit_or_attach(lambda: _Jobs(agent_after=99), _request(), agent_wait_s=10,
+                                sleep=lambda s: now.append(now[-1] + s), clock=lambda: now[-1])
 
 
 def test_an_id_taken_by_another_run_is_skipped_and_a_cluster_that_never_answers_is_exit_3():

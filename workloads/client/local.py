@@ -148,7 +148,7 @@ def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: 
     raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s (see {log})")
 
 
-def _wait_http(url: str, *, timeout_s: float) -> None:
+def _wait_http(url: str, *, timeout_s: float, what: str = "the Ray dashboard") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -158,7 +158,7 @@ def _wait_http(url: str, *, timeout_s: float) -> None:
             return  # it answers (401 without a token): it is up
         except OSError:
             time.sleep(0.3)
-    raise RuntimeError(f"the Ray dashboard did not answer at {url} within {timeout_s:.0f} s")
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -208,6 +208,10 @@ class LocalNodes:
                       what="the Ray head" if head else f"Ray node {index}")
         if head:
             _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
+            # Jobs go through the head's job agent, which comes up after the dashboard (the submission
+            # waits for it to register too: workloads/client/jobs.py).
+            agent = next(a.split("=", 1)[1] for a in argv if a.startswith("--dashboard-agent-listen-port="))
+            _wait_http(f"http://127.0.0.1:{agent}/", timeout_s=self.spec.start_timeout_s, what="the head's job agent")
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
