@@ -283,14 +283,14 @@ def curves(records: list[dict], *, final: Optional[dict] = None, warmup_steps: i
 
 def draw_curves(series: Curves, *, title: str):
     """The figure: loss (and eval loss) on a log axis, so that the late steps are not a flat line
-    under the first ones, the warm-up steps shaded, the learning rate on the right axis."""
+    under the first ones, the warm-up steps shaded, the learning rate on the right axis, the legend
+    below the plot (inside, it covered the curves' ends)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(7, 4.4), dpi=100)
     lines = ax.plot(*zip(*series.loss), marker="o", markersize=3, label="training loss")
     if series.eval_loss:
         lines += ax.plot(*zip(*series.eval_loss), marker="s", markersize=4, label="eval loss")
@@ -299,8 +299,7 @@ def draw_curves(series: Curves, *, title: str):
         lines.append(ax.axvspan(first, last, color="orange", alpha=0.15, linewidth=0,
                                 label=f"warm-up (steps {first}-{last})"))
     ax.set_yscale("log")
-    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        axis(matplotlib.ticker.FormatStrFormatter("%g"))  # 0.3, not 3 x 10^-1
+    _label_log_axis(ax)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (log scale)")
     ax.grid(True, which="both", alpha=0.3)
@@ -309,10 +308,26 @@ def draw_curves(series: Curves, *, title: str):
         lines += lr_axis.plot(*zip(*series.lr), color="grey", linestyle="--", label="learning rate")
         lr_axis.set_ylabel("learning rate")
         lr_axis.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
-    ax.legend(lines, [line.get_label() for line in lines], loc="upper right")
-    ax.set_title(title)
-    fig.tight_layout()
+    fig.legend(lines, [line.get_label() for line in lines], loc="lower center", ncol=len(lines), frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
+
+
+def _label_log_axis(ax) -> None:
+    """Plain numbers on the log axis (0.3, not 3 x 10^-1): the decades only when the curves span one
+    or more (a label on every minor tick of several decades overlaps its neighbours), every minor
+    tick within a narrower span, where no decade may show."""
+    import math
+
+    import matplotlib.ticker
+
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    if math.log10(high / low) >= 1:
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    else:
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
 
 
 def plot_curves(series: Curves, *, title: str, path: Path) -> None:
