@@ -139,6 +139,15 @@ def test_the_failure_line_names_each_failing_rank_and_its_error():
     assert failure_reason(ControllerError(RuntimeError("placement\ngroup timed out"))) == "group timed out"
 
 
+def test_keep_best_has_ray_train_keep_the_checkpoints_of_the_lowest_eval_loss():
+    from workloads.launch.driver import checkpoint_config
+
+    best = checkpoint_config({"checkpoint": {"keep_best": True}}, keep=2)
+    assert (best.num_to_keep, best.checkpoint_score_attribute, best.checkpoint_score_order) == (2, "eval_loss", "min")
+    newest = checkpoint_config({"checkpoint": {"keep_best": False}}, keep=3)
+    assert (newest.num_to_keep, newest.checkpoint_score_attribute) == (3, None)
+
+
 def test_driver_lines_are_found_behind_ray_prefixes():
     record = {"event": "plan", "nodes": 2, "num_workers": 8, "use_gpu": True}
     line = "\x1b[36m(driver pid=1)\x1b[0m [driver] " + json.dumps(record)

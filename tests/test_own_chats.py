@@ -10,6 +10,7 @@ chats whose answer depends on their system prompt or on an earlier turn: asked a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -144,3 +145,25 @@ def test_a_conversation_carries_its_earlier_turns_until_reset():
     assert said == ["answer 1", "answer 2", "(a new conversation)", "answer 3"]
     assert [m["content"] for m in seen[1]] == ["Be brief.", "hi", "answer 1", "and then?"]
     assert [m["content"] for m in seen[2]] == ["Be brief.", "again"]
+
+
+def test_keep_best_keeps_the_model_of_the_lowest_eval_loss(tmp_path):
+    """checkpoint.keep_best: every evaluation saves a checkpoint scored by its eval loss, the best so far
+    carries the exported model, and `export --checkpoint best` takes the lowest one's."""
+    chats = write_chat_jsonl(tmp_path / "chats.jsonl", CHATS * 4)
+    out = fine_tune(tmp_path, chats=chats, steps=9, overrides=(
+        "data.eval_fraction=0.2", "eval_every=3", "eval_batches=1", "checkpoint_every=0", "checkpoint.keep_best=true"))
+    saved = {p.parent.name: json.loads(p.read_text())["eval_loss"] for p in out.glob("checkpoint-*/progress.json")}
+    assert sorted(saved) == ["checkpoint-0000003", "checkpoint-0000006", "checkpoint-0000009"]
+    best = min(saved, key=saved.get)
+    exported = {p.parent.parent.name for p in out.glob("checkpoint-*/model/model.safetensors")}
+    assert best in exported and "checkpoint-0000009" in exported  # the best so far at each step, and the last
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "workloads", "export", str(out), "--checkpoint", "best", "--out",
+                           str(tmp_path / "best-model")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr
+    assert f"copied from {out / best}" in done.stdout
+    with pytest.raises(ValueError, match="checkpoint.keep_best keeps the checkpoint of the lowest eval loss, and "
+                                         "eval_every is 0"):
+        with_overrides(preset("demo-cpu"), ["eval_every=0", "checkpoint.keep_best=true"])

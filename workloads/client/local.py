@@ -502,7 +502,8 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
     if outcome.exit_code == submit.EXIT_OK:
         from workloads.model_io.toy import DEMO_PROMPT
 
-        demo.show_model(run_dir, console, question=DEMO_PROMPT if inputs.chats else demo.closing_question(train))
+        demo.show_model(run_dir, console, question=DEMO_PROMPT if inputs.chats else demo.closing_question(train),
+                        checkpoint="best" if train["checkpoint"]["keep_best"] else None)
         console.print(f"[bold]chat[/]    python -m workloads chat {run_dir.name}   (python -m workloads runs lists "
                       "the local runs)", highlight=False)
     show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",

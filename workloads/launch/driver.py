@@ -445,9 +445,19 @@ def tell_tracker_it_failed(train: dict) -> bool:
     return False
 
 
+def checkpoint_config(train: dict, *, keep: int):
+    """Ray Train's checkpoint retention: the `keep` newest, or with `checkpoint.keep_best` the `keep`
+    of the lowest eval loss (Ray Train keeps the latest besides, for a resume)."""
+    from ray.train import CheckpointConfig
+
+    if (train.get("checkpoint") or {}).get("keep_best"):
+        return CheckpointConfig(num_to_keep=keep, checkpoint_score_attribute="eval_loss", checkpoint_score_order="min")
+    return CheckpointConfig(num_to_keep=keep)
+
+
 def run(args: DriverArgs) -> int:
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from workloads.launch.credentials import load_credentials
@@ -498,7 +508,7 @@ def run(args: DriverArgs) -> int:
                 # A preemption (a drained node) has its own budget: it does not use up --max-failures.
                 failure_config=FailureConfig(max_failures=args.max_failures,
                                              max_preemption_failures=args.max_preemptions),
-                checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
+                checkpoint_config=checkpoint_config(train, keep=args.keep_checkpoints),
                 callbacks=[PreflightRecorder(str(preflight_file)),
                            WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers,
                                            elastic=bool(elastic)),

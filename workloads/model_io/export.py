@@ -306,6 +306,29 @@ def checkpoint_folders(files: dict[str, int]) -> list[str]:
     return sorted(folders, key=lambda f: (f.rpartition("/")[2], f))
 
 
+BEST = "best"
+"""`--checkpoint best`: the run's checkpoint of the lowest eval loss (`checkpoint.keep_best`)."""
+
+
+def best_checkpoint(source, folders: list[str]) -> str:
+    """The folder, among a run's complete checkpoints, whose progress.json records the lowest eval
+    loss (the newest of equals); ValueError when none records one."""
+    from workloads.train.checkpoint import PROGRESS_FILE
+
+    scored = []
+    for index, folder in enumerate(folders):
+        try:
+            loss = json.loads(source.join(folder, PROGRESS_FILE).read_bytes()).get("eval_loss")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(loss, (int, float)):
+            scored.append((float(loss), -index, folder))
+    if not scored:
+        raise ValueError(f"no checkpoint of {source.uri} records an eval loss: train with "
+                         "checkpoint.keep_best=true (and eval_every) to keep the best one")
+    return min(scored)[2]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Exported:
     checkpoint: str
@@ -339,7 +362,9 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
     folders = checkpoint_folders(files)
     if not folders:
         raise ValueError(f"{run} holds no complete checkpoint (no folder with a {DCP_METADATA} file)")
-    if checkpoint is not None:
+    if checkpoint == BEST:
+        chosen = best_checkpoint(source, folders)
+    elif checkpoint is not None:
         matches = [f for f in folders if f == checkpoint or f.rpartition("/")[2] == checkpoint]
         if not matches:
             names = ", ".join(f.rpartition("/")[2] for f in folders[-5:])

@@ -158,6 +158,18 @@ class LoraSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointSettings:
+    """What the run keeps of its checkpoints besides the latest (how often it saves: checkpoint_every)."""
+
+    keep_best: bool = False
+    """Keep the model of the lowest eval loss, as HF Trainer's load_best_model_at_end does: every
+    evaluation saves a checkpoint (and every checkpoint is evaluated), the one with the lowest eval
+    loss so far carries the exported model, Ray Train keeps the best by eval loss beside the latest,
+    and the run's model (`run --local`, `export --checkpoint best`) is the best one's. Needs
+    eval_every."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     """Where rank 0 logs the run (workloads/train/tracking.py): MLflow, when a URI is set. Not a
     hyperparameter: this section is left out of the run's logged parameters."""
@@ -331,6 +343,9 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """The experiment tracker rank 0 logs to (off unless a URI is set)."""
 
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    """Which checkpoints are kept (`checkpoint.keep_best`)."""
+
     def __post_init__(self) -> None:
         positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size", "eval_batches")
         for name in positive:
@@ -359,6 +374,9 @@ class TrainConfig:
                 f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "
                 "tokenizer: set data.tokenizer to a tokenizer id or folder"
             )
+        if self.checkpoint.keep_best and not self.eval_every:
+            raise ValueError("checkpoint.keep_best keeps the checkpoint of the lowest eval loss, and eval_every is 0: "
+                             "set eval_every (e.g. 50) and a held-out share (data.eval_fraction)")
         if self.method not in METHODS:
             raise ValueError(f"method is {self.method!r}: use one of {', '.join(METHODS)}")
         self._check_parallelism()

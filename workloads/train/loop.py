@@ -219,6 +219,7 @@ def save_checkpoint(
     method: Optional[FineTuneMethod] = None,
     planned_world_size: int = 0,
     hub_revisions: Optional[dict[str, str]] = None,
+    eval_loss: Optional[float] = None,
 ) -> Path:
     """Save the sharded state (what the method keeps); rank 0 adds `model/` (config, generation
     config, tokenizer) and, with `export_weights`, the method's export of the weights there."""
@@ -226,7 +227,8 @@ def save_checkpoint(
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
                                    tracking_run_id=tracking_run_id, method=method.name,
-                                   planned_world_size=planned_world_size, hub_revisions=hub_revisions or {})
+                                   planned_world_size=planned_world_size, hub_revisions=hub_revisions or {},
+                                   eval_loss=eval_loss)
     checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress, frozen=method.saves_frozen)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
@@ -434,6 +436,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     first_value: float | None = None
     last: dict = {}
     eval_loss: float | None = None
+    best_eval = float("inf")  # of this attempt: a resumed run's best checkpoint keeps its export
     for step in range(progress.step + 1, cfg.steps + 1):
         lr = schedule(cfg, step)
         micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
@@ -446,6 +449,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         notice_seen = time.time()
         save_now = notice is not None or cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or final)
         eval_now = cfg.eval_every > 0 and (step % cfg.eval_every == 0 or final)
+        if cfg.checkpoint.keep_best:  # every checkpoint scored, every evaluation kept
+            save_now = eval_now = save_now or eval_now
         if not (save_now or eval_now or step % cfg.log_every == 0 or final):
             continue
 
@@ -463,17 +468,21 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "grad_norm": grad_norm.item(),
         }
+        best = False
         if eval_now:
             eval_loss = evaluate(model, held_out, device=device)
             last["eval_loss"] = eval_loss
+            best = cfg.checkpoint.keep_best and eval_loss < best_eval
+            best_eval = min(best_eval, eval_loss)
         print_rank0(ctx, TRAIN_PREFIX, last)
         tracker.log_step(last)
         if save_now:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
-                                     metadata=metadata, export_weights=final and cfg.export_model,
+                                     metadata=metadata, export_weights=(final or best) and cfg.export_model,
                                      tracking_run_id=tracker.run_id, method=method,
-                                     planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg))
+                                     planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg),
+                                     eval_loss=eval_loss if eval_now else None)
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,
