@@ -44,7 +44,7 @@ def _render(args: argparse.Namespace) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     project = Path(args.project_dir).resolve()
-    run = declared(project_dir=project, stack=args.stack, config=read_stack_values(stack_file(args.stack, project)))
+    run = declared(stack=args.stack, config=read_stack_values(stack_file(args.stack, project)))
     tree = [f"# AWS and Kubernetes resources `pulumi up --stack {args.stack}` creates (the program run under mocks):",
             *(f"#   {line}" for line in tree_lines(run))]
     sys.stdout.write(f"# {cost_summary(cfg)}\n" + "\n".join(tree) + f"\n{render_yaml(cfg, stack=args.stack)}")

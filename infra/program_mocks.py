@@ -80,7 +80,8 @@ _DIRECTIONS = {"north": "n", "south": "s", "east": "e", "west": "w", "central": 
 
 
 def zone_id_prefix(region: str) -> str:
-    """How AWS spells a region in its AZ IDs: us-west-2 -> usw2, ap-southeast-2 -> apse2."""
+    """How AWS spells a region in its AZ IDs: its country, its direction's initials and its number
+    (usw2 for US West 2, apse2 for Asia Pacific Southeast 2)."""
     country, direction, number = region.split("-")
     return f"{country}{_DIRECTIONS[direction]}{number}"
 
@@ -217,7 +218,7 @@ def run_program(*, project_dir: Path, stack: str, config: dict[str, Any], zones:
     `mocks` (a subclass of `Mocks` answers more calls)."""
     run = ProgramRun()
     exported: dict[str, Any] = {}
-    region = str(config.get("aws:region", "us-west-2"))
+    region = str(config["aws:region"])  # every stack file names it (the probe writes it)
     # Every program run in this process on one event loop of its own: other code runs asyncio loops
     # of its own (asyncio.run replaces the thread's loop), and Pulumi's runtime keeps futures from
     # earlier runs that must stay on the loop they were made on.

@@ -19,9 +19,13 @@ REMOTE_COMPONENTS = ("eks:index:",)
 """Types whose resources their provider creates, out of the program's sight."""
 
 
-def declared(*, project_dir: Path, stack: str, config: dict[str, Any]) -> ProgramRun:
+PROGRAM_DIR = Path(__file__).resolve().parents[1]
+"""The Pulumi project this package belongs to: its __main__.py is the program `pulumi up` runs."""
+
+
+def declared(*, stack: str, config: dict[str, Any]) -> ProgramRun:
     """The program's run for `stack` with its stack file's `config:` mapping, under mocks."""
-    return run_program(project_dir=project_dir, stack=stack, config=config)
+    return run_program(project_dir=PROGRAM_DIR, stack=stack, config=config)
 
 
 def _is_component(resource: Declared) -> bool:
