@@ -30,6 +30,7 @@ from typing import Any
 
 from infra.config import GpuReservation, StackConfig, format_utc
 from infra.instance_types import INSTANCE_TYPES, InstanceType
+from infra.prices import on_demand
 
 CAPACITY_BLOCK_RECLAIM = timedelta(minutes=30)
 """EC2 starts terminating a Capacity Block's instances this long before the block ends."""
@@ -210,12 +211,12 @@ def odcr_idle_usd_per_hour(reservation: GpuReservation) -> float:
 
 
 def idle_usd_per_hour(cfg: StackConfig) -> float:
-    """What the reservation costs per hour while no node uses it (a Capacity Block is paid up
-    front: nothing more)."""
+    """What the reservation costs per hour while no node uses it, at the On-Demand price of the
+    stack's region (a Capacity Block is paid up front: nothing more)."""
     reservation = cfg.gpu_reservation
     if reservation is None or reservation.is_capacity_block:
         return 0.0
-    return odcr_idle_usd_per_hour(reservation)
+    return round(reservation.instance_count * on_demand(reservation.instance_type, cfg.region).usd_per_hour, 2)
 
 
 def after_destroy(cfg: StackConfig, *, stack: str) -> str:
