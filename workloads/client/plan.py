@@ -94,7 +94,7 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
         "memory": {"predicted_gib": round(fit.prediction.peak_gib, 2), "needed_gib": round(fit.needed_gib, 2),
                    "gpu_gib": round(target.memory_gib, 2), "fits": fit.fits, "phase": fit.prediction.phase,
                    "terms_gib": {k: round(v / 2**30, 2) for k, v in fit.prediction.terms.items()}},
-        "usd_per_hour": round(nodes * kind.usd_per_hour, 2),
+        "usd_per_hour": None if kind.usd_per_hour is None else round(nodes * kind.usd_per_hour, 2),
     }
     if not fit.fits:
         plan["fits_with"] = [{"change": a.label, "predicted_gib": round(a.fit.prediction.peak_gib, 2)}
@@ -115,7 +115,8 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
                      "step_s": round(step.step_s, 3), "exposed_comm_s": round(step.exposed_comm_s, 3),
                      "mfu": mfu, "peak_flops": peak, "inter_node_gbps": kind.network_gbps / 8,
                      "hours_per_billion_tokens": round(hours, 2),
-                     "usd_per_billion_tokens": round(hours * plan["usd_per_hour"], 2)}
+                     "usd_per_billion_tokens": (None if plan["usd_per_hour"] is None
+                                                else round(hours * plan["usd_per_hour"], 2))}
     return plan
 
 
@@ -144,9 +145,11 @@ def format_plan(plan: dict) -> str:
                      f"{speed['tokens_per_s']:,.0f} in all (step {speed['step_s']:.2f} s; MFU {speed['mfu']} as "
                      f"measured on H200s, of {speed['peak_flops'] / 1e12:.0f} TFLOP/s; "
                      f"{speed['inter_node_gbps']:.1f} GB/s between nodes)")
-        lines.append(f"cost            ${plan['usd_per_hour']:.2f} per hour; "
-                     f"{speed['hours_per_billion_tokens']:,.1f} h and ${speed['usd_per_billion_tokens']:,.0f} "
-                     "per billion tokens")
+        hours = f"{speed['hours_per_billion_tokens']:,.1f} h"
+        lines.append(f"cost            no On-Demand list price for {plan['instance_type']} (Capacity Blocks); "
+                     f"{hours} per billion tokens" if plan["usd_per_hour"] is None else
+                     f"cost            ${plan['usd_per_hour']:.2f} per hour; "
+                     f"{hours} and ${speed['usd_per_billion_tokens']:,.0f} per billion tokens")
     if not memory["fits"]:
         ways = [f"{w['change']} ({w['predicted_gib']:.1f} GiB)" for w in plan.get("fits_with", [])]
         lines.append("fits with       " + (", or ".join(ways) if ways else "nothing nearby: use GPUs with more memory"))

@@ -1,0 +1,149 @@
+"""Every instance type of infra/instance_types.py, the same way: EC2's facts (moto's
+DescribeInstanceTypes data) agree with the table, the probe keeps the stack's type, and the quota
+codes are the family's and generation's. The worker pods' fit on each type's nodes is
+tests/test_infra_sizing.py's and tests/test_infra_raycluster.py's (parametrized over the same
+table)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from moto import mock_aws
+from rich.console import Console
+
+from capacity.aws import AwsApi
+from capacity.cli import parse_options, run_probe
+from capacity.probe import ProbeRequest, same_gpu_memory, table_mismatch
+from capacity.quota import quota_group
+from capacity.regions import probe_region
+from infra.config import parse_stack_config, read_stack_values
+from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+KNOWN_REGIONS = frozenset({"us-west-2", "us-east-1", "us-east-2", "eu-west-1"})
+
+
+@pytest.fixture
+def api(fake_aws_session):
+    with mock_aws():
+        api = AwsApi(session=fake_aws_session, sleep=lambda _: None, now=lambda: NOW)
+        # moto has no EC2 quotas (tests/test_capacity_quota.py stubs them call by call): an applied
+        # quota that fits every type here, so the probe places and writes.
+        api.applied_quota = lambda *, region, quota_code: 4096.0
+        yield api
+
+
+def stack_of(tmp_path: Path, instance_type: str, nodes: int) -> Path:
+    (tmp_path / "Pulumi.yaml").write_text("name: ray-eks\nruntime: python\n")
+    path = tmp_path / "Pulumi.us-west-2.yaml"
+    path.write_text(f"config:\n  aws:region: us-west-2\n  ray-eks:gpuInstanceType: {instance_type}\n"
+                    f"  ray-eks:gpuNodeCount: {nodes}\n")
+    return path
+
+
+def probe(api: AwsApi, tmp_path: Path, *argv: str) -> tuple[int, str]:
+    opts = parse_options(["probe", *argv], project_dir=tmp_path, known=KNOWN_REGIONS)
+    out = io.StringIO()
+    code = run_probe(opts, api=api, home_region="us-west-2", out=Console(file=out, width=400),
+                     err=Console(file=io.StringIO()))
+    return code, out.getvalue()
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_the_table_holds_what_ec2_says_of_every_type(api, instance_type):
+    facts = api.instance_facts(region="us-west-2", instance_type=instance_type)
+    kind = INSTANCE_TYPES[instance_type]
+    assert (facts.vcpus, facts.memory_mib, facts.gpus, facts.gpu_model) == (
+        kind.vcpus, kind.memory_gib * 1024, kind.gpus, kind.gpu_model)
+    assert (facts.max_efa_interfaces, facts.network_cards) == (kind.efa_interfaces, kind.network_cards)
+    assert same_gpu_memory(kind.gpu_memory_gib, facts.gpu_memory_mib)
+    assert table_mismatch(facts) == ""
+    assert kind.gpu is not None and kind.gpu.model == facts.gpu_model
+
+
+def test_gpu_memory_is_read_as_ec2_writes_it():
+    assert same_gpu_memory(24, 22888) and same_gpu_memory(48, 45776)  # GDDR: decimal GB
+    assert same_gpu_memory(40, 40960) and same_gpu_memory(141, 144384)  # HBM: GiB
+    assert not same_gpu_memory(80, 40960) and not same_gpu_memory(24, 45776)
+
+
+def test_a_table_that_contradicts_ec2_stops_the_probe_naming_both(api, tmp_path, monkeypatch):
+    wrong = dataclasses.replace(INSTANCE_TYPES["p5.48xlarge"], efa_interfaces=16, gpu_memory_gib=141)
+    monkeypatch.setitem(INSTANCE_TYPES, "p5.48xlarge", wrong)
+    report = probe_region(api, region="us-west-2", request=ProbeRequest(
+        instance_type="p5.48xlarge", node_count=2, regions=("us-west-2",)))
+    assert report.quota is None  # nothing more is asked of a region once the table is wrong
+    assert "EFA interfaces: the table 16, EC2 32" in report.blocker
+    assert "memory per GPU: the table 141 GiB, EC2 81920 MiB" in report.blocker
+    stack = stack_of(tmp_path, "p5.48xlarge", 2)
+    before = stack.read_text()
+    code, out = probe(api, tmp_path, "--stack", "us-west-2")
+    assert code == 1 and "No placement" in out and "EFA interfaces: the table 16, EC2 32" in out
+    assert stack.read_text() == before
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_the_probe_keeps_the_stacks_type_and_node_count(api, tmp_path, instance_type):
+    """README's `python -m capacity probe --stack us-west-2` on a stack set to each type."""
+    stack = stack_of(tmp_path, instance_type, 3)
+    code, out = probe(api, tmp_path, "--stack", "us-west-2")
+    assert code == 0, out
+    cfg = parse_stack_config(read_stack_values(stack))
+    assert (cfg.gpu_instance_type, cfg.gpu_node_count) == (instance_type, 3)
+    assert cfg.gpu_availability_zone.startswith("us-west-2")
+    assert "Instance type changed" not in out
+
+
+def test_a_type_on_the_command_line_that_differs_is_written_with_a_line_that_says_so(api, tmp_path, capsys):
+    stack = stack_of(tmp_path, "p5.48xlarge", 2)
+    code, _ = probe(api, tmp_path, "--stack", "us-west-2", "--instance-type", "g6.12xlarge", "--json")
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["instance_type_change"].startswith(
+        "Pulumi.us-west-2.yaml deploys p5.48xlarge: this sets ray-eks:gpuInstanceType to g6.12xlarge")
+    assert parse_stack_config(read_stack_values(stack)).gpu_instance_type == "g6.12xlarge"
+    stack_of(tmp_path, "p5.48xlarge", 2)
+    code, out = probe(api, tmp_path, "--stack", "us-west-2", "--instance-type", "g6.12xlarge")
+    assert "Instance type changed: Pulumi.us-west-2.yaml deploys p5.48xlarge" in " ".join(out.split())
+
+
+def test_without_a_stack_the_region_files_it_may_write_give_the_type(tmp_path):
+    stack_of(tmp_path, "p4d.24xlarge", 4)
+    opts = parse_options(["probe", "--regions", "us-west-2,us-east-1"], project_dir=tmp_path,
+                         known=KNOWN_REGIONS)
+    assert (opts.request.instance_type, opts.request.node_count) == ("p4d.24xlarge", 4)
+    (tmp_path / "Pulumi.us-east-1.yaml").write_text("config:\n  aws:region: us-east-1\n")
+    with pytest.raises(ValueError, match="deploy different GPU instance types .*p4d.24xlarge.*g6.12xlarge"):
+        parse_options(["probe", "--regions", "us-west-2,us-east-1"], project_dir=tmp_path, known=KNOWN_REGIONS)
+    opts = parse_options(["probe", "--regions", "us-west-2,us-east-1", "--instance-type", "p5.48xlarge",
+                          "--nodes", "2"], project_dir=tmp_path, known=KNOWN_REGIONS)
+    assert (opts.request.instance_type, opts.request.node_count) == ("p5.48xlarge", 2)
+
+
+def test_a_stack_set_to_a_type_the_stack_cannot_deploy_is_refused_naming_the_file(tmp_path):
+    stack_of(tmp_path, "m7i.xlarge", 2)
+    with pytest.raises(ValueError, match="Pulumi.us-west-2.yaml's ray-eks:gpuInstanceType m7i.xlarge has no GPU"):
+        parse_options(["probe", "--stack", "us-west-2"], project_dir=tmp_path, known=KNOWN_REGIONS)
+
+
+SPOT_QUOTAS = {"g": "L-3819A6DF", "p4": "L-7212CCBC", "p5": "L-C4BD4855", "p6": None}
+"""EC2's Spot quota list: "All G and VT", "All P4, P3 and P2", "All P5" (P5, P5e, P5en); none for P6."""
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_each_type_counts_against_its_familys_and_generations_quotas(instance_type):
+    family = "g" if instance_type.startswith("g") else instance_type[:2]
+    assert quota_group(instance_type).quota_code == ("L-DB2E81BA" if family == "g" else "L-417A185B")
+    spot = quota_group(instance_type, spot=True)
+    assert (spot.quota_code if spot else None) == SPOT_QUOTAS[family]
+
+
+def test_older_p_generations_keep_their_spot_quota():
+    assert [quota_group(t, spot=True).quota_code for t in ("p2.xlarge", "p3dn.24xlarge", "p4de.24xlarge")] == [
+        "L-7212CCBC"] * 3
+    assert quota_group("trn1.32xlarge", spot=True).quota_code == "L-6B0D517C"
