@@ -13,6 +13,7 @@ p5e has none: EC2 sells it through Capacity Blocks, not On-Demand.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,6 +32,34 @@ HOURS_PER_MONTH = 730
 MLFLOW_TRACKING_SERVER_USD_PER_HOUR = {"Small": 0.60, "Medium": 1.40, "Large": 2.70}
 """A SageMaker managed MLflow tracking server by size (`ray-eks:mlflowSize`), billed while it exists;
 its metadata storage (about 0.10 per GB-month) and the S3 artifacts are not included."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProvisionLimit:
+    """How long a new GPU node of a family may take from its launch to joining the cluster before
+    the Cluster Autoscaler gives the launch up and backs off (`max-node-provision-time`)."""
+
+    minutes: int
+    source: str
+    """Where the figure comes from."""
+
+
+PROVISION_LIMITS: dict[str, ProvisionLimit] = {
+    "g": ProvisionLimit(minutes=15, source=(
+        "the Cluster Autoscaler's default max-node-provision-time, the 15 minutes Karpenter also allows "
+        "a node to register: a g5, g6 or g6e node (PCIe GPUs, one EFA interface) boots as a "
+        "general-purpose instance does")),
+    "p": ProvisionLimit(minutes=30, source=(
+        "the 1,800 s AWS ParallelCluster allows one of its GPU compute nodes to boot (the default of "
+        "DevSettings/Timeouts/ComputeNodeBootstrapTimeout): a P node also brings up its NVSwitch "
+        "fabric and up to 32 EFA interfaces, and p6-b200 users report boots of 15 to 25 minutes")),
+}
+"""By instance family (the letters before the generation): EC2 publishes no launch-to-join times."""
+
+
+def family_of(instance_type: str) -> str:
+    """The family letters of a type's name: `p` for p5en.48xlarge, `g` for g6e.12xlarge."""
+    return re.match(r"[a-z]*", instance_type).group(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +86,11 @@ class InstanceType:
     @property
     def gpu(self) -> Optional[Gpu]:
         return GPUS.get(self.gpu_model)
+
+    @property
+    def provision_limit(self) -> ProvisionLimit:
+        """Its family's; every GPU type of the table has one (tests/test_instance_families.py)."""
+        return PROVISION_LIMITS[family_of(self.name)]
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {

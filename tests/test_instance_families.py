@@ -21,8 +21,10 @@ from capacity.cli import parse_options, run_probe
 from capacity.probe import ProbeRequest, same_gpu_memory, table_mismatch
 from capacity.quota import quota_group
 from capacity.regions import probe_region
-from infra.config import parse_stack_config, read_stack_values
+from infra.config import StackConfig, parse_stack_config, read_stack_values
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
+from infra.scale_to_zero import cluster_autoscaler_values
+from workloads.client.wakeup import WAKE_WAIT_S, wake_wait_s
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 KNOWN_REGIONS = frozenset({"us-west-2", "us-east-1", "us-east-2", "eu-west-1"})
@@ -147,3 +149,17 @@ def test_older_p_generations_keep_their_spot_quota():
     assert [quota_group(t, spot=True).quota_code for t in ("p2.xlarge", "p3dn.24xlarge", "p4de.24xlarge")] == [
         "L-7212CCBC"] * 3
     assert quota_group("trn1.32xlarge", spot=True).quota_code == "L-6B0D517C"
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_the_node_provision_limit_is_the_familys_with_its_source(instance_type):
+    """The Cluster Autoscaler's limit and a job's wait for nodes at zero follow the type's family."""
+    cfg = StackConfig(region="us-west-2", gpu_availability_zone="us-west-2a", gpu_availability_zone_id="usw2-az2",
+                      gpu_instance_type=instance_type, gpu_idle_minutes=30)
+    minutes = 15 if instance_type.startswith("g") else 30
+    limit = INSTANCE_TYPES[instance_type].provision_limit
+    assert limit.minutes == minutes and limit.source
+    args = cluster_autoscaler_values(cfg, cluster_name="c")["extraArgs"]
+    assert args["max-node-provision-time"] == f"{minutes}m"
+    assert wake_wait_s(instance_type) == minutes * 60 + 900  # and 15 minutes for the image
+    assert wake_wait_s(None) == WAKE_WAIT_S == wake_wait_s("g6.12xlarge")

@@ -38,7 +38,7 @@ from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
 from workloads.client.usage import Parser, UsageError
-from workloads.client.wakeup import WAKE_WAIT_S, WakeWatching, watch_for
+from workloads.client.wakeup import WakeWatching, wake_wait_s, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
 from workloads.client.follow import (  # noqa: F401
     FollowLostError,
@@ -133,7 +133,8 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
                             "(default: 1200)")
         parser.add_argument("--wait-gpus-s", type=float,
                             help="how long the job waits for its GPUs before it trains, or fails (default: 900; "
-                            "1800 on a stack whose GPU nodes scale to zero, which come back for the job)")
+                            "on a stack whose GPU nodes scale to zero, which come back for the job, the nodes' "
+                            "provision limit and the image pull: 1800 for G types, 2700 for P types)")
         parser.add_argument("--resubmits", type=int, default=3,
                             help="times the run is submitted again when the cluster loses its job with a "
                             "restarted head (default: 3)")
@@ -259,7 +260,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             tracking_uri = train["tracking"]["uri"]
         if note := tracking.credentials_note(tracking.resolve_uri(first, stack_uri=conn.tracking_uri)):
             console.print(f"[bold]credentials[/] {note}", highlight=False)
-        wait_gpus_s = args.wait_gpus_s or (WAKE_WAIT_S if conn.wake else None)
+        wait_gpus_s = args.wait_gpus_s or (wake_wait_s(target and target.instance_type) if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
