@@ -1,8 +1,9 @@
 """Every instance type of infra/instance_types.py, the same way: EC2's facts (moto's
-DescribeInstanceTypes data) agree with the table, the probe keeps the stack's type, and the quota
-codes are the family's and generation's. The worker pods' fit on each type's nodes is
+DescribeInstanceTypes data) agree with the table, the probe keeps the stack's type, the quota codes
+are the family's and generation's, the node provision limit is the family's, MFU is against the
+type's GPU, and the rows per step are the preset's. The worker pods' fit on each type's nodes is
 tests/test_infra_sizing.py's and tests/test_infra_raycluster.py's (parametrized over the same
-table)."""
+table); a scratch p5.48xlarge stack goes through README's probe and the program under mocks here."""
 
 from __future__ import annotations
 
@@ -13,18 +14,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import torch
 from moto import mock_aws
 from rich.console import Console
+from test_infra_program import REPO_ROOT, run_program
 
 from capacity.aws import AwsApi
 from capacity.cli import parse_options, run_probe
 from capacity.probe import ProbeRequest, same_gpu_memory, table_mismatch
 from capacity.quota import quota_group
 from capacity.regions import probe_region
+from infra import outputs
 from infra.config import StackConfig, parse_stack_config, read_stack_values
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.scale_to_zero import cluster_autoscaler_values
+from infra.sizing import node_allocatable
+from workloads.client.plan import make_plan
 from workloads.client.wakeup import WAKE_WAIT_S, wake_wait_s
+from workloads.train.config import MODEL_SIZES, PRESETS, ROWS_PER_STEP, preset, preset_for_gpu, with_overrides
+from workloads.train.data import reading_of_data
+from workloads.train.metrics import device_mfu, device_peak_flops
+from workloads.transport.gate import NodeNetwork
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 KNOWN_REGIONS = frozenset({"us-west-2", "us-east-1", "us-east-2", "eu-west-1"})
@@ -163,3 +173,86 @@ def test_the_node_provision_limit_is_the_familys_with_its_source(instance_type):
     assert args["max-node-provision-time"] == f"{minutes}m"
     assert wake_wait_s(instance_type) == minutes * 60 + 900  # and 15 minutes for the image
     assert wake_wait_s(None) == WAKE_WAIT_S == wake_wait_s("g6.12xlarge")
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_mfu_is_against_the_peak_of_the_gpu_the_run_is_on(instance_type, monkeypatch):
+    """The loop finds its GPU by the CUDA device name: an A100 is not measured against an L4's peak."""
+    gpu = INSTANCE_TYPES[instance_type].gpu
+    cuda = torch.device("cuda", 0)
+    for name in gpu.device_names:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        peak = device_peak_flops(cuda)
+        assert peak == gpu.peak_bf16_flops
+        mfu = device_mfu(cuda, tokens_per_s=1000.0, flops_per_token=1e10, peak_flops=peak)
+        assert mfu == (None if peak is None else round(1e13 / peak, 4))
+
+
+def test_no_preset_names_a_peak_and_an_unknown_gpu_reports_no_mfu(monkeypatch):
+    assert [n for n in PRESETS if preset(n).peak_flops is not None] == []
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")  # not p5's H100
+    assert device_peak_flops(cuda) is None
+    assert device_mfu(cuda, tokens_per_s=1000.0, flops_per_token=1e10, peak_flops=None) is None
+    assert device_peak_flops(cuda, configured=756e12) == 756e12  # a peak the user gives for such a GPU
+    assert device_peak_flops(torch.device("cpu"), configured=756e12) is None
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+@pytest.mark.parametrize("model_size", MODEL_SIZES)
+def test_the_rows_per_step_are_the_presets_on_every_type_and_node_count(instance_type, model_size, tmp_path):
+    """`plan` (what `submit` picks) and the loop's own resolution: 128 rows a step on 4 GPUs or 16."""
+    kind = INSTANCE_TYPES[instance_type]
+    for nodes in (1, 2):
+        name = preset_for_gpu(kind.gpu_memory_gib, model_size=model_size, gpus=nodes * kind.gpus)
+        result = make_plan(preset(name), preset_name=name, instance_type=instance_type, nodes=nodes, cwd=tmp_path)
+        assert result["rows_per_step"] == ROWS_PER_STEP == preset(name).rows_per_step
+        assert result["micro_batch"] * result["grad_accum_steps"] * result["world_size"] == ROWS_PER_STEP
+        sized = with_overrides(preset(name), [f"micro_batch={result['micro_batch']}"])
+        run = sized.for_world_size(result["world_size"])
+        assert (run.micro_batch, run.grad_accum_steps) == (result["micro_batch"], result["grad_accum_steps"])
+
+
+def test_rows_that_do_not_divide_among_the_ranks_are_refused_naming_the_sizes_that_do():
+    cfg = preset("qwen2.5-1.5b-24gb")
+    assert cfg.for_world_size(4).grad_accum_steps == 16 and cfg.for_world_size(16).grad_accum_steps == 4
+    assert cfg.for_world_size(64).micro_batch == 2 and cfg.for_world_size(128).micro_batch == 1
+    with pytest.raises(ValueError, match=r"12 ranks cannot share rows_per_step=128 evenly; world sizes that can: "
+                                         r"1, 2, 4, 8, 16, 32, 64, 128"):
+        cfg.for_world_size(12)
+    # A grad_accum_steps given on the command line is per rank, as without a preset.
+    per_rank = with_overrides(cfg, ["grad_accum_steps=3"])
+    assert (per_rank.rows_per_step, per_rank.for_world_size(12).grad_accum_steps) == (0, 3)
+
+
+def test_a_run_that_reads_its_data_more_than_once_says_so():
+    twice = reading_of_data({"rows": 6400}, steps=100, rows_per_step=128)
+    assert twice["passes"] == 2.0
+    assert twice["note"].startswith("100 steps of 128 rows read the 6,400 training rows 2.00 times")
+    assert "50 steps make one pass" in twice["note"]
+    assert "note" not in reading_of_data({"rows": 12_800}, steps=100, rows_per_step=128)
+    assert reading_of_data({"kind": "synthetic"}, steps=100, rows_per_step=128) == {"rows_per_step": 128}
+
+
+def test_a_scratch_stack_set_to_p5_probes_and_deploys_under_mocks_with_no_other_edit(api, tmp_path, monkeypatch):
+    """README's path on a copy of the committed stack file with only gpuInstanceType changed."""
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    stack = tmp_path / "Pulumi.us-west-2.yaml"
+    stack.write_text((REPO_ROOT / "Pulumi.us-west-2.yaml").read_text().replace(
+        "ray-eks:gpuInstanceType: g6.12xlarge", "ray-eks:gpuInstanceType: p5.48xlarge"))
+    code, out = probe(api, tmp_path, "--stack", "us-west-2", "--nodes", "2")  # README's probe
+    assert code == 0 and "Placement: 2 x p5.48xlarge" in " ".join(out.split())
+    config = read_stack_values(stack)
+    assert config["ray-eks:gpuInstanceType"] == "p5.48xlarge"
+    run = run_program(repo_root=REPO_ROOT, stack="us-west-2", config=config, monkeypatch=monkeypatch)
+    gpu = next(g.inputs for g in run.of_type("eks:index:ManagedNodeGroup") if g.inputs.get("enableEfaSupport"))
+    assert gpu["instanceTypes"] == ["p5.48xlarge"]
+    worker = run.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    container = worker["containers"][0]
+    limits = container["resources"]["limits"]
+    assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == ("8", "32")
+    node = node_allocatable(INSTANCE_TYPES["p5.48xlarge"])
+    assert int(limits["cpu"]) * 1000 <= node.cpu_millicores and int(limits["memory"][:-2]) * 2**20 <= node.memory_kib
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert NodeNetwork.from_env(env).floor_gbps == 80.0
+    assert run.outputs[outputs.GPU_MEMORY_GIB] == 80 and run.outputs[outputs.RAY_WORKER_GPUS] == 16
