@@ -256,3 +256,42 @@ def test_a_scratch_stack_set_to_p5_probes_and_deploys_under_mocks_with_no_other_
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert NodeNetwork.from_env(env).floor_gbps == 80.0
     assert run.outputs[outputs.GPU_MEMORY_GIB] == 80 and run.outputs[outputs.RAY_WORKER_GPUS] == 16
+
+
+TESTED_FAMILIES = {"g6": "**whole path under mocks** (the committed stack)",
+                   "p5": "**whole path under mocks** (a scratch stack)"}
+"""The families whose whole path (stack file, probe, Pulumi program) a test runs beyond the per-type
+checks every type gets (this module, the pod fit, the RayCluster's CRD validation)."""
+MEASURED_GPUS = {"H200": "the loop measured on its GPU ([PERFORMANCE.md](PERFORMANCE.md))"}
+
+
+def instance_rows() -> list[str]:
+    """docs/INSTANCE_TYPES.md's table, from the code it describes: the default presets on 2 nodes as
+    `plan` shows them."""
+    rows = []
+    for name in GPU_INSTANCE_TYPES:
+        kind = INSTANCE_TYPES[name]
+        cells = [f"`{name}`", f"{kind.gpus} x {kind.gpu_model}",
+                 f"{kind.efa_interfaces} x {kind.network_gbps / kind.efa_interfaces:g} Gbps"]
+        for size in MODEL_SIZES:
+            preset_name = preset_for_gpu(kind.gpu_memory_gib, model_size=size, gpus=2 * kind.gpus)
+            plan = make_plan(preset(preset_name), preset_name=preset_name, instance_type=name, nodes=2, cwd=REPO_ROOT)
+            memory = plan["memory"]
+            cells += [f"`{preset_name}`: {plan['rows_per_step']} = {plan['micro_batch']} x {plan['grad_accum_steps']}"
+                      f" x {plan['world_size']}, {memory['predicted_gib']:.1f} of {memory['gpu_gib']:.1f} GiB"
+                      + ("" if memory["fits"] else " (does not fit)")]
+        network = NodeNetwork(efa_interfaces=kind.efa_interfaces, line_gbps=kind.network_gbps)
+        cells += ["-" if kind.usd_per_hour is None else f"{kind.usd_per_hour:,.2f}",
+                  f"{network.floor_gbps:g} GB/s", f"{kind.provision_limit.minutes} min",
+                  "; ".join([TESTED_FAMILIES.get(name.split(".")[0], "per-type checks"),
+                             *filter(None, [MEASURED_GPUS.get(kind.gpu_model)])])]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def test_the_instance_types_document_is_what_the_code_says():
+    """Regenerate with: .venv/bin/python -c 'import sys; sys.path[:0]=["tests"]; import test_instance_families as
+    t; print(*t.instance_rows(), sep=chr(10))'"""
+    text = (REPO_ROOT / "docs" / "INSTANCE_TYPES.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    assert table == instance_rows()
