@@ -175,7 +175,7 @@ def assess(cfg: TrainConfig, arch: Architecture, target: Target) -> Fit:
 @dataclass(frozen=True, kw_only=True)
 class Alternative:
     label: str
-    """What to change, as the user would say it (`--set micro_batch=1 --set grad_accum_steps=16`)."""
+    """What to change, as the user would say it (`--set micro_batch=1`, `--set method=lora`)."""
     fit: Fit
 
 

@@ -271,10 +271,11 @@ class TrainConfig:
 
     rows_per_step: int = 0
     """Rows (samples) per optimizer step, all ranks together, whatever the world size: each rank then
-    runs rows_per_step / (micro_batch * world size) micro-steps (a whole number, or the run is refused
-    before it starts), so the recipe (rows per step, steps, learning rate) is the same on 8 GPUs or
-    16. The GPU presets set 128 (ROWS_PER_STEP). 0: grad_accum_steps micro-steps per rank, and the
-    rows per step grow with the world size."""
+    trains rows_per_step / world size rows a step, in micro-batches of up to micro_batch rows (the
+    largest that divides them), so the recipe (rows per step, steps, learning rate) is the same on 8
+    GPUs or 16; a world size that does not divide it is refused before the run starts. The GPU
+    presets set 128 (ROWS_PER_STEP). 0: grad_accum_steps micro-steps per rank, and the rows per step
+    grow with the world size."""
 
     fused_linear_ce: bool = True
     """Compute the loss from the final hidden states without materializing the full-vocabulary
@@ -379,7 +380,6 @@ class TrainConfig:
                 f"grad_accum_steps is {self.grad_accum_steps} but rows_per_step {self.rows_per_step} sets the "
                 "accumulation for the world size: set rows_per_step=0 to give grad_accum_steps per rank, or leave "
                 "grad_accum_steps out")
-
 
     @property
     def samples_per_rank_per_step(self) -> int:
