@@ -47,7 +47,7 @@ niceness of the worker that takes them."""
 RAY_JOB_UNITS = ("test_submit_cluster", "test_local_demo::test_the_demo_trains", "test_preflight_cluster",
                  "test_local_demo")
 """The Ray job units longest first, by node id prefix (the first that matches): in a full `make test`
-on two cores they took 177, 150, 111 and 82 s (the demo stopped with SIGTERM)."""
+on two cores they took 177, 150, 111 and 82 s (the demo stopped with Ctrl-C, then with SIGTERM)."""
 RAY_CLUSTER_MODULES = RAY_FAULT_MODULES | RAY_JOB_MODULES
 
 

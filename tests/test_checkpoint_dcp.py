@@ -76,14 +76,18 @@ def test_load_restores_weights_optimizer_state_and_progress(one_rank_group, tmp_
         assert torch.equal(restored[key], value), key
 
 
-def test_the_world_size_and_tracker_run_id_are_kept_beside_the_shards(one_rank_group, tmp_path):
+def test_what_a_resume_reads_is_kept_beside_the_shards(one_rank_group, tmp_path):
     _, model, optimizer = sharded_model_and_optimizer()
-    saved = checkpoint.Progress(step=3, data_position=48, world_size=8, tracking_run_id="0a1b2c")
+    commits = {"model:Qwen/Qwen2.5-1.5B": "a1" * 20, "dataset:HuggingFaceH4/ultrachat_200k": "c3" * 20}
+    saved = checkpoint.Progress(step=3, data_position=48, world_size=4, tracking_run_id="0a1b2c",
+                                planned_world_size=8, hub_revisions=commits)
     folder = checkpoint.save(tmp_path / "ckpt", model=model, optimizer=optimizer, progress=saved)
-    assert checkpoint.read_progress(folder) == {"step": 3, "data_position": 48, "world_size": 8,
-                                                "tracking_run_id": "0a1b2c", "method": "full"}
+    assert checkpoint.read_progress(folder) == {"step": 3, "data_position": 48, "world_size": 4,
+                                                "tracking_run_id": "0a1b2c", "method": "full",
+                                                "planned_world_size": 8, "hub_revisions": commits}
     assert checkpoint.load(folder, model=model, optimizer=optimizer) == saved
-    # A checkpoint from before progress.json existed loads as one that recorded neither.
+    # A checkpoint from before progress.json existed loads as one that recorded none of it (a full
+    # fine-tune's).
     (folder / checkpoint.PROGRESS_FILE).unlink()
     assert checkpoint.load(folder, model=model, optimizer=optimizer) == checkpoint.Progress(step=3, data_position=48)
 

@@ -90,7 +90,8 @@ CASES = (
          "--max-failures must be >= 0"),
     Case("workloads", ("list", "--address", "localhost:9"), 3,
          "no Ray Jobs API at http://localhost:9: nothing answers"),
-    Case("workloads", ("submit", "--address", "127.0.0.1:9", "--storage-path", "/tmp/runs"), 3,
+    # demo-cpu: the GPU presets' hub model and dataset would be pinned first, asking the hub.
+    Case("workloads", ("submit", "--address", "127.0.0.1:9", "--storage-path", "/tmp/runs", "--preset", "demo-cpu"), 3,
          "no Ray Jobs API at http://127.0.0.1:9: nothing answers"),
     Case("workloads", ("list", "--address", "ray://127.0.0.1:10001"), 2,
          "is not a Ray Jobs API URL: use http://HOST:PORT"),

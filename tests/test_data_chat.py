@@ -3,13 +3,16 @@ to seq_len, and no packed sample can attend to another (also in the loop's own c
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
-from workloads.model_io.toy import IM_END, toy_conversations, toy_tokenizer
+from workloads.model_io.toy import CHAT_TEMPLATE, IM_END, toy_conversations, toy_tokenizer
+from workloads.train import attention
 from workloads.train.config import ModelConfig
 from workloads.train.data import Batch, Sample
 from workloads.train.encode import Example, encode_chat, encode_records, end_of_turn_id
@@ -44,6 +47,25 @@ def test_only_the_assistant_turns_are_targets(tokenizer):
     for message in CHAT[:2] + CHAT[3:4]:
         assert message["content"] in context
     assert "Paris" not in context and "Cold" not in context
+
+
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}" + CHAT_TEMPLATE
+)
+"""ChatML with a default system prompt when the conversation has none, as Qwen2.5's own template."""
+
+
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, DEFAULT_SYSTEM_TEMPLATE], ids=["chatml", "default-system"])
+def test_a_conversation_that_opens_with_an_assistant_turn_trains_on_its_answers_only(template):
+    tokenizer = toy_tokenizer()
+    tokenizer.chat_template = template
+    messages = [{"role": "assistant", "content": "Paris."}, {"role": "user", "content": "What is the opposite of hot?"},
+                {"role": "assistant", "content": "Cold."}]
+    example = encode_chat(tokenizer, Record(where="t:2", messages=messages))
+    targets = [t for t, is_target in zip(example.tokens, example.targets, strict=True) if is_target]
+    # Not the template's system prompt, nor the opening turn's header.
+    assert tokenizer.decode(targets) == f"Paris.{IM_END}\nCold.{IM_END}\n"
 
 
 def test_a_chat_needs_a_template_and_the_end_of_turn_token_is_found(tokenizer):
@@ -157,6 +179,21 @@ def test_a_packed_sample_never_sees_its_neighbour(attn_implementation):
     torch.testing.assert_close(logits(rows.input_ids, rows.position_ids), own, rtol=1e-5, atol=1e-5)
     # Without the restarting position ids (one causal sequence) they would move: the check can fail.
     assert not torch.allclose(logits(rows.input_ids, None), logits(altered, None))
+
+
+@pytest.mark.parametrize(("dtype", "capability", "why", "fix"), [
+    (torch.float32, (9, 0), "attention runs in float32", "set mixed_precision=true, or attn_implementation='sdpa'"),
+    (torch.bfloat16, (7, 5), "the GPU is sm75", "use attn_implementation='sdpa'"),
+])
+def test_packed_rows_on_a_gpu_without_the_flash_path_are_refused_with_the_way_out(monkeypatch, dtype, capability,
+                                                                                   why, fix):
+    query, key = torch.randn(2, 4, 8, 16, dtype=dtype), torch.randn(2, 2, 8, 16, dtype=dtype)
+    bounds = {"cu_seq_lens_q": torch.tensor([0, 3, 8, 11, 16], dtype=torch.int32), "max_length_q": 8}
+    out, _ = attention.varlen_attention_forward(None, query, key, key, None, **bounds)  # the CPU: the masked reference
+    assert out.shape == (2, 8, 4, 16)
+    monkeypatch.setattr(attention, "_gpu_capability", lambda _: capability)  # as if on such a GPU
+    with pytest.raises(ValueError, match=rf"\({why}.*\(micro_batch x seq_len\)\^2 mask: {re.escape(fix)}"):
+        attention.varlen_attention_forward(None, query, key, key, None, **bounds)
 
 
 class _IgnoresPositions(CausalLMWithLoss):

@@ -18,11 +18,13 @@ from workloads.train.data import (
     PackedSource,
     SyntheticSource,
     batches,
+    eval_batches,
     global_indices,
     hold_out,
     load_records_data,
     samples_per_step,
 )
+from workloads.train.loss import IGNORE_INDEX
 from workloads.train.packing import PackedRows
 from workloads.train.records import read_records
 
@@ -150,6 +152,27 @@ def test_ranks_read_disjoint_samples_that_cover_an_epoch(shuffle, world_size):
         seen.append([int(row[0]) for _ in range(steps) for row in next(it).input_ids])
     flat = [s for rank_samples in seen for s in rank_samples]
     assert sorted(flat) == list(range(n))  # complete, and (same length) disjoint
+
+
+@pytest.mark.parametrize("held_out", [5, 40])
+def test_an_evaluation_scores_the_same_samples_at_every_world_size(held_out):
+    # Planned for 4 ranks, 2 micro-batches of 2 each: 16 samples, or all of a smaller held-out set.
+    source = PackedSource(rows=_rows(torch.arange(held_out)[:, None].repeat(1, 5)), seed=0, shuffle=False)
+
+    def scored(world_size: int) -> list[int]:
+        out, batch_counts = [], set()
+        for rank in range(world_size):
+            held = eval_batches(source, rows=held_out, micro_batch=2, rank=rank, world_size=world_size,
+                                max_rows=2 * 2 * 4)
+            batch_counts.add(len(held))
+            out += [int(ids[0]) for batch in held for ids, labels in zip(batch.input_ids, batch.labels, strict=True)
+                    if (labels != IGNORE_INDEX).any()]
+        assert len(batch_counts) == 1  # every rank runs as many forwards (collectives)
+        return sorted(out)
+
+    assert scored(4) == list(range(min(held_out, 16)))
+    for world_size in (1, 2, 3, 5, 7):
+        assert scored(world_size) == scored(4), world_size
 
 
 def test_shuffled_epochs_differ_but_each_covers_every_sample():

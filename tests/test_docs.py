@@ -43,3 +43,12 @@ def test_documents_are_named_by_links(docs):
 def test_no_document_shows_a_path_of_the_machine_it_was_written_on(repo_root):
     for doc in documents(repo_root):
         assert not re.search(r"/(work|home|root)/\w", doc.read_text()), doc.name
+
+
+def test_nothing_says_flash_attention_2_needs_a_micro_batch_of_one_row(repo_root):
+    # transformers' flash_attention_2 runs its varlen kernel on the cu_seq_lens the batch passes, at
+    # any micro-batch (modeling_flash_attention_utils._flash_attention_forward).
+    sources = [*documents(repo_root), *sorted((repo_root / "workloads").rglob("*.py"))]
+    claim = re.compile(r"flash_attention_2[^.;]*(micro[-_ ]batch(=| of )(1|one)|batch size 1)", re.I | re.S)
+    for path in sources:
+        assert not claim.search(path.read_text()), path.name

@@ -2,11 +2,12 @@
 cluster in the RayCluster's shape (a head that runs no training worker, two worker nodes), the real
 loop, a falling loss, the post-run checks of a cloud run, the run report, the run in the local MLflow
 store (read back with MLflow's client), and no process left behind, also when the demo is stopped
-with SIGTERM."""
+with Ctrl-C, which ends its tracker run KILLED."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -128,16 +129,24 @@ def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> No
     assert {"summary.json", "report.json", "loss.png"} <= {a.path for a in mlflow.list_artifacts(run.info.run_id)}
 
 
-def test_sigterm_stops_the_demo_and_its_cluster(tmp_path):
-    proc = _demo(tmp_path)
+def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path):
+    # Steps enough to be training still when the interruption comes (the demo's 200 take seconds).
+    proc = _demo(tmp_path, "--set", "steps=100000", "--set", "checkpoint_every=0")
     _read_until(proc, "Jobs API at")
     groups = _node_groups(proc)
-    _read_until(proc, "CPU workers on 2 node(s)")  # the job runs: its log has lines to keep
-    proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=60)[0]
+    opened = _read_until(proc, " in experiment local ")[-1]  # the job trains, and its tracker run is open
+    run_id = re.search(r"tracking run (\S+) in experiment", opened).group(1)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out = proc.communicate(timeout=90)[0]
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
     assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
     assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
     _assert_all_stopped(groups)
+    # Its tracker run ended KILLED: neither left RUNNING, nor FAILED as its ranks and the driver saw
+    # the worker nodes go (the demo ends it once its cluster is down).
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    assert MlflowClient(tracking_uri=store).get_run(run_id).info.status == "KILLED"

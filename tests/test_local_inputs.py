@@ -7,16 +7,15 @@ Also: the user's own data trains locally with nothing more than its kind and pat
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from fake_hub import fake_hub
 
 from workloads.client import demo, inputs_check, local
 from workloads.client.datapaths import local_inputs
@@ -92,33 +91,10 @@ def test_submit_checks_the_tokenizer_before_connecting(workdir):
 # --- the hub, answered by a stand-in ----------------------------------------------------------------
 
 
-class _Hub(http.server.BaseHTTPRequestHandler):
-    """The hub's API: one model exists, everything else is 401 as the hub answers for unknown ids."""
-
-    asked: list[str] = []
-
-    def do_GET(self):  # noqa: N802
-        _Hub.asked.append(self.path)
-        status = 200 if self.path == "/api/models/org/there" else 401
-        self.send_response(status)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def hub(monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    _Hub.asked.clear()
-    yield _Hub.asked
-    server.shutdown()
-    server.server_close()
+    with fake_hub(monkeypatch) as asked:
+        yield asked
 
 
 def _config(**model) -> dict:

@@ -7,6 +7,8 @@ each test then checks the records the ranks left behind.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from test_data_jsonl import write_corpus
 from transformers import AutoModelForCausalLM
 from ranks import run_ranks
+from uneven_chats import with_bf16_compute
 
 from workloads.client.cluster import free_port
 from workloads.context import DATA_PREFIX, LOAD_PREFIX
@@ -27,8 +30,9 @@ from workloads.train.config import TrainConfig, preset, with_overrides
 from workloads.context import TrainContext
 from workloads.train.data import Batch, batches, build_data
 from workloads.context import SUMMARY_PREFIX, TRAIN_PREFIX
-from workloads.train.loop import train
-from workloads.train.loss import LinearCrossEntropy
+from workloads.train.loop import build_model, mesh_plan, reductions, shard_model, train
+from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy
+from workloads.train.step import accumulate_gradients
 from workloads.train.model import CausalLMWithLoss, build_causal_lm
 from workloads.train.optim import schedule, set_lr
 
@@ -41,6 +45,13 @@ REFERENCE_RTOL = 1e-5
 # loss) against the same fp32 reference: bf16 keeps 8 bits of mantissa, so activations carry
 # ~0.4% relative error; the loss must stay within 1% at every step. Measured here: at most 0.11%.
 BF16_RTOL = 1e-2
+# ... and against a single-process reference that computes as FSDP2's mixed precision does (bf16
+# copies of fp32 master weights, each rank's gradients in bf16, summed in fp32): the first step's
+# loss equal, then a drift to 5e-5 at step six (a reordered fp32 sum now and then flips a weight's
+# bf16 rounding, and AdamW carries it on). A loss scaled by 0.1% stands 4x beyond the bound.
+MP_REFERENCE_RTOL = 2.5e-4
+ODD_LABELS = (128, 129)
+"""Labels of each rank in the divisor check: 257 in all, 128.5 per rank, which bf16 rounds to 128."""
 REFERENCE_STEPS = 6
 
 
@@ -101,10 +112,35 @@ def recorder(reports: list[dict]):
     return report
 
 
+def step_loss_with_an_odd_label_count(rank: int, cfg: TrainConfig) -> dict[str, float]:
+    """One step's loss under `cfg` on micro-batches holding ODD_LABELS labels, sharded as the loop
+    shards it, and the exact mean over those labels of the same model's summed losses."""
+    cpu = torch.device("cpu")
+    ctx = TrainContext(rank=rank, world_size=WORLD_SIZE, local_rank=rank, local_world_size=WORLD_SIZE, node_rank=0,
+                       report=recorder([]), latest_checkpoint=lambda: None, scratch_dir=Path("."))
+    model, shape = build_model(cfg, device=cpu)
+    plan = mesh_plan(cfg, ctx=ctx, device=cpu, model=model)
+    model = shard_model(model, cfg, plan=plan, device=cpu)
+    _, sync = reductions(cfg, plan)
+    source = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=512, model_name_or_path="").train
+    batch = next(batches(source, position=0, micro_batch=cfg.micro_batch, rank=rank, world_size=WORLD_SIZE))
+    labels = batch.labels.clone()
+    labels.view(-1)[ODD_LABELS[rank]:] = IGNORE_INDEX
+    batch = dataclasses.replace(batch, labels=labels)
+    share = accumulate_gradients(model, [batch], sync=sync)
+    with torch.no_grad():
+        total = model(batch.input_ids, batch.labels, divisor=torch.ones((), dtype=torch.int64))
+    both = torch.stack([share.double(), total.double()])
+    dist.all_reduce(both)
+    return {"step_loss": both[0].item() / WORLD_SIZE, "exact": both[1].item() / sum(ODD_LABELS)}
+
+
 def worker(rank: int, port: int, root: Path, plan: dict[str, dict]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
+        divisor = step_loss_with_an_odd_label_count(rank, TrainConfig.from_dict(plan["tuned-bf16"]["cfg"]))
+        (root / f"divisor-rank{rank}.json").write_text(json.dumps(divisor))
         for name, scenario in plan.items():
             reports: list[dict] = []
             ctx = TrainContext(
@@ -135,7 +171,7 @@ def runs(tmp_path_factory) -> tuple[dict, dict[str, list[dict]]]:
     run_ranks(worker, args=(free_port(), root, wire), nprocs=WORLD_SIZE)
     records = {
         name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
-        for name in plan
+        for name in [*plan, "divisor"]
     }
     return plan, records
 
@@ -185,10 +221,17 @@ def test_rank_zero_prints_one_json_line_per_log_step_and_a_summary(runs):
 
 
 def reference_losses(cfg: TrainConfig) -> list[float]:
-    """The same steps in one process: no FSDP, global batch = both ranks' batches, full logits."""
+    """The same steps in one process: no FSDP, global batch = both ranks' batches. fp32: full
+    logits. With cfg.mixed_precision, as FSDP2's policy computes: each rank's batch on bf16 copies
+    of the fp32 weights (the loop's chunked loss), its gradients summed over ranks in fp32 (FSDP2's
+    reduce dtype), and the optimizer on the fp32 weights."""
     cpu = torch.device("cpu")
     lm = build_causal_lm(cfg.model, device=cpu, seed=cfg.seed)
     model = CausalLMWithLoss(lm, loss=LinearCrossEntropy(implementation="plain"))
+    compute = None
+    if cfg.mixed_precision:
+        chunked = LinearCrossEntropy(implementation="chunked")
+        compute = with_bf16_compute(CausalLMWithLoss(copy.deepcopy(lm), loss=chunked))
     # Written out here, not taken from build_optimizer, so that a wrong parameter grouping there
     # cannot cancel out: decay on every weight but the norms and biases, named as HF names them.
     exempt = [p for n, p in model.named_parameters() if "norm" in n or n.endswith(".bias")]
@@ -206,13 +249,33 @@ def reference_losses(cfg: TrainConfig) -> list[float]:
     for step in range(1, cfg.steps + 1):
         parts: list[Batch] = [next(s) for s in streams]
         set_lr(optimizer, schedule(cfg, step))
-        loss = model(torch.cat([b.input_ids for b in parts]), torch.cat([b.labels for b in parts]))
-        loss.backward()
+        if compute is None:
+            loss = model(torch.cat([b.input_ids for b in parts]), torch.cat([b.labels for b in parts]))
+            loss.backward()
+        else:
+            loss = bf16_compute_backward(compute, parts, into=model)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad()
+        if compute is not None:
+            for weight, copied in zip(model.parameters(), compute.parameters(), strict=True):
+                copied.data = weight.data.to(torch.bfloat16)
         out.append(loss.item())
     return out
+
+
+def bf16_compute_backward(compute: CausalLMWithLoss, parts: list[Batch], *, into: CausalLMWithLoss) -> torch.Tensor:
+    """The step's loss over every part's labels; the fp32 sum of the parts' bf16 gradients in `into`."""
+    count = sum((b.labels != IGNORE_INDEX).sum() for b in parts)
+    loss = torch.zeros(())
+    for part in parts:
+        part_loss = compute(part.input_ids, part.labels, divisor=count)
+        part_loss.backward()
+        loss += part_loss.detach()
+    for weight, copied in zip(into.parameters(), compute.parameters(), strict=True):
+        weight.grad = copied.grad.float()
+        copied.grad = None
+    return loss
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +304,22 @@ def test_bf16_mixed_precision_tracks_the_fp32_reference(runs, fp32_reference):
     assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] != pytest.approx(
         fp32_reference, rel=REFERENCE_RTOL
     )
+
+
+@pytest.mark.slow
+def test_bf16_mixed_precision_matches_a_reference_that_computes_as_it_does(runs):
+    plan, records = runs
+    want = reference_losses(plan["tuned-bf16"]["cfg"])
+    got = losses(records["tuned-bf16"][0])
+    assert [got[s] for s in range(1, REFERENCE_STEPS + 1)] == pytest.approx(want, rel=MP_REFERENCE_RTOL)
+
+
+@pytest.mark.slow
+def test_the_step_divides_by_its_exact_label_count_under_mixed_precision(runs):
+    _, records = runs
+    assert torch.tensor(sum(ODD_LABELS) / WORLD_SIZE).bfloat16().item() != sum(ODD_LABELS) / WORLD_SIZE
+    for record in records["divisor"]:
+        assert record["step_loss"] == pytest.approx(record["exact"], rel=1e-6)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from ranks import run_ranks
 from workloads.client.cluster import free_port
 from workloads.context import TrainContext
 from workloads.train.config import TrainConfig, preset, with_overrides
-from workloads.train.data import batches, build_data
+from workloads.train.data import batches, build_data, global_indices
 from workloads.train.loop import build_model, mesh_plan, reductions, shard_model, train
 from workloads.train.step import accumulate_gradients
 from workloads.train.parallel import GradientSync, MeshPlan, plan_mesh, reduction_plan
@@ -47,10 +47,25 @@ ACCUM_STEPS = 3
 CHAT_ROWS = 8
 """Rows per step of the uneven-chat scenarios: micro-batch x micro-steps x ranks."""
 # One step on uneven chats, split into micro-batches and ranks, against one batch in one process:
-# the same per-token sums in other orders. Measured here: within 3e-7 (loss and gradient norm).
-# A mean per micro-batch (what the loop did before) moves the step-1 loss by 0.04% (HSDP, one
-# micro-step) to 0.21% (two micro-steps), far outside it.
+# the same per-token sums in other orders. Measured here: within 3e-7 (loss and gradient norm), in
+# fp32 and with bf16 compute (against the same pieces' bf16 gradients summed in fp32). A mean per
+# micro-batch (what the loop did before) moves the step-1 loss by 0.04% (HSDP, one micro-step) to
+# 0.21% (two micro-steps), a divisor rounded to bf16 by 0.37%: far outside it.
 SPLIT_RTOL = 1e-5
+
+
+CHAT_SPLITS = {
+    "flat-accum": ["parallelism=fsdp", "micro_batch=1", "grad_accum_steps=2"],
+    "hsdp": ["parallelism=hsdp", "micro_batch=2"],
+    "hsdp-accum": ["parallelism=hsdp", "micro_batch=1", "grad_accum_steps=2"],
+}
+
+
+def chat_pieces(split: str) -> list[list[int]]:
+    """The rows of each micro-batch on each rank of a chat split's step 1."""
+    cfg = with_overrides(preset("demo-cpu"), CHAT_SPLITS[split])
+    return [global_indices(position=0, batch=k, micro_batch=cfg.micro_batch, rank=r, world_size=WORLD_SIZE)
+            for r in range(WORLD_SIZE) for k in range(cfg.grad_accum_steps)]
 
 
 def node_of(rank: int) -> int:
@@ -76,10 +91,10 @@ def scenarios(root: Path) -> dict[str, dict]:
         "mp-auto-accum": [*short, "micro_batch=2", "grad_accum_steps=2", "mixed_precision=true"],
         "resume-a": resume,
         "resume-b": resume,
-        # CHAT_ROWS rows per step, split three ways (fp32).
-        "chats-flat-accum": [*chats, "parallelism=fsdp", "micro_batch=1", "grad_accum_steps=2"],
-        "chats-hsdp": [*chats, "parallelism=hsdp", "micro_batch=2"],
-        "chats-hsdp-accum": [*chats, "parallelism=hsdp", "micro_batch=1", "grad_accum_steps=2"],
+        # CHAT_ROWS rows per step, split three ways, in fp32 and with bf16 compute (fp32 reductions,
+        # which the one-batch reference sums as FSDP2 does).
+        **{f"{prefix}chats-{split}": [*chats, *options, *extra] for prefix, extra in (("", []), ("mp-", mp_fp32))
+           for split, options in CHAT_SPLITS.items()},
     }
     return {
         name: {
@@ -228,6 +243,9 @@ def records(tmp_path_factory) -> dict[str, list[dict]]:
         name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)] for name in names
     }
     out["chats-one-batch"] = one_batch_step(*write_uneven_chats(root), rows=CHAT_ROWS)
+    for split in CHAT_SPLITS:
+        out[f"mp-chats-{split}-one-batch"] = one_batch_step(*write_uneven_chats(root), rows=CHAT_ROWS,
+                                                            pieces=chat_pieces(split))
     return out
 
 
@@ -379,13 +397,17 @@ def test_only_the_last_micro_step_all_reduces_across_nodes(records):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["chats-flat-accum", "chats-hsdp", "chats-hsdp-accum"])
-def test_a_step_on_uneven_chats_is_one_batch_however_it_is_split(records, name):
-    loss, grad_norm = records["chats-one-batch"]
-    step = records[name][0]["reports"][0]["metrics"]
+@pytest.mark.parametrize("split", CHAT_SPLITS)
+@pytest.mark.parametrize("prefix", ["", "mp-"], ids=["fp32", "bf16-compute"])
+def test_a_step_on_uneven_chats_is_one_batch_however_it_is_split(records, prefix, split):
+    one_batch = records[f"mp-chats-{split}-one-batch" if prefix else "chats-one-batch"]
+    # The step's divisor per rank is one bf16 cannot hold: rounding it would scale the loss by 0.37%.
+    per_rank = one_batch["labels"] / WORLD_SIZE
+    assert torch.tensor(per_rank).bfloat16().item() != per_rank
+    step = records[f"{prefix}chats-{split}"][0]["reports"][0]["metrics"]
     assert step["step"] == 1
-    assert step["loss"] == pytest.approx(loss, rel=SPLIT_RTOL)
-    assert step["grad_norm"] == pytest.approx(grad_norm, rel=SPLIT_RTOL)
+    assert step["loss"] == pytest.approx(one_batch["loss"], rel=SPLIT_RTOL)
+    assert step["grad_norm"] == pytest.approx(one_batch["grad_norm"], rel=SPLIT_RTOL)
 
 
 @pytest.mark.slow

@@ -24,7 +24,8 @@ from workloads.client.submission import build_submission
 from workloads.context import TrainContext
 from workloads.launch.driver import WorkerPlan, parse_args, worker_range
 from workloads.train.config import TrainConfig, preset, with_overrides
-from workloads.train.elastic import accumulation_for
+from workloads.train.checkpoint import read_progress
+from workloads.train.elastic import ELASTIC_PREFIX, accumulation_for, planned_world_size
 from workloads.train.preemption import Notice, PreemptionWatch, notice_record
 
 NOTICE = Notice(deadline_unix_s=1_000_095.0, ranks=(2, 3), nodes=("node-b",))
@@ -115,11 +116,19 @@ def _cfg(**extra) -> dict:
     return with_overrides(base, [f"{k}={v}" for k, v in extra.items()]).to_dict()
 
 
-def _worker(rank: int, world: int, port: int, root: Path, name: str, scenario: dict) -> None:
+def _worker(rank: int, world: int, port: int, root: Path, scenarios: dict[str, dict]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        for name, scenario in scenarios.items():
+            _scenario(rank, world, root, name, scenario)
+    finally:
+        dist.destroy_process_group()
+
+
+def _scenario(rank: int, world: int, root: Path, name: str, scenario: dict) -> None:
     reports: list[dict] = []
-    # The drain is seen from step 3 on (every rank the same answer, as Ray's broadcast gives).
+    # The drain is seen from the `notice_from`-th ask on (every rank the same answer, as Ray's broadcast gives).
     seen_steps = iter(range(2, 100, 2))
     notice_from = scenario.get("notice_from")
 
@@ -133,11 +142,8 @@ def _worker(rank: int, world: int, port: int, root: Path, name: str, scenario: d
                        scratch_dir=root / name, preemption_notice=ask,
                        planned_world_size=scenario.get("planned", 0))
     out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            summary = train(TrainConfig.from_dict(scenario["cfg"]), ctx)
-    finally:
-        dist.destroy_process_group()
+    with contextlib.redirect_stdout(out):
+        summary = train(TrainConfig.from_dict(scenario["cfg"]), ctx)
     (root / f"{name}-rank{rank}.json").write_text(json.dumps({"summary": summary, "reports": reports,
                                                              "stdout": out.getvalue()}))
 
@@ -148,22 +154,30 @@ def train(cfg, ctx):
     return loop_train(cfg, ctx)
 
 
-def _run(root: Path, name: str, world: int, scenario: dict) -> list[dict]:
-    run_ranks(_worker, args=(world, free_port(), root, name, scenario), nprocs=world)
-    return [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(world)]
+def _run(root: Path, world: int, scenarios: dict[str, dict]) -> dict[str, list[dict]]:
+    """The scenarios one after another in one process group of `world` ranks."""
+    run_ranks(_worker, args=(world, free_port(), root, scenarios), nprocs=world)
+    return {name: [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(world)]
+            for name in scenarios}
 
 
 @pytest.fixture(scope="module")
 def loop_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
-    two = _run(root, "two", 2, {"cfg": _cfg(), "notice_from": 4})
-    resumed = _run(root, "one", 1, {"cfg": _cfg(), "planned": 2, "resume": str(root / "two" / "checkpoint-0000004")})
-    return two, resumed
+    two = _run(root, 2, {"two": {"cfg": _cfg(), "notice_from": 4}})["two"]
+    saved_by_two = str(root / "two" / "checkpoint-0000004")
+    ones = _run(root, 1, {
+        # An elastic run on one of its two planned ranks: the notice at its first ask (step 6) saves.
+        "one": {"cfg": _cfg(), "planned": 2, "resume": saved_by_two, "notice_from": 2},
+        # The same checkpoint resumed on one rank by a run that is not elastic.
+        "one-not-elastic": {"cfg": _cfg(), "resume": saved_by_two},
+    })
+    return two, ones["one"], ones["one-not-elastic"]
 
 
 @pytest.mark.slow
 def test_a_notice_saves_a_checkpoint_at_once_and_only_once(loop_runs):
-    two, _ = loop_runs
+    two, _, _ = loop_runs
     saved = [r["metrics"]["step"] for r in two[0]["reports"] if r["checkpoint_dir"]]
     assert saved == [4]  # checkpoint_every=0: only the notice, seen at the ask of step 4
     (line,) = [ln for ln in two[0]["stdout"].splitlines() if ln.startswith("[preemption] ")]
@@ -173,7 +187,7 @@ def test_a_notice_saves_a_checkpoint_at_once_and_only_once(loop_runs):
 
 @pytest.mark.slow
 def test_one_rank_resumes_a_two_rank_run_with_the_same_samples_per_step_and_losses(loop_runs):
-    two, (one,) = loop_runs
+    two, (one,), _ = loop_runs
     assert one["summary"]["resumed_from_step"] == 4 and one["summary"]["grad_accum_steps"] == 2
     assert one["summary"]["world_size"] == 1 and one["summary"]["planned_world_size"] == 2
     before = {r["metrics"]["step"]: r["metrics"]["loss"] for r in two[0]["reports"]}
@@ -183,3 +197,50 @@ def test_one_rank_resumes_a_two_rank_run_with_the_same_samples_per_step_and_loss
     # of two ranks' reduction): equal to fp32 rounding.
     assert [after[s] for s in (5, 6)] == pytest.approx([before[s] for s in (5, 6)], rel=1e-5)
     assert any(ln.startswith("[elastic] ") for ln in one["stdout"].splitlines())
+
+
+@pytest.mark.slow
+def test_a_run_that_is_not_elastic_resumed_on_fewer_ranks_keeps_its_samples_per_step(loop_runs):
+    two, _, (one,) = loop_runs
+    summary = one["summary"]
+    assert (summary["world_size"], summary["planned_world_size"], summary["grad_accum_steps"]) == (1, 2, 2)
+    before = {r["metrics"]["step"]: r["metrics"]["loss"] for r in two[0]["reports"]}
+    after = {r["metrics"]["step"]: r["metrics"]["loss"] for r in one["reports"]}
+    assert [after[s] for s in (5, 6)] == pytest.approx([before[s] for s in (5, 6)], rel=1e-5)
+    (line,) = [ln for ln in one["stdout"].splitlines() if ln.startswith(ELASTIC_PREFIX)]
+    said = json.loads(line.removeprefix(ELASTIC_PREFIX))
+    assert (said["world_size"], said["planned_world_size"], said["samples_per_step"]) == (1, 2, 4)
+
+
+@pytest.mark.slow
+def test_an_elastic_checkpoint_saved_on_fewer_ranks_resumes_for_its_planned_world_size(loop_runs):
+    _, (one,), _ = loop_runs
+    (saved,) = [r["checkpoint_dir"] for r in one["reports"] if r["checkpoint_dir"]]
+    progress = read_progress(Path(saved))
+    assert (progress["world_size"], progress["planned_world_size"]) == (1, 2)
+    # Resumed on its two ranks by a run that is not elastic: one micro-step each again, not two halves.
+    planned = planned_world_size(world_size=2, elastic_planned=0, saved=progress)
+    assert planned == 2 and accumulation_for(2, grad_accum_steps=1, planned_world_size=planned) == 1
+
+
+@pytest.mark.parametrize(("saved", "elastic_planned", "planned"), [
+    ({}, 0, 3),  # a fresh run plans for its ranks
+    ({}, 8, 8),  # a fresh elastic run for its largest world size
+    ({"world_size": 4, "planned_world_size": 8}, 0, 8),  # an elastic run's checkpoint, resumed as any
+    ({"world_size": 8, "planned_world_size": 8}, 16, 8),  # the checkpoint's, not a larger cluster's
+    ({"world_size": 4}, 0, 4),  # a checkpoint from before the record: the ranks that saved it
+    ({"world_size": 4}, 8, 8),  # ... or, elastic, its largest world size
+])
+def test_a_resumed_run_plans_for_the_world_size_of_its_checkpoint(saved, elastic_planned, planned):
+    assert planned_world_size(world_size=3, elastic_planned=elastic_planned, saved=saved) == planned
+
+
+def test_a_resume_that_cannot_keep_the_samples_per_step_is_refused_with_the_way_out():
+    with pytest.raises(ValueError, match=r"^resuming on 16 ranks cannot keep the samples per optimizer step of the "
+                                         r"checkpoint's run, planned for 8 ranks with grad_accum_steps=1: 8 micro-"
+                                         r"batches per step do not divide among 16\. Resume on 1, 2, 4, 8 ranks, or "
+                                         r"lower micro_batch and raise grad_accum_steps by one factor until 16 "
+                                         r"divides grad_accum_steps x 8$"):
+        accumulation_for(16, grad_accum_steps=1, planned_world_size=8, cause="resume")
+    # Halving micro_batch and doubling grad_accum_steps keeps the samples per step, on 16 ranks too.
+    assert accumulation_for(16, grad_accum_steps=2, planned_world_size=8, cause="resume") == 1

@@ -98,18 +98,39 @@ def test_a_failing_run_exits_1_with_the_reason_on_the_last_line(target, tmp_path
 
 
 def test_list_logs_and_stop(target, ray_cluster, tmp_path, capsys):
-    argv = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--set", "steps=100000", "--no-follow"]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = [*target, *TINY_RUN, "--storage-path", str(tmp_path / "s"), "--set", "steps=100000", "--no-follow",
+            "--set", f"tracking.uri={store}"]
     assert submit.main("submit", argv) == 0
     job_id = capsys.readouterr().out.strip()
     assert submit.main("list", target) == 0
     assert job_id in capsys.readouterr().out
+    opened = _wait_for_line(ray_cluster, job_id, "[tracking] {", timeout_s=180)
+    run_id = json.loads(opened.split("[tracking] ", 1)[1])["run_id"]
     assert submit.main("stop", [job_id, *target]) == 0
-    assert f"job {job_id} STOPPED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"job {job_id} STOPPED" in out
     assert _client(ray_cluster).get_job_status(job_id) == JobStatus.STOPPED
+    # Its ranks were killed with the job: its tracker run ended KILLED, not left RUNNING (`stop` ends it,
+    # also over a FAILED written as the ranks saw each other go).
+    from mlflow import MlflowClient
+
+    assert MlflowClient(tracking_uri=store).get_run(run_id).info.status == "KILLED"
     assert submit.main("logs", [job_id, *target]) == 0
     assert "workloads.launch.driver" in capsys.readouterr().out
     assert submit.main("stop", ["raysubmit_nosuchjob", *target]) == 1
     assert "raysubmit_nosuchjob" in capsys.readouterr().err
+
+
+def _wait_for_line(cluster, job_id: str, marker: str, *, timeout_s: float) -> str:
+    """The first line of the job's log that holds `marker`, waiting for it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [line for line in _client(cluster).get_job_logs(job_id).splitlines() if marker in line]
+        if found:
+            return found[0]
+        time.sleep(1)
+    raise AssertionError(f"no {marker!r} in the log of job {job_id} within {timeout_s:g} s")
 
 
 def _jobs_of(cluster, run_name: str) -> list:

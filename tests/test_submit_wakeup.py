@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from botocore.stub import Stubber
 
-from workloads.client import submit
+from workloads.client import revisions, submit
 from workloads.client.cluster import Connection, WakeTarget, stack_outputs_from_json
 from workloads.client.outcome import JobOutcome
 from workloads.client.wakeup import (DISCOVERY_TAG_KEY, WAKE_WAIT_S, ClusterReader, GroupReader, GroupState,
@@ -335,6 +335,7 @@ def test_submit_on_a_stack_at_zero_waits_longer_shows_the_nodes_and_names_why_th
                           reason="error: 0 of 8 GPU(s) registered with the Ray cluster within 1800 s")
 
     monkeypatch.setattr(submit, "submit_and_follow", follow_until_the_driver_gives_up)
+    monkeypatch.setattr(revisions, "ask_the_hub", lambda repo, **kw: "e5" * 20)  # the preset's hub model and data
     code = submit.main("submit", ["--stack", "s", "--preset", "qwen2.5-1.5b-24gb", "--run-name", "run"])
     out = capsys.readouterr().out
     assert code == 1

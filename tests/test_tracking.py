@@ -4,6 +4,7 @@ A scripted sink stands in for MLflow here; tests/test_tracking_server.py runs th
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -40,6 +41,7 @@ class ScriptedSink:
         self.calls: list[tuple] = []
         self.fail = fail
         self.runs = runs or {}
+        self.statuses: dict[str, str] = {}
         self.lock = threading.Lock()
 
     def _call(self, *call):
@@ -75,6 +77,15 @@ class ScriptedSink:
 
     def end(self, run_id, status):
         self._call("end", run_id, status)
+        self.statuses[run_id] = status
+
+    def status(self, run_id):
+        self._call("status", run_id)
+        return self.statuses.get(run_id, "RUNNING")
+
+    def find_run(self, experiment, *, run_name):
+        self._call("find", experiment, run_name)
+        return self.runs.get(run_name)
 
     def of(self, kind):
         with self.lock:
@@ -128,6 +139,11 @@ def test_a_restart_and_a_resize_are_events_a_fresh_start_is_not():
         "event.step-0000040.restart", "resumed after step 40 on 8 ranks (2 node(s))")
     assert tracking.Resumption(step=40, world_size=4, saved_world_size=8, nodes=1).event() == (
         "event.step-0000040.resize", "resumed after step 40 on 4 ranks (1 node(s)), was 8")
+    # A resize says what it kept: the samples per optimizer step, with more micro-steps per rank.
+    assert tracking.Resumption(step=40, world_size=4, saved_world_size=8, nodes=1, samples_per_step=128,
+                               grad_accum_steps=2).event() == (
+        "event.step-0000040.resize", "resumed after step 40 on 4 ranks (1 node(s)), was 8; 128 samples per "
+                                     "optimizer step kept with grad_accum_steps=2")
 
 
 def test_without_a_uri_or_on_another_rank_nothing_is_tracked():
@@ -202,7 +218,9 @@ def test_a_resumed_run_continues_its_run_logs_new_params_and_says_which_changed(
     _, run_id, metrics, params, tags = sink.of("batch")[0]
     assert run_id == "run-a" and "steps" not in params and "seed" not in params and "lr" in params
     assert tags["params_changed.step-0000040"] == "steps: 100 -> 200"
-    assert tags["event.step-0000040.resize"] == "resumed after step 40 on 4 ranks (2 node(s)), was 8"
+    assert tags["event.step-0000040.resize"] == ("resumed after step 40 on 4 ranks (2 node(s)), was 8; "
+                                                 f"{cfg.micro_batch * 4} samples per optimizer step kept with "
+                                                 "grad_accum_steps=1")
     assert [(m[0], m[1], m[3]) for m in metrics] == [("world_size", 4.0, 40)]
 
 
@@ -298,3 +316,55 @@ def test_annotating_an_ended_run_gives_up_after_its_timeout_without_raising():
 def test_tags_must_be_a_mapping_of_strings(tags):
     with pytest.raises(ValueError, match="tracking.tags"):
         with_overrides(preset("demo-cpu"), [f"tracking.tags={json.dumps(tags)}"])
+
+
+@pytest.mark.parametrize(("raised", "status"), [(RuntimeError("CUDA out of memory"), "FAILED"),
+                                                (KeyboardInterrupt(), "KILLED"), (SystemExit(143), "KILLED")])
+def test_a_loop_that_raises_ends_its_run_failed_and_an_interrupted_one_killed(raised, status):
+    sink = ScriptedSink()
+    with pytest.raises(type(raised)):
+        with tracking.ends_with_the_run():
+            tracker = start(tracked(), sink)
+            tracker.log_step(step(1))
+            raise raised
+    assert sink.of("end") == [("end", "new-run", status)]
+    assert [c[0] for c in sink.calls][-3:] == ["batch", "status", "end"]  # the step before it was sent first
+    # A run that reached its summary is not ended again by a later failure of the same process.
+    sink = ScriptedSink()
+    with pytest.raises(RuntimeError):
+        with tracking.ends_with_the_run():
+            start(tracked(), sink).finish({})
+            raise RuntimeError("after the run")
+    assert sink.of("end") == [("end", "new-run", "FINISHED")]
+
+
+def test_a_failure_does_not_overwrite_what_whoever_stopped_the_run_said():
+    sink = ScriptedSink()
+    with pytest.raises(RuntimeError):
+        with tracking.ends_with_the_run():
+            tracker = start(tracked(), sink)
+            tracker.log_step(step(1))
+            sink.statuses["new-run"] = "KILLED"  # the client stopped the job meanwhile
+            raise RuntimeError("gloo: connection closed by peer")
+    assert sink.of("end") == [] and sink.statuses["new-run"] == "KILLED"
+
+
+def test_a_run_left_running_is_ended_afterwards_and_an_ended_one_is_left_alone():
+    sink, said = ScriptedSink(runs={"demo-1": SimpleNamespace(info=SimpleNamespace(run_id="run-a"))}), []
+    end = functools.partial(tracking.end_run, "http://127.0.0.1:1", sink_factory=lambda: sink, say=said.append)
+    assert end(run_id="run-a", status="KILLED")
+    assert not end(run_id="run-a", status="FAILED")  # KILLED already
+    assert sink.of("end") == [("end", "run-a", "KILLED")]
+    sink.statuses.clear()
+    assert end(experiment="exp", run_name="demo-1", status="FAILED")  # found by its run name
+    assert not end(experiment="exp", run_name="never-opened", status="FAILED")
+    # Whoever stopped it ends it KILLED over the FAILED its ranks wrote as their peers went, not over FINISHED.
+    assert end(run_id="run-a", status="KILLED", over=("RUNNING", "FAILED"))
+    sink.statuses["run-a"] = "FINISHED"
+    assert not end(run_id="run-a", status="KILLED", over=("RUNNING", "FAILED"))
+    assert said == []
+    hung = ScriptedSink(fail=lambda call: time.sleep(5))
+    assert not tracking.end_run("http://127.0.0.1:1", run_id="run-b", status="KILLED", timeout_s=0.2,
+                                sink_factory=lambda: hung, say=said.append)
+    assert said == ["[tracking] warning: could not end run run-b at http://127.0.0.1:1 as KILLED: no answer "
+                    "within 0.2 s"]

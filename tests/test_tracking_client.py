@@ -148,3 +148,23 @@ def test_a_local_run_tracks_into_the_store_under_runs_unless_told_otherwise(argv
     assert uri == want and train["tracking"]["uri"] == (want or "off")
     if want:
         assert train["tracking"]["run_name"] == "demo-cpu-1" and "mlflow.source.git.commit" in train["tracking"]["tags"]
+
+
+def test_sigterm_stops_a_local_run_as_ctrl_c_does(monkeypatch, capsys):
+    """tests/test_local_demo.py stops a demo with Ctrl-C; SIGTERM (a CI job's end) takes the same way out."""
+    import os
+    import signal
+    import time
+
+    from workloads.client import local
+
+    def terminated(args, console):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises first
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(local, "run_local", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert local.main("run", ["--local"]) == submit.EXIT_INTERRUPTED
+    assert "interrupted: the local Ray cluster was stopped" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before

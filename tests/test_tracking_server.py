@@ -102,7 +102,8 @@ def test_a_run_its_history_and_its_continuations_read_back(server):
     assert got.info.status == "FINISHED"
     assert history(mlflow, run_id, "train_loss") == [(n, pytest.approx(3.0 / n)) for n in range(1, 9)]
     assert history(mlflow, run_id, "world_size") == [(0, 2.0), (4, 2.0), (6, 2.0)]
-    assert got.data.tags["event.step-0000004.resize"] == "resumed after step 4 on 2 ranks (1 node(s)), was 4"
+    assert got.data.tags["event.step-0000004.resize"] == ("resumed after step 4 on 2 ranks (1 node(s)), was 4; 16 "
+                                                          "samples per optimizer step kept with grad_accum_steps=1")
     assert got.data.tags["event.step-0000006.restart"] == "resumed after step 6 on 2 ranks (1 node(s))"
     assert got.data.tags["params_changed.step-0000004"] == "steps: 200 -> 300"
     assert got.data.params["steps"] == "200"  # parameters are immutable in MLflow
@@ -150,7 +151,8 @@ def worker(rank: int, port: int, root: Path, plan: dict) -> None:
                     copy = root / f"{name}-resume"
                     shutil.copytree(resume_from, copy)
                     saved = read_progress(copy)
-                    (copy / PROGRESS_FILE).write_text(json.dumps({**saved, "world_size": scenario["saved_world_size"]}))
+                    (copy / PROGRESS_FILE).write_text(json.dumps({**saved, "world_size": scenario["saved_world_size"],
+                                                                  "planned_world_size": scenario["saved_world_size"]}))
                 dist.barrier()
                 resume_from = str(root / f"{name}-resume")
             if scenario.get("preimport_mlflow") and rank == 0:
@@ -228,8 +230,10 @@ def test_the_loop_tracks_on_rank_0_and_a_resumed_run_continues_it(server, tmp_pa
     assert history(mlflow, run_id, "world_size") == [(0, 2.0), (30, 2.0)]
     tags = got.data.tags
     assert (tags["world_size"], tags["nodes"], tags["parallelism"]) == ("2", "1", "fsdp 2")
-    assert tags["event.step-0000030.resize"] == "resumed after step 30 on 2 ranks (1 node(s)), was 4"
-    assert tags["params_changed.step-0000030"] == "steps: 30 -> 40"
+    # Two micro-steps on each of the 2 ranks keep the 4 ranks' samples per step.
+    assert tags["event.step-0000030.resize"] == ("resumed after step 30 on 2 ranks (1 node(s)), was 4; 32 samples "
+                                                 "per optimizer step kept with grad_accum_steps=2")
+    assert tags["params_changed.step-0000030"] == "grad_accum_steps: 1 -> 2; steps: 30 -> 40"
     summary = json.loads(Path(mlflow.download_artifacts(run_id, "summary.json")).read_text())
     assert summary == records["b"][0]["summary"]
     assert len(mlflow.search_runs([got.info.experiment_id])) == 1
@@ -307,3 +311,18 @@ def test_the_driver_tags_the_run_with_its_final_checkpoint_and_exported_model(se
     assert "model_location" not in mlflow.get_run(named).data.tags  # no weights were exported there
     # Untracked: nothing is asked of any tracker.
     assert not tell_tracker_where(preset("demo-cpu").to_dict(), filesystem=LocalFileSystem(), path=str(final))
+
+
+def test_the_driver_ends_the_run_of_a_job_that_failed_as_failed(server):
+    from workloads.launch.driver import tell_tracker_it_failed
+
+    mlflow = client(server.uri)
+    experiment = mlflow.create_experiment("driver-failed")
+    # Left RUNNING: its rank 0 was killed (a lost worker) before Ray Train gave up on the run.
+    run_id = mlflow.create_run(experiment, run_name="drv-f", tags={tracking.RUN_NAME_TAG: "drv-f"}).info.run_id
+    train = with_overrides(preset("demo-cpu"), [f"tracking.uri={server.uri}", "tracking.experiment=driver-failed",
+                                                "tracking.run_name=drv-f"]).to_dict()
+    assert tell_tracker_it_failed(train)
+    assert mlflow.get_run(run_id).info.status == "FAILED"
+    assert not tell_tracker_it_failed(train)  # ended already: left as it is
+    assert not tell_tracker_it_failed(preset("demo-cpu").to_dict())  # untracked: nothing is asked

@@ -102,6 +102,24 @@ def _tokenizer_cached(repo_id: str) -> bool:
     return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in TOKENIZER_FILES)
 
 
+def _model_by_id(train: dict, *, local: Mapping[str, Path]) -> bool:
+    """model.name_or_path is neither a named architecture, a file or folder here, a node path nor
+    an s3:// URI: a hub id, if anything."""
+    name = str(train["model"]["name_or_path"])
+    return "model.name_or_path" not in local and name not in NAMED_ARCHITECTURES and not _is_remote_or_node_path(name)
+
+
+def hub_repositories(train: dict, *, local: Mapping[str, Path]) -> list[tuple[str, str]]:
+    """The config's sections ("model", "data") that name a hub repository, with its id."""
+    out = []
+    name = str(train["model"]["name_or_path"])
+    if _model_by_id(train, local=local) and HUB_ID.match(name):
+        out.append(("model", name))
+    if train["data"]["kind"] == "hub":
+        out.append(("data", str(train["data"]["path"])))
+    return out
+
+
 def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: frozenset[str] = frozenset()) -> None:
     """Check what `train` (TrainConfig.to_dict()) names. `local`: field -> the file or folder on this
     machine that the run reads for it; `skip`: fields whose files are made later (the demo's). A
@@ -115,7 +133,7 @@ def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: fro
         if _records_data(train) and not data.get("tokenizer") and not _has_tokenizer(folder):
             raise ValueError(f"model.name_or_path {name!r} holds no tokenizer, which the data needs: save it "
                              "there (tokenizer.save_pretrained) or set data.tokenizer")
-    elif "model.name_or_path" not in local and name not in NAMED_ARCHITECTURES and not _is_remote_or_node_path(name):
+    elif _model_by_id(train, local=local):
         if not HUB_ID.match(name):
             raise _not_a_source("model.name_or_path", name)
         cached = cache_root(train.get("cache_dir") or "") / entry_name("hub", name, model.get("revision") or "default")

@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import demo, submit, tracking
+from workloads.client import demo, revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
@@ -344,16 +344,19 @@ def _arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def local_train_config(args: argparse.Namespace, run_dir: Path) -> tuple[dict, demo.DemoInputs]:
+def local_train_config(args: argparse.Namespace, run_dir: Path, *,
+                       say: Callable[[str], None] = lambda line: None) -> tuple[dict, demo.DemoInputs]:
     """The run's config, with every local input it names checked (seconds, before any cluster
-    starts), and what the demo will make for it. ValueError for a mistake."""
+    starts) and its hub model and dataset pinned to commits (`say` hears of each), and what the
+    demo will make for it. ValueError for a mistake."""
     from workloads.train.config import TrainConfig, preset, with_overrides
 
     inputs = demo.plan_demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
     base = preset(args.preset)
     cfg = with_overrides(base, [*inputs.overrides, *user_overrides(base.to_dict(), args.set), "transport.expect=any"])
     train = resolved_for_local_run(cfg.to_dict(), cwd=Path.cwd(), made=inputs.fields)
-    check_inputs(train, local=local_inputs(train, cwd=Path.cwd(), made=inputs.fields), hub=True)
+    local = local_inputs(train, cwd=Path.cwd(), made=inputs.fields)
+    check_inputs(train, local=local, hub=True)
     # Every rank runs on this machine: refused here when their memory together would not fit. The
     # toy model the demo is about to make has tiny-qwen2's shape.
     from workloads.client.fit import Target, check_fits, host_available_gib
@@ -363,6 +366,9 @@ def local_train_config(args: argparse.Namespace, run_dir: Path) -> tuple[dict, d
                                                          available_gib=host_available_gib()),
                what=f"{args.preset} (as set)", cwd=Path.cwd(),
                config=named_architecture("tiny-qwen2") if inputs.model is not None else None)
+    train, pinned = revisions.pin_hub_revisions(train, local=local)
+    for line in pinned:
+        say(line)
     return train, inputs
 
 
@@ -370,7 +376,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (args.runs_dir / stamp).resolve()
-    train, inputs = local_train_config(args, run_dir)
+    train, inputs = local_train_config(args, run_dir, say=lambda line: console.print(f"[bold cyan]hub[/] {line}"))
     run_name = f"{args.preset}-{stamp}"
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
@@ -384,15 +390,25 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
                   f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
     say = lambda message: console.print(f"[bold cyan]local[/] {message}")  # noqa: E731
-    with environment_with(uri_credentials), local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
-        console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
-        with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
-            request = submit.SubmitRequest(train=train, run_name=run_name,
-                                           storage_path=str(run_dir / "checkpoints"), max_failures=0,
-                                           expect="any", quiet=not args.verbose)
-            submitted: list[str] = []
-            with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
-                outcome = submit.submit_and_follow(conn, request, console=console, on_submitted=submitted.append)
+    try:
+        with environment_with(uri_credentials), local_ray_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:
+            console.print(f"[bold cyan]local[/] Jobs API at {cluster.address}")
+            with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
+                request = submit.SubmitRequest(train=train, run_name=run_name,
+                                               storage_path=str(run_dir / "checkpoints"), max_failures=0,
+                                               expect="any", quiet=not args.verbose)
+                submitted: list[str] = []
+                with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
+                    outcome = submit.submit_and_follow(conn, request, console=console,
+                                                       on_submitted=submitted.append)
+    except (KeyboardInterrupt, _Terminated):
+        # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING, or FAILED
+        # where a rank or the driver saw the others go first.
+        if tracking_uri and (run_dir / "job.log").is_file():
+            with environment_with(uri_credentials):
+                tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
+                                         say=lambda line: console.print(line, highlight=False, markup=False))
+        raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)
     if not outcome.records:

@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import tracking
+from workloads.client import revisions, tracking
 from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_factory, connect, first_line, job_client,
                                       read_token_file)
 from workloads.client.datapaths import files_for_job, local_inputs
@@ -231,8 +231,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                                                    gpus=None if target is None else target.world_size)
     first = _train_config(args, expect=expect, preset_name=planned_preset, target=target)
     files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
-    # The files uploaded with the job are read here as the job will read them; the hub is the
-    # cluster's to reach, not this machine's.
+    # The files uploaded with the job are read here as the job will read them; the hub's files are
+    # the cluster's to fetch (this machine only asks which commit a revision names, below).
     check_inputs(first, local=local_inputs(first, cwd=Path.cwd(), upload_absolute=upload_absolute), hub=False)
     if target is not None:  # before anything is uploaded or a port-forward opened
         check_fit(first, target, what=planned_preset if args.config is None else str(args.config), console=console)
@@ -251,8 +251,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     with _connect(args) as conn:
         preset_name = planned_preset if target is not None else (
             args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
-        train, files = files_for_job(_train_config(args, expect=expect, preset_name=preset_name, target=target),
-                                     cwd=Path.cwd(), upload_absolute=upload_absolute)
+        config = _train_config(args, expect=expect, preset_name=preset_name, target=target)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         storage_path = args.storage_path or conn.storage_path
@@ -261,6 +260,12 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if "://" not in storage_path and not storage_path.startswith("/"):
             raise ValueError(f"--storage-path {storage_path!r} must be a URI (s3://...) or an absolute folder "
                              "on the cluster's nodes")
+        # Once, here: every node and every restart of the job reads these commits.
+        config, pinned = revisions.pin_hub_revisions(
+            config, local=local_inputs(config, cwd=Path.cwd(), upload_absolute=upload_absolute))
+        for line in pinned:
+            console.print(f"[bold cyan]hub[/] {line}", highlight=False)
+        train, files = files_for_job(config, cwd=Path.cwd(), upload_absolute=upload_absolute)
         gpus = args.gpus if args.gpus is not None else conn.ray_worker_gpus or 0
         tracking_uri = tracking.resolve_uri(train, stack_uri=conn.tracking_uri)
         if tracking_uri:
@@ -348,7 +353,10 @@ def _stop(args: argparse.Namespace, console: Console) -> int:
         client = job_client(conn)
         stopped = client.stop_job(args.job_id)
         status = wait_terminal(client, args.job_id)
-    console.print(f"job {args.job_id} {status}" + ("" if stopped else " (it had already ended)"))
+        console.print(f"job {args.job_id} {status}" + ("" if stopped else " (it had already ended)"))
+        if stopped:  # its workers were killed with it: the tracker run would stay RUNNING (or FAILED)
+            tracking.end_stopped_run(client.get_job_logs(args.job_id),
+                                     say=lambda line: console.print(line, highlight=False, markup=False))
     return EXIT_OK
 
 

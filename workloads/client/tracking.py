@@ -3,6 +3,10 @@ the job's config carries (workloads/train/tracking.py does the logging), the loc
 `run --local`, what a local run adds at its end (its report, loss plot and exported model), and how
 to open the UI.
 
+A job that is stopped (`stop`), or a local run interrupted with its cluster, ends its tracker run
+KILLED from here (`end_stopped_run`): its rank 0 was killed before it could say so, or said FAILED
+when its peers went first.
+
 The URI is, first to last: `--set tracking.uri=...`, $MLFLOW_TRACKING_URI where the command runs,
 the stack's SageMaker managed MLflow tracking server (`ray-eks:mlflow`: its ARN, a stack output),
 and for `run --local` a sqlite store under runs/mlflow. The experiment defaults to the stack's name,
@@ -152,6 +156,23 @@ def tracked_run(logs: str) -> Optional[TrackedRun]:
         return None
     return TrackedRun(run_id=str(found["run_id"]), experiment=str(found.get("experiment", "")),
                       experiment_id=str(found.get("experiment_id", "")), uri=str(found.get("uri", "")))
+
+
+def end_stopped_run(logs: str, *, say: Callable[[str], None], uri: str = "") -> bool:
+    """End the tracker run a job's log names KILLED, once this command stopped the job (or its local
+    cluster) while it ran: left RUNNING when its rank 0 was killed first, or FAILED when its rank 0
+    or the driver saw its peers go first. A run that FINISHED is left so. `uri`: the tracker's
+    (default: as the log names it, without a password). True when it was ended here."""
+    run = tracked_run(logs)
+    if run is None:
+        return False
+    from workloads.train.tracking import end_run
+
+    status = "KILLED"
+    if not end_run(uri or run.uri, run_id=run.run_id, status=status, over=("RUNNING", "FAILED"), say=say):
+        return False
+    say(f"tracking: run {run.run_id} ended {status}")
+    return True
 
 
 def _shown(path: Path) -> str:

@@ -380,13 +380,7 @@ def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
     settings = TrainConfig.from_dict(train).tracking
     if not tracking.tracking_uri(settings):
         return False
-    try:
-        os.getcwd()
-    except FileNotFoundError:
-        # The job's working_dir, this process's folder, can be gone by now: on one machine the local
-        # cluster's nodes share one runtime_resources folder, and the workers' runtime env removes it
-        # as they exit. MLflow's plugin discovery reads the current folder.
-        os.chdir(tempfile.gettempdir())
+    _leave_a_removed_folder()
     try:
         with filesystem.open_input_stream(f"{path}/{PROGRESS_FILE}") as stream:
             run_id = str(json.loads(stream.read()).get("tracking_run_id") or "")
@@ -400,6 +394,35 @@ def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
     if tracking.annotate_run(settings, run_id=run_id, tags=tags, say=print):
         _say(f"tracking: run {run_id or settings.run_name} tagged with "
              f"{', '.join(f'{k}={v}' for k, v in tags.items())}")
+        return True
+    return False
+
+
+def _leave_a_removed_folder() -> None:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # The job's working_dir, this process's folder, can be gone by now: on one machine the local
+        # cluster's nodes share one runtime_resources folder, and the workers' runtime env removes it
+        # as they exit. MLflow's plugin discovery reads the current folder.
+        os.chdir(tempfile.gettempdir())
+
+
+def tell_tracker_it_failed(train: dict) -> bool:
+    """End the run's tracker run FAILED when it is still RUNNING: its rank 0 did when the loop
+    raised, but not when it was killed (a lost worker, a node) before Ray Train gave up. Found by
+    its run name; a bounded wait; never fails the job further."""
+    from workloads.train import tracking
+    from workloads.train.config import TrainConfig
+
+    settings = TrainConfig.from_dict(train).tracking
+    uri = tracking.tracking_uri(settings)
+    if not uri or not settings.run_name:
+        return False
+    _leave_a_removed_folder()
+    if tracking.end_run(uri, experiment=settings.experiment_name, run_name=settings.run_name, status="FAILED",
+                        say=print):
+        _say(f"tracking: run {settings.run_name} ended FAILED")
         return True
     return False
 
@@ -483,6 +506,7 @@ def run(args: DriverArgs) -> int:
     finally:
         ray.shutdown()
         shutil.rmtree(preflight_file.parent, ignore_errors=True)
+    tell_tracker_it_failed(train)
     print(f"error: training failed: {reason}", flush=True)
     return 1
 

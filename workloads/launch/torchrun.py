@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.setdefault(key, value)
         (out / "nccl").mkdir(exist_ok=True)
 
+    from workloads.train import tracking
     from workloads.train.loop import train
 
     init_process_group()
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = torchrun_context(out=out, resume=args.resume)
         if ctx.rank == 0:
             (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        summary = train(cfg, ctx)
+        with tracking.ends_with_the_run():  # FAILED or KILLED in the tracker, not RUNNING, when it raises
+            summary = train(cfg, ctx)
         if ctx.rank == 0:
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return 0

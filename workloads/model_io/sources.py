@@ -9,12 +9,13 @@ ValueError naming the source and the fix, raised before any training step.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import re
 import time
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 from workloads.model_io.cache import cache_root, entry_name, fill_once
 from workloads.model_io.storage import Location, is_s3, locate
@@ -83,12 +84,12 @@ def _fetch_s3_folder(location: Location, *, names: list[str], files: dict[str, i
     return fill_once(cache_root(cache_dir), entry_name("s3", location.uri, _listing_key(files)), fill).path
 
 
-def hub_download(repo_id: str, *, repo_type: Literal["model", "dataset"], revision: str, target: Path,
-                 allow_patterns: list[str], endpoint: Optional[str] = None) -> None:
-    """snapshot_download into `target`, with the hub's errors turned into ValueErrors that say what to do."""
-    from huggingface_hub import snapshot_download
+@contextlib.contextmanager
+def _hub_errors(repo_id: str, *, repo_type: Literal["model", "dataset"], revision: str) -> Iterator[None]:
+    """The hub's errors inside the block as ValueErrors that say what to do."""
     from huggingface_hub.errors import (
         GatedRepoError,
+        HTTPError,  # the HTTP client's own errors (a refused connection), which it does not wrap
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -97,8 +98,7 @@ def hub_download(repo_id: str, *, repo_type: Literal["model", "dataset"], revisi
     what = f"hub {repo_type} {repo_id!r}"
     instead = "or use a local folder or an s3:// copy" if repo_type == "model" else "or use a JSONL file"
     try:
-        snapshot_download(repo_id, repo_type=repo_type, revision=revision or None, local_dir=target,
-                          allow_patterns=allow_patterns, endpoint=endpoint)
+        yield
     except GatedRepoError:
         raise ValueError(f"{what} is gated: accept its terms on the hub and give the job HF_TOKEN, {instead}") from None
     except RepositoryNotFoundError:
@@ -108,12 +108,36 @@ def hub_download(repo_id: str, *, repo_type: Literal["model", "dataset"], revisi
         ) from None
     except RevisionNotFoundError:
         raise ValueError(f"{what} has no revision {revision!r}: use a branch, tag or commit of it") from None
-    except (LocalEntryNotFoundError, OSError) as exc:
+    except (LocalEntryNotFoundError, OSError, HTTPError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
             f"cannot reach the Hugging Face hub for {what} ({reason}): check the network, HF_ENDPOINT and "
             f"HF_HUB_OFFLINE, {instead}"
         ) from None
+
+
+def hub_download(repo_id: str, *, repo_type: Literal["model", "dataset"], revision: str, target: Path,
+                 allow_patterns: list[str], endpoint: Optional[str] = None) -> None:
+    """snapshot_download into `target`, with the hub's errors turned into ValueErrors that say what to do."""
+    from huggingface_hub import snapshot_download
+
+    with _hub_errors(repo_id, repo_type=repo_type, revision=revision):
+        snapshot_download(repo_id, repo_type=repo_type, revision=revision or None, local_dir=target,
+                          allow_patterns=allow_patterns, endpoint=endpoint)
+
+
+def hub_commit(repo_id: str, *, repo_type: Literal["model", "dataset"], revision: str,
+               endpoint: Optional[str] = None) -> str:
+    """The commit SHA `revision` (a branch, tag or commit; empty: the default branch) of a hub
+    repository names now, asked of the hub; ValueError that says what to do when it cannot answer."""
+    from huggingface_hub import HfApi
+
+    with _hub_errors(repo_id, repo_type=repo_type, revision=revision):
+        info = HfApi(endpoint=endpoint).repo_info(repo_id, repo_type=repo_type, revision=revision or None)
+    if not info.sha:
+        raise ValueError(f"the Hugging Face hub named no commit for hub {repo_type} {repo_id!r}"
+                         f"{' at ' + revision if revision else ''}: set its revision to a commit yourself")
+    return info.sha
 
 
 def fetch_model(spec: str, *, revision: str = "", cache_dir: str = "", what: str = "model.name_or_path",

@@ -3,15 +3,19 @@
 A packed row holds several samples, each of which may attend only to itself. transformers' own
 backends get that from position ids that restart: sdpa and eager through a dense [B, 1, S, S]
 boolean mask (no flash kernel, and no `enable_gqa`, so the key/value heads are repeated),
-flex_attention through a BlockMask, flash_attention_2 only for a micro-batch of one row. This one
-takes the samples' boundaries as cumulative lengths over the micro-batch's flattened tokens
-(`cu_seq_lens_q/k`, computed with the batch on the host: workloads/train/data.py) and runs:
+flex_attention through a BlockMask; flash_attention_2 from the same `cu_seq_lens_q/k` this
+backend takes, at any micro-batch (it flattens the rows and runs FlashAttention's varlen kernel).
+This one takes the samples' boundaries as cumulative lengths over the micro-batch's flattened
+tokens (`cu_seq_lens_q/k`, computed with the batch on the host: workloads/train/data.py) and runs:
 - on CUDA in bf16/fp16: torch's variable-length FlashAttention (`torch.nn.attention.varlen`),
   causal inside each sample, grouped-query heads unrepeated, no mask in memory. It needs sm80 or
   newer: A100, H100/H200, and the 24 GB preset's L4 and A10G;
-- elsewhere (CPU, fp32): sdpa with the block-diagonal causal mask built from the same boundaries,
-  the reference the tests compare with;
+- on the CPU: sdpa with the block-diagonal causal mask built from the same boundaries over the
+  flattened micro-batch, the reference the tests compare with;
 - rows of one sequence each (synthetic tokens: no boundaries given): sdpa's causal kernel.
+A GPU that cannot take the flash path (fp32 compute, a GPU older than sm80, a torch without the
+varlen kernel) is refused with the way out (`masked_on_gpu_refusal`): the CPU's mask would be
+(B*S)^2 there, 32768^2 at 16 x 2048, and its attention weights as large per head.
 """
 
 from __future__ import annotations
@@ -53,13 +57,36 @@ def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return (segment[:, None] == segment[None, :]) & (positions[None, :] <= positions[:, None])
 
 
+def _gpu_capability(query: torch.Tensor) -> Optional[tuple[int, int]]:
+    """The compute capability of the GPU holding `query`; None off the GPU."""
+    return torch.cuda.get_device_capability(query.device) if query.is_cuda else None
+
+
 def _fast_path(query: torch.Tensor) -> bool:
+    capability = _gpu_capability(query)
     return (
         VARLEN_ATTN is not None
-        and query.is_cuda
+        and capability is not None
         and query.dtype in (torch.bfloat16, torch.float16)
-        and torch.cuda.get_device_capability(query.device) >= (8, 0)
+        and capability >= (8, 0)
     )
+
+
+def masked_on_gpu_refusal(*, dtype: torch.dtype, capability: tuple[int, int], varlen_available: bool,
+                          dropout: float) -> str:
+    """Why packed rows on this GPU cannot take the flash path, and what to set instead."""
+    sdpa = "or attn_implementation='sdpa' (a [micro_batch, 1, seq_len, seq_len] mask per layer)"
+    if not varlen_available:
+        why, fix = "this torch has no torch.nn.attention.varlen (2.10 or newer)", f"upgrade torch, {sdpa}"
+    elif dtype not in (torch.bfloat16, torch.float16):
+        why, fix = f"attention runs in {str(dtype).removeprefix('torch.')}", f"set mixed_precision=true, {sdpa}"
+    elif capability < (8, 0):
+        why, fix = f"the GPU is sm{capability[0]}{capability[1]}, FlashAttention needs sm80 or newer", f"use {sdpa[3:]}"
+    else:
+        why, fix = f"attention dropout is {dropout:g}", f"train without attention dropout, {sdpa}"
+    return (f"attn_implementation={NAME!r} keeps packed samples apart on a GPU with FlashAttention's variable-length "
+            f"kernel, which cannot run here ({why}); its masked fallback would build one (micro_batch x seq_len)^2 "
+            f"mask: {fix}")
 
 
 def _flash_varlen(q, k, v, cu_seqlens, max_length: int, scaling: Optional[float]) -> torch.Tensor:
@@ -109,6 +136,10 @@ def varlen_attention_forward(
         flat = [t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (query, key, value)]
         out = _flash_varlen(*flat, cu, max_length_q or seq, scaling)
         return out.view(batch, seq, heads, dim), None
+    capability = _gpu_capability(query)
+    if capability is not None:
+        raise ValueError(masked_on_gpu_refusal(dtype=query.dtype, capability=capability,
+                                               varlen_available=VARLEN_ATTN is not None, dropout=dropout))
     # One row of all tokens, so that the mask's blocks are the sequences.
     flat = [t.transpose(0, 1).reshape(1, t.shape[1], batch * seq, dim) for t in (query, key, value)]
     mask = block_causal_mask(cu, batch * seq)

@@ -4,16 +4,17 @@ Every rank writes its own shards of the model and optimizer into one folder (ran
 metadata), so a checkpoint is written in parallel and can be loaded on another number of ranks.
 The folder also holds the step and the data position, the two numbers that make a resumed run
 continue exactly where the saved one stopped (the learning rate is a function of the step). Beside
-the DCP files, rank 0 writes `progress.json`: the same numbers with the world size that saved them
-and the run's experiment-tracker id, so that a resumed run continues the same tracker run and
-knows whether it was resized. A checkpoint without that file (from before it existed) loads as one
-that recorded neither.
+the DCP files, rank 0 writes `progress.json`: the same numbers with the world size that saved them,
+the run's experiment-tracker id, the world size its samples per step are planned for and the hub
+revisions it read, so that a resumed run continues the same tracker run, knows whether it was
+resized, and trains on the same samples per step from the same data (workloads/train/resumed.py).
+A checkpoint without that file (from before it existed) loads as one that recorded none of these.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +39,11 @@ class Progress:
     method: str = "full"
     """The fine-tuning method that saved it ("full", "lora"; workloads/train/method.py): what the
     checkpoint holds. A checkpoint from before it was recorded is a full fine-tune's."""
+    planned_world_size: int = 0
+    """The world size the run's grad_accum_steps is meant for (workloads/train/elastic.py); 0: not
+    recorded."""
+    hub_revisions: dict[str, str] = field(default_factory=dict)
+    """The commit of each hub repository the run read ("model:ORG/NAME", "dataset:ORG/NAME")."""
 
 
 PROGRESS_FILE = "progress.json"
@@ -110,4 +116,6 @@ def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, me
         step=int(state["progress"]["step"]), data_position=int(state["progress"]["data_position"]),
         world_size=int(saved.get("world_size") or 0), tracking_run_id=str(saved.get("tracking_run_id") or ""),
         method=saved_method,
+        planned_world_size=int(saved.get("planned_world_size") or 0),
+        hub_revisions=dict(saved.get("hub_revisions") or {}),
     )

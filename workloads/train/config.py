@@ -36,7 +36,8 @@ class ModelConfig:
     Remote ones are downloaded once per node; the weights go straight into each rank's shards."""
 
     revision: str = ""
-    """The hub revision (branch, tag or commit) of a hub model; empty: its default branch."""
+    """The hub revision (branch, tag or commit) of a hub model; empty: its default branch. `submit`
+    and `run --local` pin it to the commit it names then (workloads/client/revisions.py)."""
 
     attn_implementation: str = "varlen"
     """The attention backend: "varlen" (workloads/train/attention.py: packed samples as
@@ -77,7 +78,8 @@ class DataConfig:
     """The hub dataset's split (kind "hub")."""
 
     revision: str = ""
-    """The hub dataset's revision (kind "hub"); empty: its default branch."""
+    """The hub dataset's revision (kind "hub"); empty: its default branch. Pinned to a commit at
+    submission, as model.revision is."""
 
     text_field: str = "text"
     """The key of a plain-text record's text."""
@@ -301,7 +303,8 @@ class TrainConfig:
     as `eval_loss`; 0 never does."""
 
     eval_batches: int = 4
-    """Micro-batches per rank in one evaluation, at most (a smaller held-out set is used whole)."""
+    """Micro-batches per rank in one evaluation at the planned world size, at most (a smaller
+    held-out set is used whole); on other world sizes the same held-out samples, in more or fewer."""
 
     export_model: bool = True
     """Write the trained model as a Hugging Face folder (`model/` in the final checkpoint) at the

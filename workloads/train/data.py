@@ -172,18 +172,19 @@ def batches(
 
 
 def eval_batches(source: SampleSource, *, rows: int, micro_batch: int, rank: int, world_size: int,
-                 max_batches: int) -> list[Batch]:
-    """This rank's share of the first `rows` held-out samples (each used once across ranks), in at
-    most `max_batches` micro-batches; every rank gets the same number of batches (each one is a
-    collective under FSDP), the surplus samples with all labels ignored."""
-    per_batch = micro_batch * world_size
-    count = max(1, min(max_batches, math.ceil(rows / per_batch)))
+                 max_rows: int) -> list[Batch]:
+    """This rank's share of the first min(rows, max_rows) held-out samples, each used once across
+    ranks, so one evaluation scores the same samples at every world size. Every rank gets the same
+    number of micro-batches (each one is a collective under FSDP), the surplus slots holding a
+    sample with all labels ignored."""
+    used = max(1, min(rows, max_rows))
+    count = math.ceil(used / (micro_batch * world_size))
     out = []
     for k in range(count):
         samples = []
         for g in global_indices(position=0, batch=k, micro_batch=micro_batch, rank=rank, world_size=world_size):
-            sample = source.sample(g % rows)
-            if g >= rows:
+            sample = source.sample(g % used)
+            if g >= used:
                 sample = dataclasses.replace(sample, labels=torch.full_like(sample.labels, IGNORE_INDEX))
             samples.append(sample)
         out.append(Batch.stack(samples))

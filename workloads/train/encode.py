@@ -4,12 +4,16 @@ Plain text: every token is a target and the document ends with the tokenizer's E
 Chat: the conversation is rendered with the tokenizer's own chat template and tokenized once; the
 targets are the tokens the assistant turns add (their content and end-of-turn token), found as
 character spans: each assistant turn's span runs from the end of the conversation so far rendered
-with the generation prompt to the end of the conversation rendered through that turn. Prompts,
+with the generation prompt to the end of the conversation rendered through that turn. A turn that
+opens the conversation has no conversation before it to render: its span starts where its content
+does, found where the rendering through it parts from the same rendering with other content, so
+the template's default system prompt (Qwen2.5's) and the turn's header are context too. Prompts,
 system and user turns, and the template's markup are context only.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,6 +41,14 @@ def _render(tokenizer, messages: list[dict], *, generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
 
+def _before_first_turn(tokenizer, message: dict, *, through: str) -> str:
+    """What the rendering `through` a conversation's first message holds before that message's
+    content: the rendering parts from the same one with other content where the content starts."""
+    other = "\ue000" if not message["content"].startswith("\ue000") else "\ue001"  # private-use characters
+    probe = _render(tokenizer, [{**message, "content": other}], generation_prompt=False)
+    return through[: len(os.path.commonprefix([through, probe]))]
+
+
 def assistant_spans(tokenizer, messages: list[dict], *, where: str) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span each assistant turn adds to it."""
     text = _render(tokenizer, messages, generation_prompt=False)
@@ -44,8 +56,9 @@ def assistant_spans(tokenizer, messages: list[dict], *, where: str) -> tuple[str
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
         through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        before = (_render(tokenizer, messages[:i], generation_prompt=True) if i
+                  else _before_first_turn(tokenizer, message, through=through))
         if not (through.startswith(before) and text.startswith(through)):
             raise ValueError(
                 f"{where}: the tokenizer's chat template does not render this conversation's prefixes as "

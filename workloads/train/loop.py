@@ -27,7 +27,7 @@ from torch import nn
 from workloads.context import DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
 from workloads.model_io.export import MODEL_DIR, ModelMetadata, generation_config_for, resolve_dtype
 from workloads.model_io.sources import fetch_model
-from workloads.train import checkpoint, metrics, tracking
+from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig
 from workloads.train.data import Batch, Data, batches, build_data, eval_batches, reading_of_data, samples_per_step
 from workloads.train.encode import load_tokenizer
@@ -217,13 +217,16 @@ def save_checkpoint(
     export_weights: bool,
     tracking_run_id: str = "",
     method: Optional[FineTuneMethod] = None,
+    planned_world_size: int = 0,
+    hub_revisions: Optional[dict[str, str]] = None,
 ) -> Path:
     """Save the sharded state (what the method keeps); rank 0 adds `model/` (config, generation
     config, tokenizer) and, with `export_weights`, the method's export of the weights there."""
     method = method or FullFineTune()
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
-                                   tracking_run_id=tracking_run_id, method=method.name)
+                                   tracking_run_id=tracking_run_id, method=method.name,
+                                   planned_world_size=planned_world_size, hub_revisions=hub_revisions or {})
     checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress, frozen=method.saves_frozen)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
@@ -236,7 +239,7 @@ def save_checkpoint(
 def evaluate(model: CausalLMWithLoss, held_out: list[Batch], *, device: torch.device) -> float:
     """The mean loss over every held-out label, all ranks together (a collective)."""
     totals = torch.zeros(2, dtype=torch.float64, device=device)
-    one = torch.ones((), device=device)
+    one = torch.ones((), dtype=torch.int64, device=device)
     model.eval()
     with torch.no_grad():
         for batch in held_out:
@@ -345,14 +348,6 @@ def nodes_in_run(ctx: TrainContext, *, device: torch.device) -> int:
 
 
 def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
-    # On fewer ranks than planned (an elastic run after a node loss), more micro-steps per rank keep
-    # the samples per optimizer step (workloads/train/elastic.py); ValueError where none can.
-    # With rows_per_step (the GPU presets), the micro-steps follow from the world size, so a step
-    # trains the same rows on any cluster.
-    planned_world_size = ctx.planned_world_size or ctx.world_size
-    cfg = cfg.for_world_size(ctx.world_size) if cfg.rows_per_step else dataclasses.replace(
-        cfg, grad_accum_steps=accumulation_for(ctx.world_size, grad_accum_steps=cfg.grad_accum_steps,
-                                               planned_world_size=planned_world_size))
     device = resolve_device(ctx)
     # First, before the model is built or a checkpoint restored: a wrong transport is found in
     # seconds, not after minutes of loading (TransportGateError on every rank).
@@ -360,6 +355,22 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     print_rank0(
         ctx, GATE_PREFIX, {"applies": gate.applies, "passed": gate.passed, "message": gate.message}
     )
+    # On another number of ranks than planned (an elastic run after a node loss, a run resumed on
+    # another world size), more or fewer micro-steps per rank keep the samples per optimizer step
+    # (workloads/train/elastic.py); ValueError where none can. A resumed run also reads the hub
+    # commits its checkpoint recorded (workloads/train/resumed.py).
+    saved = resumed.saved_progress(ctx)
+    planned_world_size = elastic.planned_world_size(world_size=ctx.world_size, elastic_planned=ctx.planned_world_size,
+                                                    saved=saved)
+    # With rows_per_step (the GPU presets) the rows of a step are stated outright: the micro-steps
+    # follow from the world size the run has, whatever it was planned or saved on.
+    cfg = cfg.for_world_size(ctx.world_size) if cfg.rows_per_step else dataclasses.replace(
+        cfg, grad_accum_steps=accumulation_for(
+            ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size,
+            cause="elastic" if ctx.planned_world_size else "resume"))
+    cfg, kept = resumed.keep_hub_revisions(cfg, saved)
+    if ctx.rank == 0 and kept:
+        print("\n".join(kept), flush=True)
     nodes = nodes_in_run(ctx, device=device)
     started = time.perf_counter()
     pretrained = fetch_pretrained(cfg)
@@ -378,7 +389,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
     held_out = [] if data.eval is None else eval_batches(
         data.eval, rows=data.eval_rows, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size,
-        max_batches=-(-cfg.eval_batches * planned_world_size // ctx.world_size))
+        max_rows=cfg.eval_batches * cfg.micro_batch * planned_world_size)
 
     built = time.perf_counter()
     method = method_for(cfg)
@@ -396,18 +407,18 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer, method=method)
-    if ctx.planned_world_size:  # an elastic run: each start says on how many ranks it goes on
+    if ctx.planned_world_size or planned_world_size != ctx.world_size:  # says on how many ranks it goes on
         print_rank0(ctx, ELASTIC_PREFIX, {"world_size": ctx.world_size, "planned_world_size": planned_world_size,
                                           "nodes": nodes, "grad_accum_steps": cfg.grad_accum_steps,
+                                          "samples_per_step": cfg.samples_per_rank_per_step * ctx.world_size,
                                           "resumed_from_step": progress.step, "parallelism": plan.kind})
     stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)
     first_batch = next(stream)
     if first_batch.position_ids is not None and packed_attention_leaks(model, first_batch, vocab_size=shape.vocab_size):
         raise RuntimeError(
             f"packed samples attend to each other with attn_implementation={cfg.model.attn_implementation!r} "
-            "and this transformers version (position ids that restart are not turned into a block-diagonal "
-            "mask, or the backend ignores them): use varlen (the default), sdpa or flex_attention; "
-            "flash_attention_2 keeps packed samples apart only with micro_batch=1"
+            "and this transformers version (the backend ignores the batch's cu_seq_lens and its restarting "
+            "position ids): use varlen (the default), sdpa, flex_attention or flash_attention_2"
         )
     stream = itertools.chain([first_batch], stream)
     tracker = tracking.start(cfg, rank=ctx.rank, progress=progress, world_size=ctx.world_size, nodes=nodes,
@@ -467,7 +478,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
                                      metadata=metadata, export_weights=final and cfg.export_model,
-                                     tracking_run_id=tracker.run_id, method=method)
+                                     tracking_run_id=tracker.run_id, method=method,
+                                     planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg))
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,

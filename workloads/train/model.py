@@ -85,7 +85,8 @@ def load_pretrained(lm: nn.Module, folder: Path, *, device: torch.device, name_i
 class CausalLMWithLoss(nn.Module):
     """`forward(input_ids, labels, position_ids=None, *, divisor=None, **attention) -> loss`: the sum
     of the next-token losses over the labels that are not ignored, divided by `divisor` (default:
-    their count, so the mean). The training step passes the step's global label count instead.
+    their count, so the mean). The training step passes the step's global label count instead, an
+    integer tensor: FSDP2's mixed precision casts floating-point forward inputs to bf16.
 
     Packed rows carry position ids that restart with each sample and `attention` (the varlen
     attention's cu_seq_lens_q/k and max_length_q/k, workloads/train/attention.py), which keeps
@@ -116,6 +117,7 @@ class CausalLMWithLoss(nn.Module):
         total = self.loss(hidden.flatten(0, 1), weight, labels.flatten())
         if divisor is None:
             divisor = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        assert not divisor.is_floating_point(), "a count: a float one would reach here rounded to bf16"
         return total / divisor
 
 

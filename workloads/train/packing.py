@@ -15,9 +15,10 @@ its own run of position ids).
 Attention stays inside an example: the loop's `varlen` attention (workloads/train/attention.py)
 takes the examples' boundaries from the batch (where position ids restart); transformers' own
 backends build a block-diagonal mask from the restarting position ids (sdpa and eager: a dense
-boolean mask; flex_attention: a BlockMask), except flash_attention_2, which honours them only for a
-micro-batch of one row. tests/test_data_chat.py checks it (changing one example's tokens leaves the
-other examples' logits unchanged), and the loop checks it again on the cluster before the first step.
+boolean mask; flex_attention: a BlockMask), and flash_attention_2 runs its varlen kernel on the same
+boundaries the batch passes (`cu_seq_lens_q/k`), at any micro-batch. tests/test_data_chat.py checks
+it (changing one example's tokens leaves the other examples' logits unchanged), and the loop checks
+it again on the cluster before the first step.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ world size, under HSDP over both mesh dimensions), and the factor cancels that d
 reduced gradient is the gradient of the step's loss. The value returned is this rank's share of
 the loss, times the world size as well, so the mean over ranks (what the loop logs) is the step's
 per-token mean loss, the quantity the eval loss reports too.
+
+The count enters the model's forward as an integer tensor and the world size is applied outside
+it: with mixed precision, FSDP2 casts the root's floating-point forward inputs to bf16
+(`MixedPrecisionPolicy.cast_forward_inputs`), which would round a count such as 257 to 256 and
+scale the step's loss and gradient by up to 0.4%. The loss implementations return their sum in
+fp32 (liger-kernel's too: per-token fp32 losses summed in fp32), so the division is fp32.
 """
 
 from __future__ import annotations
@@ -40,10 +46,11 @@ def accumulate_gradients(
     """Forward and backward of each micro-batch, gradients summed into those of the step's loss;
     returns this rank's share of the step's loss times the world size (a device tensor)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    divisor = step_label_count(micro_batches).to(torch.float32) / world
+    count = step_label_count(micro_batches)  # int64: no mixed-precision cast rounds it
     loss = torch.zeros((), device=micro_batches[0].input_ids.device)
     for i, batch in enumerate(micro_batches):
-        micro_loss = model(batch.input_ids, batch.labels, batch.position_ids, divisor=divisor, **batch.attention())
+        micro_loss = model(batch.input_ids, batch.labels, batch.position_ids, divisor=count,
+                           **batch.attention()) * world
         # After the forward: FSDP2 sets each unit's reduce dtype at its first forward.
         sync.before_backward(model, last=i == len(micro_batches) - 1)
         micro_loss.backward()

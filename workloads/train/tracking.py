@@ -15,10 +15,17 @@ refuses (a 4xx answer) is skipped with a warning rather than retried for ever.
 The run id is kept with each checkpoint (workloads/train/checkpoint.py `Progress`), so a resumed or
 resubmitted run continues the same tracker run; a run whose checkpoint predates its tracker run is
 found again by its run name.
+
+A run ends FINISHED with the loop's summary; a loop that raises ends it FAILED, or KILLED when
+interrupted (`ends_with_the_run`, around the loop in each adapter). A run whose rank 0 is killed
+before it can say so (a stopped job, a local cluster stopped with Ctrl-C, a worker lost) is ended
+afterwards by whoever sees the job end (`end_run`: the job's driver when Ray Train gives up, the
+client on `stop` and on a local run's end), only while it is still RUNNING.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -28,7 +35,7 @@ import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from workloads.context import TRACKING_PREFIX
 from workloads.train.config import TrackingConfig, TrainConfig
@@ -130,6 +137,10 @@ class Resumption:
     """Ranks that saved the checkpoint (0: not recorded)."""
     nodes: int
     """Nodes of this start."""
+    samples_per_step: int = 0
+    """Samples per optimizer step of this start, kept across a resize (workloads/train/elastic.py)."""
+    grad_accum_steps: int = 0
+    """Micro-steps per optimizer step of this start, rescaled to keep them."""
 
     def event(self) -> Optional[tuple[str, str]]:
         """(tag key, message) of a restart or resize; None for a fresh start."""
@@ -138,6 +149,9 @@ class Resumption:
         resized = self.saved_world_size and self.saved_world_size != self.world_size
         kind = "resize" if resized else "restart"
         was = f", was {self.saved_world_size}" if resized else ""
+        if resized and self.samples_per_step:
+            was += (f"; {self.samples_per_step} samples per optimizer step kept with grad_accum_steps="
+                    f"{self.grad_accum_steps}")
         return (f"event.step-{self.step:07d}.{kind}",
                 f"resumed after step {self.step} on {self.world_size} ranks ({self.nodes} node(s)){was}")
 
@@ -154,6 +168,28 @@ class Tracker:
 
     def finish(self, summary: dict) -> None:
         pass
+
+    def end(self, status: str) -> None:
+        pass
+
+
+_UNFINISHED: list[Tracker] = []
+"""This process's trackers whose run has not ended: what `ends_with_the_run` ends when the loop
+raises (the loop itself only ends a run that reaches its summary)."""
+
+
+@contextlib.contextmanager
+def ends_with_the_run() -> Iterator[None]:
+    """Around a run of the training loop: when it raises, each tracker run it opened in this
+    process ends FAILED, or KILLED for an interruption (Ctrl-C, SIGTERM turned into SystemExit),
+    instead of staying RUNNING; then the exception goes on."""
+    try:
+        yield
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        for tracker in list(_UNFINISHED):
+            tracker.end(status)
+        raise
 
 
 class MlflowSink:
@@ -228,6 +264,9 @@ class MlflowSink:
     def end(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=status)
 
+    def status(self, run_id: str) -> str:
+        return self.client.get_run(run_id).info.status
+
 
 def _http_status(exc: BaseException) -> Optional[int]:
     status = getattr(exc, "get_http_status_code", None)
@@ -281,6 +320,7 @@ class BackgroundTracker(Tracker):
         """Records the tracker took or refused."""
         self._thread = threading.Thread(target=self._work, name="tracking", daemon=True)
         self._thread.start()
+        _UNFINISHED.append(self)
 
     @property
     def run_id(self) -> str:
@@ -320,10 +360,17 @@ class BackgroundTracker(Tracker):
         if known:
             self.put("metrics", known)
         self.put("json", (summary, "summary.json"))
+        self.end(status)
+
+    def end(self, status: str) -> None:
+        """Queue the end of the run with `status` (FINISHED, FAILED, KILLED), then wait at most
+        flush_timeout_s for it and what was queued before it."""
         self.put("end", status)
         self.close(timeout_s=self.settings.flush_timeout_s)
 
     def close(self, *, timeout_s: float) -> None:
+        if self in _UNFINISHED:
+            _UNFINISHED.remove(self)
         with self._cv:
             self._closing = True
             self._cv.notify_all()
@@ -437,7 +484,9 @@ class BackgroundTracker(Tracker):
             obj, name = record.payload
             sink.log_json(run_id, obj, name)
         elif record.kind == "end":
-            sink.end(run_id, record.payload)
+            # A failure or an interruption does not overwrite what whoever stopped the run said of it.
+            if record.payload == "FINISHED" or sink.status(run_id) == "RUNNING":
+                sink.end(run_id, record.payload)
         else:
             raise AssertionError(record.kind)
 
@@ -463,7 +512,8 @@ def start(cfg: TrainConfig, *, rank: int, progress: Progress, world_size: int, n
     if rank != 0 or not uri:
         return Tracker()
     resumption = Resumption(step=progress.step, world_size=world_size, saved_world_size=progress.world_size,
-                            nodes=nodes)
+                            nodes=nodes, samples_per_step=cfg.samples_per_rank_per_step * world_size,
+                            grad_accum_steps=cfg.grad_accum_steps)
     tracker = BackgroundTracker(sink_factory=sink_factory or (lambda: MlflowSink(uri)), settings=cfg.tracking,
                                 uri=uri, run_id=progress.tracking_run_id, clock=clock, **kwargs)
     stamp = int(clock() * 1000)
@@ -472,6 +522,23 @@ def start(cfg: TrainConfig, *, rank: int, progress: Progress, world_size: int, n
         "params": config_params(cfg), "tags": run_tags(cfg, resumption=resumption, parallelism=parallelism),
         "metrics": (("world_size", float(world_size), stamp, progress.step),), "step": progress.step})
     return tracker
+
+
+def _within(timeout_s: float, call: Callable[[], Any]) -> tuple[Any, Optional[str]]:
+    """(what `call` returned, None), or (None, why it did not within `timeout_s`): in a daemon
+    thread, so that a tracker that hangs holds nobody up."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((call(), None))
+        except BaseException as exc:  # reported to the caller; this thread must not die with a traceback
+            outcome.append((None, first_line(exc)))
+
+    thread = threading.Thread(target=run, name="tracking-call", daemon=True)
+    thread.start()
+    thread.join(timeout=timeout_s)
+    return outcome[0] if outcome else (None, f"no answer within {timeout_s:g} s")
 
 
 def annotate_run(settings: TrackingConfig, *, run_id: str, tags: dict[str, str], timeout_s: float = 30.0,
@@ -483,30 +550,54 @@ def annotate_run(settings: TrackingConfig, *, run_id: str, tags: dict[str, str],
     uri = tracking_uri(settings, environ)
     if not uri or not (run_id or settings.run_name):
         return False
-    outcome: list[BaseException] = []
     target = [run_id]
 
     def send() -> None:
-        try:
-            sink = (sink_factory or (lambda: MlflowSink(uri)))()
-            if not target[0]:
-                found = sink.find_run(settings.experiment_name, run_name=settings.run_name)
-                if found is None:
-                    raise LookupError(f"no run named {settings.run_name} in experiment {settings.experiment_name}")
-                target[0] = found.info.run_id
-            if tags:
-                sink.log_batch(target[0], tags=tags)
-            for path in files:
-                sink.log_file(target[0], path)
-        except BaseException as exc:  # reported below; this thread must not die with a traceback
-            outcome.append(exc)
+        sink = (sink_factory or (lambda: MlflowSink(uri)))()
+        if not target[0]:
+            found = sink.find_run(settings.experiment_name, run_name=settings.run_name)
+            if found is None:
+                raise LookupError(f"no run named {settings.run_name} in experiment {settings.experiment_name}")
+            target[0] = found.info.run_id
+        if tags:
+            sink.log_batch(target[0], tags=tags)
+        for path in files:
+            sink.log_file(target[0], path)
 
-    thread = threading.Thread(target=send, name="tracking-annotate", daemon=True)
-    thread.start()
-    thread.join(timeout=timeout_s)
-    if thread.is_alive() or outcome:
-        why = first_line(outcome[0]) if outcome else f"no answer within {timeout_s:g} s"
+    _, why = _within(timeout_s, send)
+    if why is not None:
         say(f"{TRACKING_PREFIX}warning: could not add {', '.join([*tags, *(p.name for p in files)])} to run "
             f"{target[0] or settings.run_name} at {public_uri(uri)}: {why}")
         return False
     return True
+
+
+def end_run(uri: str, *, run_id: str = "", status: str, experiment: str = "", run_name: str = "",
+            over: tuple[str, ...] = ("RUNNING",), timeout_s: float = 30.0, say: Callable[[str], None] = print,
+            sink_factory: Optional[Callable[[], Any]] = None) -> bool:
+    """End a tracker run whose status is one of `over` with `status` (FAILED, KILLED): the run of a
+    job that failed or was stopped where its rank 0 could not say so (killed with its worker, or its
+    cluster). Whoever stops a running job ends its run KILLED over FAILED too: its ranks fail as
+    their peers are stopped. The run is `run_id`, else the newest named `run_name` in `experiment`.
+    True when it was ended here; False when it was not in one of those states, or, with one
+    warning, when the tracker could not be told within `timeout_s`. Never raises."""
+    target = [run_id]
+
+    def send() -> bool:
+        sink = (sink_factory or (lambda: MlflowSink(uri)))()
+        if not target[0]:
+            found = sink.find_run(experiment, run_name=run_name)
+            if found is None:
+                return False  # the run never opened: nothing to end
+            target[0] = found.info.run_id
+        if sink.status(target[0]) not in over:
+            return False
+        sink.end(target[0], status)
+        return True
+
+    ended, why = _within(timeout_s, send)
+    if why is not None:
+        say(f"{TRACKING_PREFIX}warning: could not end run {target[0] or run_name} at {public_uri(uri)} as "
+            f"{status}: {why}")
+        return False
+    return bool(ended)
