@@ -17,7 +17,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 import boto3
 from rich.console import Console
@@ -87,6 +87,9 @@ class Options:
     """Where Pulumi.<stack>.yaml lives."""
     types_from_command_line: bool = False
     """--instance-type(s) named the types; without it the probe keeps the stack's own type."""
+    deployed: Mapping[str, stackfile.GpuNodes] = dataclasses.field(default_factory=dict)
+    """The GPU nodes each existing stack file the probe may write deploys, by stack name, as they
+    were before the probe: what a placement of another type is said to replace."""
 
     @property
     def regions(self) -> tuple[str, ...]:
@@ -167,31 +170,28 @@ def _check_regions(regions: Sequence[str], known: frozenset[str]) -> None:
                              + (f"; did you mean {hint[0]}?" if hint else ""))
 
 
-def _deployed_gpu_nodes(paths: Sequence[Path], *, need_type: bool, need_nodes: bool
-                        ) -> tuple[Path, stackfile.GpuNodes] | None:
-    """The GPU nodes the existing stack files among `paths` (those the probe may write) deploy, and
-    one of the files; None when none exists. InputError when they disagree on what the command
-    line leaves to them."""
-    found = {p: nodes for p in paths if (nodes := stackfile.read_gpu_nodes(p)) is not None}
-    if not found:
-        return None
+def _deployed_gpu_nodes(stacks: Sequence[str], *, project_dir: Path, need_type: bool,
+                        need_nodes: bool) -> dict[str, stackfile.GpuNodes]:
+    """The GPU nodes the existing stack files of `stacks` (those the probe may write) deploy, by
+    stack name. InputError when they disagree on what the command line leaves to them."""
+    found = {s: nodes for s in stacks
+             if (nodes := stackfile.read_gpu_nodes(stack_file(s, project_dir))) is not None}
     for needed, attr, what, flag in ((need_type, "instance_type", "GPU instance types", "--instance-type"),
                                      (need_nodes, "node_count", "GPU node counts", "--nodes")):
         if needed and len({getattr(n, attr) for n in found.values()}) > 1:
-            listing = ", ".join(f"{p.name} {getattr(n, attr)}" for p, n in found.items())
+            listing = ", ".join(f"Pulumi.{s}.yaml {getattr(n, attr)}" for s, n in found.items())
             raise InputError(f"the stack files this probe may write deploy different {what} ({listing}): "
                              f"pass {flag}, or --stack to probe for one of them")
-    return next(iter(found.items()))
+    return found
 
 
-def _instance_types(args: argparse.Namespace, *,
-                    deployed: tuple[Path, stackfile.GpuNodes] | None) -> tuple[str, ...]:
+def _instance_types(args: argparse.Namespace, *, deployed: Mapping[str, stackfile.GpuNodes]) -> tuple[str, ...]:
     """The types to probe: those of the command line, else the stack's own, else the default."""
     if not args.instance_types and not args.instance_type:
-        if deployed is None:
+        if not deployed:
             return (DEFAULT_INSTANCE_TYPE,)
-        path, nodes = deployed
-        _check_instance_type(nodes.instance_type, source=f"{path.name}'s ray-eks:gpuInstanceType")
+        stack, nodes = next(iter(deployed.items()))
+        _check_instance_type(nodes.instance_type, source=f"Pulumi.{stack}.yaml's ray-eks:gpuInstanceType")
         return (nodes.instance_type,)
     if not args.instance_types:
         _check_instance_type(args.instance_type)
@@ -302,11 +302,11 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
     # run to find an AZ must not put the default type back over the one the stack was set to.
     writable = ([args.stack] if args.stack else
                 sorted(known) if args.all_regions else list(regions))
-    deployed = _deployed_gpu_nodes([stack_file(s, project_dir) for s in writable],
+    deployed = _deployed_gpu_nodes(writable, project_dir=project_dir,
                                    need_type=not (args.instance_type or args.instance_types),
                                    need_nodes=not nodes)
     instance_types = _instance_types(args, deployed=deployed)
-    nodes = nodes or (deployed[1].node_count if deployed else DEFAULT_NODES)
+    nodes = nodes or next((n.node_count for n in deployed.values()), DEFAULT_NODES)
     return Options(
         request=ProbeRequest(instance_type=instance_types[0], node_count=nodes, regions=regions,
                              reserve=args.reserve or bool(hold_hours),
@@ -314,7 +314,7 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
                              hold_hours=hold_hours, capacity_type=args.capacity_type),
         stack=args.stack, all_regions=args.all_regions, dry_run=args.dry_run,
         as_json=args.json, region_timeout_s=timeout, project_dir=project_dir,
-        types_from_command_line=bool(args.instance_type or args.instance_types))
+        types_from_command_line=bool(args.instance_type or args.instance_types), deployed=deployed)
 
 
 def _home_region(session: boto3.Session, regions: Sequence[str]) -> str:
@@ -343,16 +343,15 @@ def _failure_exit_code(failure: AwsFailure) -> int:
     return EXIT_NO_PLACEMENT
 
 
-def instance_type_change(before: stackfile.GpuNodes | None, placement, *, path: Path,
-                         from_command_line: bool) -> str:
-    """The line said when the placement's type replaces the one the stack file deploys now (empty
-    when it keeps it, or there is no file yet)."""
+def instance_type_change(opts: Options, placement, *, stack: str) -> str:
+    """The line said when the placement's type replaces the one the stack file deployed before the
+    probe (empty when it keeps it, or there was no file)."""
+    before = opts.deployed.get(stack)
     if before is None or before.instance_type == placement.instance_type:
         return ""
     was = before.instance_type + ("" if before.instance_type_set else ", its default")
-    why = ("as the command line asked" if from_command_line
-           else "the type that placed")
-    return (f"{path.name} deploys {was}: this sets ray-eks:gpuInstanceType to "
+    why = "as the command line asked" if opts.types_from_command_line else "the type that placed"
+    return (f"Pulumi.{stack}.yaml deploys {was}: this sets ray-eks:gpuInstanceType to "
             f"{placement.instance_type}, {why} (pass --instance-type {before.instance_type} to keep it)")
 
 
@@ -404,13 +403,12 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
                           f"use one of {', '.join(GPU_INSTANCE_TYPES)}", code)
     if placement is not None and held.update is not None:
         result = dataclasses.replace(result, stack=held.stack, update=held.update, written=True,
-                                     held=held.reservation)
+                                     held=held.reservation,
+                                     type_change=instance_type_change(opts, placement, stack=held.stack))
     elif placement is not None:
         stack = opts.stack or placement.region
-        path = stack_file(stack, opts.project_dir)
-        type_change = instance_type_change(stackfile.read_gpu_nodes(path), placement, path=path,
-                                           from_command_line=opts.types_from_command_line)
-        update = stackfile.plan_update(path, stackfile.placement_values(placement),
+        type_change = instance_type_change(opts, placement, stack=stack)
+        update = stackfile.plan_update(stack_file(stack, opts.project_dir), stackfile.placement_values(placement),
                                        remove=stackfile.spot_keys_removed(placement))
         written = not opts.dry_run and update.changed
         if written:
