@@ -17,14 +17,17 @@ PRICES_NOTE = (f"{PRICE_TABLE_REGION} On-Demand list prices of {PRICE_TABLE_DATE
 def gpu_node_usd_per_hour(cfg: StackConfig) -> float:
     """One GPU node's price per hour: on Spot, the price the probe read in the chosen AZ (Spot
     prices move; it is what they were then); otherwise, and on Spot without a price read, the
-    table's On-Demand list price (on Spot, an upper bound: EC2 never charges more)."""
+    table's On-Demand list price (on Spot, an upper bound: EC2 never charges more); 0 for a type
+    with no On-Demand list price (its Capacity Block is paid up front, and `_gpu_label` says so)."""
     if cfg.is_spot and cfg.gpu_spot_price_usd_per_hour:
         return float(cfg.gpu_spot_price_usd_per_hour)
-    return cfg.gpu_instance.usd_per_hour
+    return cfg.gpu_instance.usd_per_hour or 0.0
 
 
 def _gpu_label(cfg: StackConfig) -> str:
     label = f"{cfg.gpu_node_count}x {cfg.gpu_instance_type}"
+    if cfg.gpu_instance.usd_per_hour is None and not cfg.gpu_spot_price_usd_per_hour:
+        return f"{label} (no On-Demand list price: its Capacity Block's fee, paid up front, is not counted)"
     if not cfg.is_spot:
         return label
     if cfg.gpu_spot_price_usd_per_hour:
@@ -120,7 +123,11 @@ def cost_summary(cfg: StackConfig) -> str:
 def gpu_nodes_cost_note(instance_type: str, count: int, *, spot_usd_per_hour: float | None = None) -> str:
     """What the GPU nodes of a placement cost per hour, for the probe's placement line; with a
     Spot price, beside the On-Demand list price."""
-    on_demand = count * INSTANCE_TYPES[instance_type].usd_per_hour
+    list_price = INSTANCE_TYPES[instance_type].usd_per_hour
+    if list_price is None:
+        return (f"{instance_type} has no On-Demand list price ({PRICES_NOTE}): EC2 sells it as "
+                "Capacity Blocks (`python -m capacity blocks` shows their price)")
+    on_demand = count * list_price
     if spot_usd_per_hour is None:
         return f"the GPU nodes cost about {_usd(on_demand)}/hour ({PRICES_NOTE})"
     spot = count * spot_usd_per_hour

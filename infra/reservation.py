@@ -204,9 +204,10 @@ def launch_window(reservation: GpuReservation, *, node_count: int, now: datetime
 
 def odcr_idle_usd_per_hour(reservation: GpuReservation) -> float:
     """An On-Demand Capacity Reservation bills every reserved instance at the On-Demand price
-    (from the price table), used or not."""
+    (from the price table), used or not; a type the table lists no such price for counts 0 (EC2
+    reserves it through Capacity Blocks, paid up front)."""
     return round(reservation.instance_count
-                 * INSTANCE_TYPES[reservation.instance_type].usd_per_hour, 2)
+                 * (INSTANCE_TYPES[reservation.instance_type].usd_per_hour or 0.0), 2)
 
 
 def idle_usd_per_hour(cfg: StackConfig) -> float:

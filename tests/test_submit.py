@@ -22,7 +22,8 @@ from rich.console import Console
 
 from workloads.client import cluster, submit
 from workloads.launch.driver import parse_args as parse_driver_args
-from workloads.context import GATE_PREFIX
+from workloads.context import DATA_PREFIX, GATE_PREFIX
+from workloads.train.data import reading_of_data
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 OUTPUTS = {
@@ -134,6 +135,18 @@ def test_the_printer_shows_the_loops_gate_line_once():
     line = f"(RayTrainWorker pid=7) {GATE_PREFIX}{json.dumps(gate)}\n"
     printer.feed(line + line)
     assert out.getvalue().splitlines() == ["gate transport gate does not apply: gloo"]
+
+
+def test_the_printer_says_when_the_run_reads_its_data_more_than_once():
+    reading = reading_of_data({"records": 9000, "rows": 6400}, steps=100, rows_per_step=128)
+    line = f"(RayTrainWorker pid=7) {DATA_PREFIX}{json.dumps({'records': 9000, **reading})}\n"
+    printer, out = _printer(quiet=True)
+    printer.feed(line + line)
+    assert out.getvalue().splitlines() == [f"data {reading['note']}"]
+    once = reading_of_data({"records": 9000, "rows": 12_800}, steps=100, rows_per_step=128)
+    printer, out = _printer(quiet=True)
+    printer.feed(f"{DATA_PREFIX}{json.dumps(once)}\n")
+    assert out.getvalue() == ""
 
 
 def test_the_printer_passes_other_lines_through_unless_quiet():

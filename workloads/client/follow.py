@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 from workloads.client.cluster import UnreachableError, first_line
 from workloads.client.report import format_record, parse_prefixed, parse_train_line
-from workloads.context import GATE_PREFIX, TRACKING_PREFIX
+from workloads.context import DATA_PREFIX, GATE_PREFIX, TRACKING_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 
 class LogPrinter:
@@ -56,6 +57,9 @@ class LogPrinter:
             return
         if self._tracking(line):
             return
+        data = parse_prefixed(line, DATA_PREFIX)
+        if data is not None and data.get("note"):  # the run reads its data more than once: said, also when quiet
+            self.console.print(f"[bold cyan]data[/] [yellow]{escape(str(data['note']))}[/]", highlight=False)
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
             self.plan = plan
@@ -92,7 +96,7 @@ class LogPrinter:
         return True
 
     def _is_repeat(self, line: str) -> bool:
-        keyed = parse_train_line(line) is not None or self._gate_prefix in line
+        keyed = parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
         if not keyed:
             return False
         if line == self._last_shown:

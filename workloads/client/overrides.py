@@ -18,14 +18,20 @@ def _value(raw: str) -> object:
         return raw
 
 
-def user_overrides(base: dict, assignments: list[str]) -> list[str]:
-    """`assignments` for the config `base` (TrainConfig.to_dict()), with `data.path=` first when
-    they change data.kind and set no data.path."""
+def given_keys(assignments: list[str]) -> dict[str, object]:
+    """The keys `--set` assignments set, with their values."""
     given = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
         if sep:
             given[key.strip()] = _value(raw)
+    return given
+
+
+def user_overrides(base: dict, assignments: list[str]) -> list[str]:
+    """`assignments` for the config `base` (TrainConfig.to_dict()), with `data.path=` first when
+    they change data.kind and set no data.path."""
+    given = given_keys(assignments)
     kind = given.get("data.kind", base["data"]["kind"])
     if kind != base["data"]["kind"] and "data.path" not in given and base["data"].get("path"):
         return ["data.path=", *assignments]
