@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The Python minors pyproject.toml's requires-python allows.
 PYTHON_VERSIONS := 3.11 3.12
 
-.PHONY: venv test demo lint clean clean-runs check-python mutation
+.PHONY: venv test test-fast demo lint clean clean-runs check-python mutation
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ $(STAMP): pyproject.toml | check-python
 # pytest exits 5 when it collects no test; that is a failure here too.
 test: $(STAMP)
 	$(PY) -m pytest
+
+# While working: every test but those marked slow (local Ray clusters, multi-process training), which
+# `make test` (and CI) still runs.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
 
 # Mutation testing of the core modules ([tool.mutmut] in pyproject.toml; docs/MUTATION.md): on
 # demand, never part of `make test`. Narrow it with a glob, e.g. make mutation MUTANTS='workloads.train.optim*'.

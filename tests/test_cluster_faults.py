@@ -142,8 +142,8 @@ def test_a_rank_killed_while_the_checkpoint_is_written_resumes_from_the_last_com
     _check_resumed(logs, resumed_from=2, last_before=4)
     # The transport gate ran again in the new worker group, before its first step.
     assert len(_gate_processes(logs)) == 2, logs
-    assert (f"removed 1 incomplete checkpoint(s) that a failed attempt left in storage (written by some ranks, "
-            f"never registered): {broken}") in logs
+    assert (f"removed 1 unregistered checkpoint(s): written by some ranks only, or older than the one the run "
+            f"resumes from: {broken}") in logs and "[checkpoints] resuming from" not in logs
     kept = checkpoint_folders(s3, f"{PREFIX}/{run}")
     assert broken not in kept and len(kept) == 2  # --keep-checkpoints 2, each complete
     assert all(files == {".metadata", "__0_0.distcp", "__1_0.distcp", "progress.json"} for files in kept.values())
@@ -228,19 +228,30 @@ def registered_checkpoints(s3, run_prefix: str) -> set[str]:
     return registered_names(text) or set()
 
 
-def test_a_restarted_head_loses_the_job_and_the_submitter_resubmits_the_run(faults, tmp_path, capsys):
+COMPLETE = {".metadata", "progress.json", *(f"__{rank}_0.distcp" for rank in range(WORKERS))}
+"""The files of a checkpoint every rank has uploaded (rank 0's metadata and progress, each rank's shard)."""
+
+
+def test_a_head_lost_before_it_registered_a_complete_checkpoint_costs_no_step_of_it(faults, tmp_path, capsys):
+    """The head restarts in the window between the step-4 checkpoint's upload by every rank and its
+    registration: rank 1 waits after its upload, before its report reaches the controller, so the
+    snapshot names step 2's. The resubmitted run resumes from step 4's, complete in storage: a lost
+    head costs at most the steps since the newest complete checkpoint."""
     cluster, s3, work = faults
     run = "head-loss"
-    plan = _plan(work, point="after-report", run=run, step=5, rank=1)
+    plan = _plan(work, point="checkpoint-uploaded", run=run, step=4, rank=1)
     restarted: dict = {}
+
+    def complete_unregistered() -> list[str]:
+        registered = registered_checkpoints(s3, f"{PREFIX}/{run}")
+        return [name for name, files in checkpoint_folders(s3, f"{PREFIX}/{run}").items()
+                if COMPLETE <= files and name not in registered]
 
     def restart_the_head() -> None:
         paused(plan, run=run, timeout_s=240)
-        # Ray Train registers a checkpoint once every rank has reported it and writes its snapshot
-        # to storage on its own time: the head goes only once step 4's is there, so that the run's
-        # latest checkpoint is known (a head lost before that would rightly resume from step 2).
-        wait_for(lambda: len(registered_checkpoints(s3, f"{PREFIX}/{run}")) >= 2, timeout_s=60,
-                 what="the step-4 checkpoint registered in the run's snapshot")
+        restarted["window"] = wait_for(complete_unregistered, timeout_s=60,
+                                       what="the step-4 checkpoint uploaded by every rank, not registered")
+        restarted["registered"] = sorted(registered_checkpoints(s3, f"{PREFIX}/{run}"))
         restarted["at"] = time.monotonic()
         cluster.nodes.restart_head()
         restarted["up"] = time.monotonic()
@@ -262,6 +273,8 @@ def test_a_restarted_head_loses_the_job_and_the_submitter_resubmits_the_run(faul
             "again (1 of 3), to resume from its latest checkpoint") in out
     assert f"job submitted {run}-job2" in out and f"job {run}-job2 SUCCEEDED" in out
     assert "train step 8/8" in out and "train step 4/8" not in out.split(f"submitted {run}-job2")[1]
+    # The head went with step 2's checkpoint the only one registered and step 4's complete beside it.
+    assert len(restarted["registered"]) == 1 and len(restarted["window"]) == 1
     with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
         client = job_client(conn)
         assert [job.submission_id for job in client.list_jobs()] == [f"{run}-job2"]  # the new head's only job
@@ -269,10 +282,13 @@ def test_a_restarted_head_loses_the_job_and_the_submitter_resubmits_the_run(faul
     summary = loop_summary(logs.splitlines())
     assert summary["resumed_from_step"] == 4 and summary["steps_done"] == STEPS - 4
     assert steps_logged(logs)[0] == 5
+    assert f"[checkpoints] resuming from {restarted['window'][0]} (step 4): complete in storage but never " \
+           "registered" in logs
     final = _final_checkpoint(s3, logs, tmp_path / "final")
     assert final == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
-    print(f"\nhead loss: head restarted after step 5 (down {restarted['up'] - restarted['at']:.1f} s), run "
-          f"resubmitted and resumed from step 4, 1 step redone, final step {final['step']} at data position "
+    print(f"\nhead loss: head restarted after step 4 (down {restarted['up'] - restarted['at']:.1f} s), run "
+          f"resubmitted and resumed from step 4, {STEPS - summary['steps_done'] - 4} step redone, final step "
+          f"{final['step']} at data position "
           f"{final['data_position']}, restart to end {ended - restarted['at']:.1f} s, "
           f"wall {ended - started:.1f} s")
 

@@ -86,7 +86,7 @@ def test_a_missing_plan_file_pauses_nothing(tmp_path):
     (json.dumps({"pauses": [{"point": "after-report", "run": "r", "step": 1, "rank": 0, "when": "now"}]}),
      "unknown key"),
     (json.dumps({"pauses": [{"point": "mid-step", "run": "r", "step": 1, "rank": 0}]}),
-     "point 'mid-step' is not one of checkpoint-upload, after-report"),
+     "point 'mid-step' is not one of checkpoint-upload, checkpoint-uploaded, after-report"),
 ])
 def test_a_malformed_plan_is_an_error_naming_the_variable(text, message, tmp_path):
     plan = tmp_path / "plan.json"

@@ -88,14 +88,41 @@ def test_render_prices_the_stacks_own_region(capsys, tmp_path):
 def test_the_price_table_covers_the_regions_the_probe_tries(tmp_path):
     from capacity.cli import DEFAULT_REGIONS
     from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
-    from infra.prices import ON_DEMAND_USD_PER_HOUR, PRICES_DATE, on_demand
+    from infra.prices import NOT_PRICED_BY_REGION, ON_DEMAND_USD_PER_HOUR, PRICES_DATE, on_demand
 
     assert set(ON_DEMAND_USD_PER_HOUR) == set(DEFAULT_REGIONS) and PRICES_DATE == "2026-01-21"
     assert all(t in INSTANCE_TYPES for row in ON_DEMAND_USD_PER_HOUR.values() for t in row)
+    # Every GPU type of the instance table is priced by region, or the table says it lacks it.
+    regional = {t for row in ON_DEMAND_USD_PER_HOUR.values() for t in row}
+    assert regional | set(NOT_PRICED_BY_REGION) == set(GPU_INSTANCE_TYPES)
+    assert not regional & set(NOT_PRICED_BY_REGION)
     for gpu_type in GPU_INSTANCE_TYPES:
         price = on_demand(gpu_type, "us-west-2")
-        assert price.region in ("us-west-2", "us-east-1") and price.usd_per_hour > 0
+        assert price.region in ("us-west-2", "us-east-1")
+        assert price.usd_per_hour == INSTANCE_TYPES[gpu_type].usd_per_hour if gpu_type in NOT_PRICED_BY_REGION \
+            else price.usd_per_hour > 0
     assert on_demand("g6.12xlarge", "ap-northeast-1").usd_per_hour > on_demand("g6.12xlarge", "us-west-2").usd_per_hour
+
+
+def test_render_prices_the_instance_families_the_regional_table_lacks(capsys, tmp_path):
+    """p5en and p6-b200 are priced at their us-east-1 list price, saying so; p5e has no On-Demand
+    price, which its line says instead of counting 0 silently."""
+    for gpu_type, gpus_line, note in (
+            ("p5en.48xlarge", "2x p5en.48xlarge $126.59",
+             "us-east-1 list prices of 2025-06-05: the regional table has no price for p5en.48xlarge"),
+            ("p5e.48xlarge", "2x p5e.48xlarge (no On-Demand list price: its Capacity Block's fee, paid up front, "
+             "is not counted) $0.000", "the rest at us-east-1 list prices of 2025-06-05")):
+        from capacity.stackfile import PLACEMENT_KEYS, plan_update, write
+
+        write(plan_update(tmp_path / "Pulumi.us-west-2.yaml", dict(zip(
+            PLACEMENT_KEYS, ("us-west-2", "us-west-2a", "usw2-az1", gpu_type, 2)))))
+        assert main(["render", "--stack", "us-west-2", "--project-dir", str(tmp_path)]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        assert gpus_line in first and note in first, first
+    # A type the table prices elsewhere but not in a region of it was not offered there.
+    _stack_in("eu-west-1", "eu-west-1a", "euw1-az1", tmp_path)
+    assert main(["render", "--stack", "eu-west-1", "--project-dir", str(tmp_path)]) == 0
+    assert "g6.12xlarge was not offered in eu-west-1 on 2026-01-21" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_render_lists_the_resources_the_program_declares_under_the_tests_mocks(capsys, monkeypatch):

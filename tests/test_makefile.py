@@ -108,3 +108,12 @@ def test_the_code_passes_the_linter(repo_root):
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=repo_root,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_test_fast_runs_the_tests_not_marked_slow_and_test_runs_them_all(project):
+    (project / ".venv" / "bin").mkdir(parents=True)
+    for target, expected in (("test-fast", '-m pytest -m "not slow"'), ("test", "-m pytest")):
+        done = subprocess.run(["make", "--no-print-directory", "-n", target, "-o", ".venv/.installed"], cwd=project,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines()[-1] == f".venv/bin/python {expected}"

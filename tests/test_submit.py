@@ -22,7 +22,8 @@ from rich.console import Console
 
 from workloads.client import cluster, submit
 from workloads.launch.driver import parse_args as parse_driver_args
-from workloads.context import GATE_PREFIX
+from workloads.context import DATA_PREFIX, GATE_PREFIX
+from workloads.train.data import reading_of_data
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 OUTPUTS = {
@@ -151,6 +152,22 @@ def test_the_printer_says_on_the_console_what_the_data_lost_to_seq_len():
     printer.feed(f"[data] {json.dumps({**data, 'truncated': 0, 'dropped': 0, 'longest_cut': 0})}\n")
     assert out.getvalue().splitlines() == [
         "data 17 records, 1 held out for the eval loss: 15 examples in 12 rows of 64 tokens, 135 tokens to learn"]
+
+
+def test_the_printer_says_when_the_run_reads_its_data_more_than_once():
+    data = {"records": 9000, "chats": 9000, "seq_len": 2048, "examples": 9000, "rows": 6400, "label_tokens": 10**6}
+    reading = reading_of_data(data, steps=100, rows_per_step=128)
+    line = f"(RayTrainWorker pid=7) {DATA_PREFIX}{json.dumps({**data, **reading})}\n"
+    printer, out = _printer(quiet=True)
+    printer.feed(line + line)
+    assert out.getvalue().splitlines() == [
+        "data 9000 records: 9000 examples in 6400 rows of 2048 tokens, 1000000 tokens to learn",
+        f"data {reading['note']}"]
+    once = reading_of_data({**data, "rows": 12_800}, steps=100, rows_per_step=128)
+    printer, out = _printer(quiet=True)
+    printer.feed(f"{DATA_PREFIX}{json.dumps({**data, 'rows': 12_800, **once})}\n")
+    assert out.getvalue().splitlines() == [
+        "data 9000 records: 9000 examples in 12800 rows of 2048 tokens, 1000000 tokens to learn"]
 
 
 def test_the_printer_passes_other_lines_through_unless_quiet():

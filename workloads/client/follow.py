@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 from workloads.client.cluster import UnreachableError, first_line
 from workloads.client.report import format_data, format_record, parse_prefixed, parse_train_line
@@ -57,9 +58,7 @@ class LogPrinter:
         if self._tracking(line):
             return
         data = parse_prefixed(line, DATA_PREFIX)
-        if data is not None and (text := format_data(data)) is not None:
-            style = "yellow" if data.get("truncated") or data.get("dropped") else "default"
-            self.console.print(f"[bold cyan]data[/] [{style}]{text}[/]", highlight=False)
+        if data is not None and self._data(data):
             return
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
@@ -77,6 +76,17 @@ class LogPrinter:
             return
         if not self.quiet:
             self.console.out(line, highlight=False)
+
+    def _data(self, data: dict) -> bool:
+        """The loop's `[data]` record: what the records became, and a note when the run reads them more
+        than once (both shown also when quiet). False for synthetic tokens, which it says nothing of."""
+        text, note = format_data(data), data.get("note")
+        if text is not None:
+            style = "yellow" if data.get("truncated") or data.get("dropped") else "default"
+            self.console.print(f"[bold cyan]data[/] [{style}]{text}[/]", highlight=False)
+        if note:
+            self.console.print(f"[bold cyan]data[/] [yellow]{escape(str(note))}[/]", highlight=False)
+        return text is not None or bool(note)
 
     def _tracking(self, line: str) -> bool:
         """Rank 0's tracker lines: the run it logs to, and its warnings (shown also when quiet)."""

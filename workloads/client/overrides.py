@@ -30,6 +30,16 @@ def _value(raw: str) -> object:
         return raw
 
 
+def given_keys(assignments: list[str]) -> dict[str, object]:
+    """The keys `--set` assignments set, with their values."""
+    given = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if sep:
+            given[key.strip()] = _value(raw)
+    return given
+
+
 def kind_of_path(path: str, *, cwd: Path) -> Optional[str]:
     """The data kind a `data.path` names: "jsonl" for a data file, "hub" for a hub dataset id; None
     when it says neither."""
@@ -44,11 +54,7 @@ def user_overrides(base: dict, assignments: list[str], *, cwd: Optional[Path] = 
     """`assignments` for the config `base` (TrainConfig.to_dict()): with `data.path=` first when they
     change data.kind and set no data.path, and with the kind their data.path names first when they
     set no data.kind. ValueError for a data.path whose kind cannot be told."""
-    given = {}
-    for item in assignments:
-        key, sep, raw = item.partition("=")
-        if sep:
-            given[key.strip()] = _value(raw)
+    given = given_keys(assignments)
     if "data.path" in given and "data.kind" not in given and str(given["data.path"] or ""):
         path = str(given["data.path"])
         kind = kind_of_path(path, cwd=cwd or Path.cwd())

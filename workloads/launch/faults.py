@@ -15,8 +15,9 @@ once: once its marker exists, the point lets every later process through (the re
 the same step again).
 
 Points: `checkpoint-upload` (a rank has saved its shard of the step's checkpoint locally, and rank 0's
-part may already be in storage, but this rank's part is not), `after-report` (the step's metrics, and
-checkpoint if any, are reported and persisted).
+part may already be in storage, but this rank's part is not), `checkpoint-uploaded` (this rank's part
+is in storage, but its report has not reached Ray Train's controller, so the checkpoint is not
+registered), `after-report` (the step's metrics, and checkpoint if any, are reported and persisted).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 PAUSE_PLAN_ENV = "WORKLOADS_PAUSE_PLAN"
-POINTS = ("checkpoint-upload", "after-report")
+POINTS = ("checkpoint-upload", "checkpoint-uploaded", "after-report")
 PAUSE_PREFIX = "[fault-pause] "
 
 

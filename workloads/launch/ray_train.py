@@ -15,6 +15,7 @@ unless its environment variable is set).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ from filelock import FileLock
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from workloads.context import PREFLIGHT_FAILED_KEY, RESTORE_PREFIX, PreflightError, TrainContext
-from workloads.launch.checkpoints import remove_unregistered
+from workloads.launch.checkpoints import settle
 from workloads.launch.credentials import load_credentials
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
@@ -50,9 +51,12 @@ def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
         ray.train.report(metrics)
     else:
         def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
-            # Ray's own upload, after the point where a test can stop this rank with its shard unsent.
+            # Ray's own upload, between the points where a test can stop this rank with its shard
+            # unsent, and sent but not yet reported to the controller.
             pause_point("checkpoint-upload", **where)
-            return ray_ctx.get_storage().persist_current_checkpoint(checkpoint, dir_name)
+            persisted = ray_ctx.get_storage().persist_current_checkpoint(checkpoint, dir_name)
+            pause_point("checkpoint-uploaded", **where)
+            return persisted
 
         # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
         # per checkpoint on a node's root volume would end in disk-pressure eviction.
@@ -101,13 +105,15 @@ def restore_once_per_node(checkpoint, *, restore_root: Path, rank: int = 0) -> P
     return target
 
 
-def checkpoint_loader(*, restore_root: Path, rank: int = 0) -> Callable[[], Optional[Path]]:
-    """Return a function giving the newest persisted checkpoint as a local folder (or None).
+def checkpoint_loader(*, restore_root: Path, rank: int = 0,
+                      newer: Optional[ray.train.Checkpoint] = None) -> Callable[[], Optional[Path]]:
+    """Return a function giving the newest persisted checkpoint as a local folder (or None): Ray
+    Train's, or `newer`, a complete one it never registered (`settle`).
 
     On local storage the checkpoint is used in place; from S3 it is downloaded once per node."""
 
     def latest_checkpoint() -> Optional[Path]:
-        checkpoint = ray.train.get_checkpoint()
+        checkpoint = newer or ray.train.get_checkpoint()
         if checkpoint is None:
             return None
         if checkpoint.filesystem.type_name == "local":
@@ -299,6 +305,28 @@ def remove_local_checkpoints(scratch_dir: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def settled_context(ctx: TrainContext) -> TrainContext:
+    """Rank 0 settles the run's checkpoints in storage (no rank of this attempt has written one yet:
+    what is unregistered was left by a rank that died writing it, or by a head lost before it
+    registered a complete one) and every rank resumes from the checkpoint it chose: Ray Train's, or
+    a newer complete one (workloads/launch/checkpoints.py)."""
+    import torch.distributed as dist
+
+    storage = ray.train.get_context().get_storage()
+    chosen: list[Optional[str]] = [None]
+    if ctx.rank == 0:
+        chosen[0] = settle(storage.storage_filesystem, storage.experiment_fs_path,
+                           say=lambda message: print(f"[checkpoints] {message}", flush=True)).resume_from
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return ctx
+    newer = ray.train.Checkpoint(path=f"{storage.experiment_fs_path.rstrip('/')}/{chosen[0]}",
+                                 filesystem=storage.storage_filesystem)
+    restore_root = SCRATCH_ROOT / ray.train.get_context().get_experiment_name() / "restored"
+    return dataclasses.replace(ctx, latest_checkpoint=checkpoint_loader(restore_root=restore_root, rank=ctx.rank,
+                                                                        newer=newer))
+
+
 def train_worker(config: dict) -> None:
     """`train_loop_per_worker` of the TorchTrainer: config is {"train": TrainConfig.to_dict()}."""
     from workloads.train import tracking
@@ -320,12 +348,7 @@ def train_worker(config: dict) -> None:
     os.environ.update(nccl_log_env(log_dir=nccl_dir))
     try:
         check_storage_on_every_rank(ctx)
-        if ctx.rank == 0:
-            # No rank of this attempt has reached its first checkpoint yet: what is unregistered
-            # now was left by a rank that died while writing it.
-            storage = ray.train.get_context().get_storage()
-            remove_unregistered(storage.storage_filesystem, storage.experiment_fs_path,
-                                say=lambda message: print(f"[checkpoints] {message}", flush=True))
+        ctx = settled_context(ctx)
         with tracking.ends_with_the_run():  # FAILED or KILLED in the tracker, not RUNNING, when it raises
             train(cfg, ctx)
     except PreflightError as exc:

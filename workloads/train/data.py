@@ -254,3 +254,20 @@ def build_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, mod
         )
     return load_records_data(cfg, seq_len=seq_len, seed=seed, vocab_size=vocab_size,
                              tokenizer_name=cfg.tokenizer or model_name_or_path, cache_dir=cache_dir)
+
+
+def reading_of_data(stats: dict, *, steps: int, rows_per_step: int) -> dict:
+    """How the run's steps read its training rows: the rows per step and, for records, the passes
+    over them, with a note when that is more than one (the `[data]` line carries both)."""
+    reading: dict = {"rows_per_step": rows_per_step}
+    rows = stats.get("rows")
+    if not rows:  # synthetic tokens: an endless stream
+        return reading
+    passes = steps * rows_per_step / rows
+    reading["passes"] = round(passes, 2)
+    if passes > 1:
+        one_pass = max(1, rows // rows_per_step)
+        reading["note"] = (f"{steps} steps of {rows_per_step} rows read the {rows:,} training rows {passes:.2f} "
+                           f"times: each row is trained on that often; {one_pass} steps make one pass "
+                           "(--set steps=...), or give more data (data.max_examples)")
+    return reading

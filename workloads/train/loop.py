@@ -29,7 +29,7 @@ from workloads.model_io.export import MODEL_DIR, ModelMetadata, generation_confi
 from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig
-from workloads.train.data import Batch, Data, batches, build_data, eval_batches, samples_per_step
+from workloads.train.data import Batch, Data, batches, build_data, eval_batches, reading_of_data, samples_per_step
 from workloads.train.encode import load_tokenizer
 from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy, choose_implementation
 from workloads.train.model import (
@@ -364,9 +364,12 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     saved = resumed.saved_progress(ctx)
     planned_world_size = elastic.planned_world_size(world_size=ctx.world_size, elastic_planned=ctx.planned_world_size,
                                                     saved=saved)
-    cfg = dataclasses.replace(cfg, grad_accum_steps=accumulation_for(
-        ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size,
-        cause="elastic" if ctx.planned_world_size else "resume"))
+    # With rows_per_step (the GPU presets) the rows of a step are stated outright: the micro-steps
+    # follow from the world size the run has, whatever it was planned or saved on.
+    cfg = cfg.for_world_size(ctx.world_size) if cfg.rows_per_step else dataclasses.replace(
+        cfg, grad_accum_steps=accumulation_for(
+            ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size,
+            cause="elastic" if ctx.planned_world_size else "resume"))
     cfg, kept = resumed.keep_hub_revisions(cfg, saved)
     if ctx.rank == 0 and kept:
         print("\n".join(kept), flush=True)
@@ -381,7 +384,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     data = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
                       model_name_or_path=str(pretrained or cfg.model.name_or_path), eval_rows=eval_rows,
                       cache_dir=cfg.cache_dir)
-    print_rank0(ctx, DATA_PREFIX, data.stats)
+    print_rank0(ctx, DATA_PREFIX, {**data.stats, **reading_of_data(
+        data.stats, steps=cfg.steps,
+        rows_per_step=samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size))})
     if cfg.eval_every and data.eval is None:
         raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
     held_out = [] if data.eval is None else eval_batches(
@@ -430,6 +435,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         seq_len=cfg.seq_len,
     )
     per_step = samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size)
+    peak_flops = metrics.device_peak_flops(device, configured=cfg.peak_flops)
     watch = PreemptionWatch(ctx.preemption_notice, every=cfg.preemption_check_every)
     throughput = Throughput()
     first_loss: torch.Tensor | None = None
@@ -463,7 +469,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "lr": lr,
             "tokens_per_s_per_device": round(rate, 1),
             "mfu": metrics.device_mfu(
-                device, tokens_per_s=rate, flops_per_token=flops, peak_flops=cfg.peak_flops
+                device, tokens_per_s=rate, flops_per_token=flops, peak_flops=peak_flops
             ),
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "grad_norm": grad_norm.item(),
@@ -503,8 +509,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "mfu": None
         if mean_rate is None
         else metrics.device_mfu(
-            device, tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=cfg.peak_flops
+            device, tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=peak_flops
         ),
+        "peak_flops": peak_flops,
         "example_tokens_per_step": round(example_tokens / steps_done, 1) if steps_done else None,
         "padding_share": throughput.padding_share(),
         "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
@@ -515,6 +522,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "nodes": nodes,
         "parallelism": {"kind": plan.kind, "mesh": list(plan.shape), "reason": plan.reason},
         "grad_accum_steps": cfg.grad_accum_steps,
+        "micro_batch": cfg.micro_batch,
+        "rows_per_step": per_step,
         "loss_implementation": model.loss.implementation,
         **method.describe(),
         "trained_params": trained_params,
