@@ -174,3 +174,19 @@ def test_checkpointing_lora_and_sharding_each_shrink_their_terms():
     assert eight.terms["activations"] == full.terms["activations"]
     # 7B's untied embedding is a unit of its own, resharded after forward: only the lm_head stays gathered.
     assert unit_gathered_bytes(arch, base, "root") == (arch.vocab_size + 1) * arch.hidden_size * 2
+
+
+def test_the_loss_term_holds_one_chunk_of_logits_as_liger_cuts_them():
+    """liger-kernel 0.8.5's chunks: 512 tokens of a 16 x 2,048 micro-batch of Qwen2.5-1.5B by its default
+    bound, 4,096 by the loop's; never more than the micro-batch; the term grows by the chunk's bf16 logits."""
+    from workloads.bench.memory import loss_bytes
+    from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST, liger_chunk_rows
+
+    shape = dict(tokens=16 * 2048, hidden=1536, vocab=151_936)
+    assert liger_chunk_rows(**shape, mem_const=1) == 512
+    assert liger_chunk_rows(**shape) == 4096 and LIGER_CHUNK_MEM_CONST == 8
+    assert liger_chunk_rows(tokens=1000, hidden=1536, vocab=151_936, mem_const=200) == 1000
+    arch = Architecture.from_config(named_architecture("qwen2.5-1.5b"))
+    ours = MemorySettings(shard_ranks=1, micro_batch=16, seq_len=2048)
+    default = MemorySettings(**{**predict(arch, ours).settings, "liger_chunk_mem_const": 1})
+    assert loss_bytes(arch, ours) - loss_bytes(arch, default) == (4096 - 512) * 151_936 * 2

@@ -22,8 +22,8 @@
 #   docs/gpu/record.sh memory OUT  the memory model's prediction against each point's peak on one GPU, each run
 #                                  capped at its prediction plus 10% (workloads/bench/memory_check.py)
 #   docs/gpu/record.sh peers OUT   the loop against Hugging Face's Trainer (peft for LoRA) on the same chats:
-#                                  Qwen2.5-1.5B full at micro-batch 16, then Qwen2.5-7B LoRA r16 at micro-batch 8
-#                                  (needs peft and liger-kernel; pass --steps/--warmup to lengthen)
+#                                  Qwen2.5-1.5B full at micro-batch 16 (30 steps), then Qwen2.5-7B LoRA r16 at
+#                                  micro-batch 8 (12 steps; needs peft and liger-kernel)
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -146,12 +146,13 @@ memory)
   ;;
 peers)
   shift 2
+  # The padded Trainer runs out of memory at micro-batch 16 here (2026-12-04); one micro-step per step.
   run torchrun --nproc-per-node 1 -m workloads.bench --preset qwen2.5-1.5b-synthetic --data chats --micro-batches 16 \
-      --strategies tuned,hf-trainer,hf-trainer-padded --out "$out/peers-1.5b" "$@" 2>&1 | tee "$out/peers-1.5b.txt"
+      --strategies tuned,hf-trainer --steps 30 --warmup 5 --out "$out/peers-1.5b" "$@" 2>&1 | tee "$out/peers-1.5b.txt"
   run torchrun --nproc-per-node 1 -m workloads.bench --preset qwen2.5-7b-lora-24gb --data chats --micro-batches 8 \
-      --strategies tuned,hf-trainer,hf-trainer-padded --matmul-size 0 --set model.name_or_path=qwen2.5-7b \
-      --set model.activation_checkpointing=false --set grad_accum_steps=1 --set peak_flops=989e12 \
-      --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
+      --strategies tuned,hf-trainer,hf-trainer-padded --steps 12 --warmup 4 --matmul-size 0 \
+      --set model.name_or_path=qwen2.5-7b --set model.activation_checkpointing=false --set rows_per_step=0 \
+      --set grad_accum_steps=1 --set peak_flops=989e12 --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
   ;;
 *) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers OUT" >&2; exit 2 ;;
 esac

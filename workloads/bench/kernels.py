@@ -28,6 +28,7 @@ import torch
 from workloads.bench.chats import conversation_lengths
 from workloads.train.attention import VARLEN_ATTN, block_causal_mask, cumulative_lengths, varlen_attention_forward
 from workloads.train.loss import LinearCrossEntropy, liger_available
+from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST, liger_chunk_rows
 from workloads.train.packing import best_fit_decreasing
 
 ROWS, SEQ, HEADS, KV_HEADS, HEAD_DIM = 16, 2048, 12, 2, 128
@@ -130,14 +131,19 @@ def loss_figures(device: torch.device) -> dict:
     impls: dict[str, LinearCrossEntropy] = {"chunked": LinearCrossEntropy(implementation="chunked")}
     if liger_available():
         impls["liger_fp32_accumulation"] = LinearCrossEntropy(implementation="liger")
-        bf16 = LinearCrossEntropy(implementation="liger")
-        bf16._liger.accum_dtype = None  # liger's default: the gradient sums in the weight's dtype
-        impls["liger_bf16_accumulation"] = bf16
+        # liger's defaults: the gradient sums in the weight's dtype; logits in chunks of ~BT x H.
+        impls["liger_bf16_accumulation"] = LinearCrossEntropy(implementation="liger", liger_accum_dtype=None)
+        impls["liger_fp32_accumulation_default_chunks"] = LinearCrossEntropy(
+            implementation="liger", liger_chunk_mem_const=1)
     for name, loss in impls.items():
         figures[f"{name}_fwd_bwd_ms"] = time_ms(call(loss))
     if liger_available():
         figures["fp32_accumulation_cost_ms"] = round(
             figures["liger_fp32_accumulation_fwd_bwd_ms"] - figures["liger_bf16_accumulation_fwd_bwd_ms"], 3)
+        figures["liger_chunk_tokens_default_vs_ours"] = [
+            liger_chunk_rows(tokens=ROWS * SEQ, hidden=HIDDEN, vocab=VOCAB, mem_const=c)
+            for c in (1, LIGER_CHUNK_MEM_CONST)]
+        figures["max_relative_error_vs_fp32"] = liger_errors(h, w, labels, impls["liger_fp32_accumulation"])
         # Queued work ahead of the call: without a host sync the call's kernels queue behind it at
         # once; with one, the host waits for it and the GPU idles while the call's kernels launch.
         a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16, generator=gen)
@@ -147,6 +153,21 @@ def loss_figures(device: torch.device) -> dict:
         figures["liger_host_sync_cost_ms"] = round(together - time_ms(queued) - figures[
             "liger_fp32_accumulation_fwd_bwd_ms"], 3)
     return figures
+
+
+def liger_errors(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, liger: LinearCrossEntropy) -> dict:
+    """The fused loss and its gradients against full fp32 logits and F.cross_entropy on the same
+    bf16 inputs: max relative error of each."""
+    def loss_and_grads(loss, h, w):
+        h, w = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        value = loss(h, w, labels)
+        value.backward()
+        return value.detach().float(), h.grad.float(), w.grad.float()
+
+    got = loss_and_grads(liger, hidden, weight)
+    want = loss_and_grads(LinearCrossEntropy(implementation="plain"), hidden.float(), weight.float())
+    rel = lambda a, b: round(float((a - b).abs().max() / b.abs().max()), 6)  # noqa: E731
+    return {name: rel(a, b) for name, a, b in zip(("loss", "grad_hidden", "grad_weight"), got, want)}
 
 
 def main(argv: list[str] | None = None) -> int:

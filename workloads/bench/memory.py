@@ -32,6 +32,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST, liger_chunk_rows
+
 GIB = 2**30
 FP32, BF16 = 4, 2
 
@@ -131,6 +133,8 @@ class MemorySettings:
     loss: str = "liger"
     """"liger", "chunked" or "plain" (workloads/train/loss.py)."""
     loss_chunk_size: int = 4096
+    liger_chunk_mem_const: int = LIGER_CHUNK_MEM_CONST
+    """liger's chunk bound (workloads/train/loss_chunks.py); runs recorded before it was set ran 1."""
     reshard_after_forward: bool = True
     grad_accum_steps: int = 1
 
@@ -266,8 +270,8 @@ def loss_bytes(arch: Architecture, s: MemorySettings) -> int:
     grad_hidden = t * h * s.compute_bytes
     grad_weight = v * h * FP32 if lm_head_trained else 0
     if s.loss == "liger":
-        # liger-kernel 0.8.5: chunks of next_pow2(ceil(T / ceil(V / H))) rows, logits in the input dtype.
-        chunk = min(t, 2 ** math.ceil(math.log2(max(1, -(-t // -(-v // h))))))
+        # One buffer of a chunk's logits, in the input dtype.
+        chunk = liger_chunk_rows(tokens=t, hidden=h, vocab=v, mem_const=s.liger_chunk_mem_const)
         return grad_hidden + grad_weight + chunk * v * s.compute_bytes
     chunk = min(t, s.loss_chunk_size)
     return grad_hidden + grad_weight + 2 * chunk * v * FP32

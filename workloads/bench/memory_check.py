@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 from workloads.bench.memory import Architecture, MemoryPrediction, predict, settings_for
 from workloads.bench.settings import PLACEHOLDER_CHATS, chat_data
+from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST
 from workloads.train.config import TrainConfig, preset, with_overrides
 
 
@@ -57,12 +58,16 @@ POINTS = {p.name: p for p in (
 each at world size 1 with the preset's other settings."""
 
 
-def prediction(point: Point, *, world_size: int = 1) -> MemoryPrediction:
+def prediction(point: Point, *, world_size: int = 1, liger_chunk_mem_const: int = LIGER_CHUNK_MEM_CONST
+               ) -> MemoryPrediction:
+    """`liger_chunk_mem_const`: the loss's chunking the run had (a record made before it was set: 1)."""
     from workloads.model_io.architectures import named_architecture
 
     cfg = point.config()
     arch = Architecture.from_config(named_architecture(cfg.model.name_or_path))
-    return predict(arch, settings_for(cfg, shard_ranks=world_size))
+    settings = dataclasses.replace(settings_for(cfg, shard_ranks=world_size),
+                                   liger_chunk_mem_const=liger_chunk_mem_const)
+    return predict(arch, settings)
 
 
 def bench_command(point: Point, *, cap_gib: float, out: Path, steps: int) -> list[str]:
@@ -100,7 +105,8 @@ def check(points: Sequence[Point], *, out: Path, margin: float, steps: int) -> l
         row = {"point": point.name, "preset": point.preset, "overrides": list(point.overrides),
                "predicted_gib": round(predicted.peak_gib, 2), "cap_gib": round(cap, 2),
                "terms_gib": {k: round(v / 2**30, 2) for k, v in predicted.terms.items()},
-               "phase": predicted.phase, "status": status, "exit_code": code, "measured_gib": peak,
+               "phase": predicted.phase, "liger_chunk_mem_const": LIGER_CHUNK_MEM_CONST,
+               "status": status, "exit_code": code, "measured_gib": peak,
                "error": error, "tokens_per_s": rate,
                "relative_error": None if peak is None else round(predicted.peak_gib / peak - 1, 4)}
         rows.append(row)

@@ -13,10 +13,13 @@ one batch however it is split into micro-batches and ranks; workloads/train/step
 from __future__ import annotations
 
 import importlib.util
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST
 
 IGNORE_INDEX = -100
 IMPLEMENTATIONS = ("liger", "chunked", "plain")
@@ -83,25 +86,28 @@ def choose_implementation(*, fused: bool, device: torch.device) -> str:
 class LinearCrossEntropy(nn.Module):
     """`forward(hidden [N, H], weight [V, H], labels [N]) -> summed loss over labels != -100`."""
 
-    def __init__(self, *, implementation: str, chunk_size: int = 4096) -> None:
+    def __init__(self, *, implementation: str, chunk_size: int = 4096,
+                 liger_chunk_mem_const: int = LIGER_CHUNK_MEM_CONST,
+                 liger_accum_dtype: Optional[torch.dtype] = torch.float32) -> None:
         super().__init__()
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"unknown loss implementation {implementation!r}: use one of {IMPLEMENTATIONS}")
         self.implementation = implementation
         self.chunk_size = chunk_size
+        self.liger_chunk_mem_const = liger_chunk_mem_const
+        # The weight's gradient is summed over liger's chunks in fp32; with None (liger's default)
+        # the sum is rounded to bf16 (the gathered weight's dtype) at every chunk.
+        self.liger_accum_dtype = liger_accum_dtype
         self._liger = None
         if implementation == "liger":
-            from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+            from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-            # accum_dtype: the weight's gradient is summed over liger's chunks in fp32; without it
-            # the sum is rounded to bf16 (the gathered weight's dtype) at every chunk.
-            self._liger = LigerFusedLinearCrossEntropyLoss(
-                ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32
-            )
+            self._liger = liger_fused_linear_cross_entropy
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self._liger is not None:
-            return self._liger(weight, hidden, labels)
+            return self._liger(hidden, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum",
+                               accum_dtype=self.liger_accum_dtype, chunk_mem_const=self.liger_chunk_mem_const)
         if self.implementation == "chunked":
             with_grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
             return ChunkedLinearCrossEntropy.apply(
