@@ -12,7 +12,7 @@ from infra.cluster import EksCluster, EksClusterArgs
 from infra.cost import estimated_cost_per_hour, estimated_idle_cost_per_hour, reservation_idle_note
 from infra.health import NodeHealth, NodeHealthArgs
 from infra.helm_values import CLUSTER_AUTOSCALER, chart_values, chart_versions
-from infra.instance_types import PRICE_TABLE_DATE
+from infra.prices import on_demand
 from infra.network import Network, NetworkArgs
 from infra.nodegroups import GpuNodeGroup, GpuNodeGroupArgs, ScaleToZero, SystemNodeGroup, SystemNodeGroupArgs
 from infra.nodegroups import gpu_launch_window
@@ -104,7 +104,7 @@ pulumi.export(outputs.CHECKPOINT_BUCKET_URI, storage.uri)
 pulumi.export(outputs.ESTIMATED_COST_PER_HOUR_USD, estimated_cost_per_hour(cfg))
 pulumi.export(outputs.ESTIMATED_IDLE_COST_PER_HOUR_USD, estimated_idle_cost_per_hour(cfg))
 pulumi.export(outputs.GPU_IDLE_MINUTES, cfg.gpu_idle_minutes)
-pulumi.export(outputs.PRICE_TABLE_DATE, PRICE_TABLE_DATE)
+pulumi.export(outputs.PRICE_TABLE_DATE, on_demand(cfg.gpu_instance_type, cfg.region).date)
 pulumi.export(outputs.GPU_INSTANCE_TYPE, cfg.gpu_instance_type)
 pulumi.export(outputs.GPU_MEMORY_GIB, cfg.gpu_instance.gpu_memory_gib)
 pulumi.export(outputs.RAY_WORKER_GPUS, cfg.gpu_node_count * cfg.gpu_instance.gpus)

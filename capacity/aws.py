@@ -178,6 +178,12 @@ class InstanceFacts:
     """Whether the type supports Elastic Fabric Adapter at all."""
     max_efa_interfaces: int
     """EFA interfaces one instance can attach (0 without EFA)."""
+    memory_mib: int | None = None
+    """The instance's memory (MemoryInfo.SizeInMiB); None when EC2 did not say."""
+    gpu_memory_mib: int | None = None
+    """Memory of one GPU (GpuInfo.Gpus[].MemoryInfo.SizeInMiB); None when EC2 did not say."""
+    network_cards: int | None = None
+    """NetworkInfo.MaximumNetworkCards; None when EC2 did not say."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,12 +375,17 @@ class AwsApi:
         t = found[0]
         gpus = t.get("GpuInfo", {}).get("Gpus", [])
         net = t.get("NetworkInfo", {})
+        memory = gpus[0].get("MemoryInfo", {}).get("SizeInMiB") if gpus else None
+        cards = net.get("MaximumNetworkCards")
         return InstanceFacts(
             name=t["InstanceType"], vcpus=int(t["VCpuInfo"]["DefaultVCpus"]),
             gpus=sum(int(g.get("Count", 0)) for g in gpus),
             gpu_model=gpus[0].get("Name", "") if gpus else "",
             efa_supported=bool(net.get("EfaSupported", False)),
-            max_efa_interfaces=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)))
+            max_efa_interfaces=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)),
+            memory_mib=t.get("MemoryInfo", {}).get("SizeInMiB"),
+            gpu_memory_mib=None if memory is None else int(memory),
+            network_cards=None if cards is None else int(cards))
 
     # --- quota and usage -------------------------------------------------------------------------
 

@@ -67,7 +67,8 @@ def _span(start: datetime, end: datetime) -> str:
 def offer_summary(offering: BlockOffering) -> str:
     """One line: what the offering is and what it costs."""
     on_demand = INSTANCE_TYPES.get(offering.instance_type)
-    compare = (f"; On-Demand list price {on_demand.usd_per_hour:.2f}" if on_demand else "")
+    compare = (f"; On-Demand list price {on_demand.usd_per_hour:.2f}"
+               if on_demand and on_demand.usd_per_hour is not None else "")
     return (f"{offering.offering_id}: {offering.instance_count} x {offering.instance_type} in "
             f"{offering.availability_zone}, {format_utc(offering.start)} to "
             f"{format_utc(offering.end)} ({offering.duration_hours} h), upfront "

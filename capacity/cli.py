@@ -17,7 +17,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 import boto3
 from rich.console import Console
@@ -47,6 +47,9 @@ DEFAULT_REGIONS = ("us-west-2", "us-east-1", "us-east-2", "eu-west-1", "eu-centr
                    "ap-northeast-1")
 """Probed when neither --regions nor the stack names one: large regions that offer G6."""
 DEFAULT_INSTANCE_TYPE = "g6.12xlarge"
+"""The GPU instance type probed when neither the command line nor the stack file names one."""
+DEFAULT_NODES = 2
+"""GPU nodes probed for when neither the command line nor the stack file says how many."""
 _STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 _PARTITIONS = ("aws", "aws-us-gov", "aws-cn")
 _COMMAND = contextvars.ContextVar("command", default="probe")
@@ -82,6 +85,11 @@ class Options:
     """Per-region probe deadline."""
     project_dir: Path
     """Where Pulumi.<stack>.yaml lives."""
+    types_from_command_line: bool = False
+    """--instance-type(s) named the types; without it the probe keeps the stack's own type."""
+    deployed: Mapping[str, stackfile.GpuNodes] = dataclasses.field(default_factory=dict)
+    """The GPU nodes each existing stack file the probe may write deploys, by stack name, as they
+    were before the probe: what a placement of another type is said to replace."""
 
     @property
     def regions(self) -> tuple[str, ...]:
@@ -110,12 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--all-regions", action="store_true",
                        help="probe every region enabled in the account")
     types = p.add_mutually_exclusive_group()
-    types.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE,
-                       help=f"GPU instance type (default {DEFAULT_INSTANCE_TYPE})")
+    types.add_argument("--instance-type", default="",
+                       help="GPU instance type (default: the stack's gpuInstanceType, else "
+                            f"{DEFAULT_INSTANCE_TYPE}); one that differs from the stack's is written "
+                            "with a line that says so")
     types.add_argument("--instance-types", default="",
                        help="comma-separated GPU instance types to fall back across: all are "
                             "probed, placements ranked by availability, quota and price")
-    p.add_argument("--nodes", default="2", help="GPU nodes in one AZ (default 2)")
+    p.add_argument("--nodes", default="",
+                   help=f"GPU nodes in one AZ (default: the stack's gpuNodeCount, else {DEFAULT_NODES})")
     p.add_argument("--capacity-type", default="on-demand", choices=("on-demand", "spot"),
                    help="on-demand (default) or spot: rank AZs by Spot placement score and price "
                         "against the Spot vCPU quota, and write gpuCapacityType: spot")
@@ -143,12 +154,12 @@ def _positive_int(name: str, raw: str) -> int:
     return int(raw)
 
 
-def _check_instance_type(name: str) -> None:
+def _check_instance_type(name: str, *, source: str = "--instance-type") -> None:
     if name in GPU_INSTANCE_TYPES:
         return
     why = ("has no GPU or no EFA" if name in INSTANCE_TYPES
            else "is not an EFA-capable GPU instance type this stack can deploy")
-    raise InputError(f"--instance-type {name} {why}; use one of {', '.join(GPU_INSTANCE_TYPES)}")
+    raise InputError(f"{source} {name} {why}; use one of {', '.join(GPU_INSTANCE_TYPES)}")
 
 
 def _check_regions(regions: Sequence[str], known: frozenset[str]) -> None:
@@ -159,7 +170,29 @@ def _check_regions(regions: Sequence[str], known: frozenset[str]) -> None:
                              + (f"; did you mean {hint[0]}?" if hint else ""))
 
 
-def _instance_types(args: argparse.Namespace) -> tuple[str, ...]:
+def _deployed_gpu_nodes(stacks: Sequence[str], *, project_dir: Path, need_type: bool,
+                        need_nodes: bool) -> dict[str, stackfile.GpuNodes]:
+    """The GPU nodes the existing stack files of `stacks` (those the probe may write) deploy, by
+    stack name. InputError when they disagree on what the command line leaves to them."""
+    found = {s: nodes for s in stacks
+             if (nodes := stackfile.read_gpu_nodes(stack_file(s, project_dir))) is not None}
+    for needed, attr, what, flag in ((need_type, "instance_type", "GPU instance types", "--instance-type"),
+                                     (need_nodes, "node_count", "GPU node counts", "--nodes")):
+        if needed and len({getattr(n, attr) for n in found.values()}) > 1:
+            listing = ", ".join(f"Pulumi.{s}.yaml {getattr(n, attr)}" for s, n in found.items())
+            raise InputError(f"the stack files this probe may write deploy different {what} ({listing}): "
+                             f"pass {flag}, or --stack to probe for one of them")
+    return found
+
+
+def _instance_types(args: argparse.Namespace, *, deployed: Mapping[str, stackfile.GpuNodes]) -> tuple[str, ...]:
+    """The types to probe: those of the command line, else the stack's own, else the default."""
+    if not args.instance_types and not args.instance_type:
+        if not deployed:
+            return (DEFAULT_INSTANCE_TYPE,)
+        stack, nodes = next(iter(deployed.items()))
+        _check_instance_type(nodes.instance_type, source=f"Pulumi.{stack}.yaml's ray-eks:gpuInstanceType")
+        return (nodes.instance_type,)
     if not args.instance_types:
         _check_instance_type(args.instance_type)
         return (args.instance_type,)
@@ -229,7 +262,7 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
                                     default_region=default_region)
         except blocks_cli.BlocksInputError as exc:
             raise InputError(str(exc)) from None
-    nodes = _positive_int("--nodes", args.nodes)
+    nodes = _positive_int("--nodes", args.nodes) if args.nodes else 0
     try:
         timeout = float(args.region_timeout)
     except ValueError:
@@ -237,7 +270,6 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
     if timeout <= 0:
         raise InputError(f"--region-timeout must be a positive number of seconds, "
                          f"got {args.region_timeout!r}")
-    instance_types = _instance_types(args)
     hold_hours = _hold_hours(args)
     if args.capacity_type == "spot" and (args.reserve or hold_hours):
         raise InputError(f"--capacity-type spot cannot be combined with {'--hold' if hold_hours else '--reserve'}: "
@@ -266,13 +298,23 @@ def parse_options(argv: Sequence[str], *, project_dir: Path, known: frozenset[st
         for region in regions:
             stackfile.precheck(stack_file(region, project_dir))
             _refuse_if_reserved(stack_file(region, project_dir), region)
+    # The GPU nodes of the stack this probe writes, unless the command line says otherwise: a probe
+    # run to find an AZ must not put the default type back over the one the stack was set to.
+    writable = ([args.stack] if args.stack else
+                sorted(known) if args.all_regions else list(regions))
+    deployed = _deployed_gpu_nodes(writable, project_dir=project_dir,
+                                   need_type=not (args.instance_type or args.instance_types),
+                                   need_nodes=not nodes)
+    instance_types = _instance_types(args, deployed=deployed)
+    nodes = nodes or next((n.node_count for n in deployed.values()), DEFAULT_NODES)
     return Options(
         request=ProbeRequest(instance_type=instance_types[0], node_count=nodes, regions=regions,
                              reserve=args.reserve or bool(hold_hours),
                              current_zone_id=current_zone_id, fallback_types=instance_types[1:],
                              hold_hours=hold_hours, capacity_type=args.capacity_type),
         stack=args.stack, all_regions=args.all_regions, dry_run=args.dry_run,
-        as_json=args.json, region_timeout_s=timeout, project_dir=project_dir)
+        as_json=args.json, region_timeout_s=timeout, project_dir=project_dir,
+        types_from_command_line=bool(args.instance_type or args.instance_types), deployed=deployed)
 
 
 def _home_region(session: boto3.Session, regions: Sequence[str]) -> str:
@@ -299,6 +341,18 @@ def _failure_exit_code(failure: AwsFailure) -> int:
     if failure.kind in _UNREACHABLE:
         return EXIT_UNREACHABLE
     return EXIT_NO_PLACEMENT
+
+
+def instance_type_change(opts: Options, placement, *, stack: str) -> str:
+    """The line said when the placement's type replaces the one the stack file deployed before the
+    probe (empty when it keeps it, or there was no file)."""
+    before = opts.deployed.get(stack)
+    if before is None or before.instance_type == placement.instance_type:
+        return ""
+    was = before.instance_type + ("" if before.instance_type_set else ", its default")
+    why = "as the command line asked" if opts.types_from_command_line else "the type that placed"
+    return (f"Pulumi.{stack}.yaml deploys {was}: this sets ray-eks:gpuInstanceType to "
+            f"{placement.instance_type}, {why} (pass --instance-type {before.instance_type} to keep it)")
 
 
 def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
@@ -349,16 +403,18 @@ def run_probe(opts: Options, *, api: AwsApi, home_region: str, out: Console,
                           f"use one of {', '.join(GPU_INSTANCE_TYPES)}", code)
     if placement is not None and held.update is not None:
         result = dataclasses.replace(result, stack=held.stack, update=held.update, written=True,
-                                     held=held.reservation)
+                                     held=held.reservation,
+                                     type_change=instance_type_change(opts, placement, stack=held.stack))
     elif placement is not None:
         stack = opts.stack or placement.region
-        update = stackfile.plan_update(stack_file(stack, opts.project_dir),
-                                       stackfile.placement_values(placement),
+        type_change = instance_type_change(opts, placement, stack=stack)
+        update = stackfile.plan_update(stack_file(stack, opts.project_dir), stackfile.placement_values(placement),
                                        remove=stackfile.spot_keys_removed(placement))
         written = not opts.dry_run and update.changed
         if written:
             stackfile.write(update)
-        result = dataclasses.replace(result, stack=stack, update=update, written=written)
+        result = dataclasses.replace(result, stack=stack, update=update, written=written,
+                                     type_change=type_change)
     if opts.as_json:
         print(report_mod.as_json(result))
     else:

@@ -113,6 +113,11 @@ class RegionReport:
                                            or self.facts.max_efa_interfaces < 1)
 
     @property
+    def table_mismatch(self) -> str:
+        """How EC2's facts differ from the instance table's, empty when they agree (or unknown)."""
+        return "" if self.facts is None else table_mismatch(self.facts)
+
+    @property
     def blocker(self) -> str:
         """Why no AZ of this region qualifies, empty when some may."""
         if self.failure is not None:
@@ -121,12 +126,52 @@ class RegionReport:
             return "instance type not available in this region"
         if self.lacks_efa:
             return f"{self.facts.name} does not support EFA"
+        if self.table_mismatch:
+            return self.table_mismatch
         if not self.offered:
             return f"{self.facts.name} not offered in any AZ"
         if self.quota is not None and self.quota.verdict is QuotaVerdict.SHORT:
             return (f"{self.quota.market} vCPU quota {self.quota.quota_code} short: "
                     f"{self.quota.free_vcpus:g} free < {self.quota.needed_vcpus} needed")
         return ""
+
+
+def same_gpu_memory(table_gib: int, ec2_mib: int) -> bool:
+    """Whether EC2's MiB of one GPU is the table's figure: EC2 gives HBM parts in GiB (81920 MiB
+    for an 80 GiB H100) and GDDR cards in decimal GB (22888 MiB for a 24 GB L4)."""
+    return table_gib in (round(ec2_mib / 1024), round(ec2_mib * 2**20 / 1e9))
+
+
+def table_mismatch(facts: InstanceFacts) -> str:
+    """Where DescribeInstanceTypes contradicts infra/instance_types.py (vCPUs, memory, GPUs, GPU
+    memory, EFA interfaces, network cards), naming both figures; empty when they agree or the table
+    lacks the type. The worker pods, the launch template and the presets are sized from the table, so a
+    difference stops the probe there rather than deploy a cluster that does not fit its nodes."""
+    known = INSTANCE_TYPES.get(facts.name)
+    if known is None:
+        return ""
+    differences = []
+    if facts.vcpus != known.vcpus:
+        differences.append(f"vCPUs: the table {known.vcpus}, EC2 {facts.vcpus}")
+    if facts.memory_mib is not None and facts.memory_mib != known.memory_gib * 1024:
+        differences.append(f"memory: the table {known.memory_gib} GiB, EC2 {facts.memory_mib} MiB")
+    if (facts.gpus, facts.gpu_model) != (known.gpus, known.gpu_model):
+        differences.append(f"GPUs: the table {known.gpus} x {known.gpu_model or '-'}, "
+                           f"EC2 {facts.gpus} x {facts.gpu_model or '-'}")
+    if facts.gpu_memory_mib is not None and known.gpus and not same_gpu_memory(known.gpu_memory_gib,
+                                                                               facts.gpu_memory_mib):
+        differences.append(f"memory per GPU: the table {known.gpu_memory_gib} GiB, EC2 "
+                           f"{facts.gpu_memory_mib} MiB")
+    if facts.max_efa_interfaces != known.efa_interfaces:
+        differences.append(f"EFA interfaces: the table {known.efa_interfaces}, EC2 "
+                           f"{facts.max_efa_interfaces}")
+    if facts.network_cards is not None and facts.network_cards != known.network_cards:
+        differences.append(f"network cards: the table {known.network_cards}, EC2 {facts.network_cards}")
+    if not differences:
+        return ""
+    return (f"infra/instance_types.py and EC2's DescribeInstanceTypes disagree on {facts.name}: "
+            + "; ".join(differences) + " (the pods and launch template are sized from the table: "
+            "correct it)")
 
 
 class Evidence(enum.IntEnum):
@@ -253,9 +298,12 @@ def rank_candidates(reports: tuple[RegionReport, ...], *,
 
 
 def node_group_usd_per_hour(instance_type: str, node_count: int) -> float:
-    """The GPU nodes' On-Demand list price per hour (infra/instance_types.py)."""
+    """The GPU nodes' On-Demand list price per hour (infra/instance_types.py); infinite for a type
+    without one, so it ranks after those that have one."""
     known = INSTANCE_TYPES.get(instance_type)
-    return node_count * known.usd_per_hour if known else float("inf")
+    if known is None or known.usd_per_hour is None:
+        return float("inf")
+    return node_count * known.usd_per_hour
 
 
 def choose_placement(candidates: tuple[Candidate, ...], attempts: tuple[ReservationAttempt, ...],

@@ -27,6 +27,12 @@ class QuotaGroup:
     """The `Class` dimension of the group's AWS/Usage metric."""
     families: frozenset[str]
     """Family prefixes (the letters before the generation digit) in the group."""
+    generations: frozenset[int] = frozenset()
+    """The generations of those families in the group (the number after the letters: 5 for p5,
+    p5e and p5en); empty: every generation."""
+
+    def takes(self, family: str, generation: int) -> bool:
+        return family in self.families and (not self.generations or generation in self.generations)
 
 
 QUOTA_GROUPS: tuple[QuotaGroup, ...] = (
@@ -43,17 +49,24 @@ QUOTA_GROUPS: tuple[QuotaGroup, ...] = (
 
 SPOT_QUOTA_GROUPS: tuple[QuotaGroup, ...] = (
     QuotaGroup(quota_code="L-3819A6DF", usage_class="G/Spot", families=frozenset({"g", "vt"})),
-    QuotaGroup(quota_code="L-7212CCBC", usage_class="P/Spot", families=frozenset({"p"})),
+    QuotaGroup(quota_code="L-7212CCBC", usage_class="P/Spot", families=frozenset({"p"}),
+               generations=frozenset({2, 3, 4})),
+    QuotaGroup(quota_code="L-C4BD4855", usage_class="P5/Spot", families=frozenset({"p"}),
+               generations=frozenset({5})),
     QuotaGroup(quota_code="L-34B43A08", usage_class="Standard/Spot",
                families=frozenset("acdhimrtz")),
     QuotaGroup(quota_code="L-B5D1601B", usage_class="Inf/Spot", families=frozenset({"inf"})),
+    QuotaGroup(quota_code="L-6B0D517C", usage_class="Trn/Spot", families=frozenset({"trn"})),
     QuotaGroup(quota_code="L-85EED4F7", usage_class="DL/Spot", families=frozenset({"dl"})),
     QuotaGroup(quota_code="L-E3A00192", usage_class="X/Spot", families=frozenset({"x"})),
     QuotaGroup(quota_code="L-88CF9481", usage_class="F/Spot", families=frozenset({"f"})),
 )
-"""The `All ... Spot Instance Requests` vCPU quotas, by the same family groups."""
+"""The `All ... Spot Instance Requests` vCPU quotas, by the same family groups, except P: EC2's list of
+Spot quotas (user guide, "Spot Instance quotas") has "All P4, P3 and P2 Spot Instance Requests" and
+"All P5 Spot Instance Requests" (P5, P5e and P5en), and no group for P6, so a P6 Spot check says it
+cannot tell rather than read another generation's quota."""
 
-_FAMILY_RE = re.compile(r"^([a-z]+)\d")
+_FAMILY_RE = re.compile(r"^([a-z]+)(\d+)")
 
 
 def quota_group(instance_type: str, *, spot: bool = False) -> QuotaGroup | None:
@@ -63,7 +76,7 @@ def quota_group(instance_type: str, *, spot: bool = False) -> QuotaGroup | None:
     if not m:
         return None
     groups = SPOT_QUOTA_GROUPS if spot else QUOTA_GROUPS
-    return next((g for g in groups if m.group(1) in g.families), None)
+    return next((g for g in groups if g.takes(m.group(1), int(m.group(2)))), None)
 
 
 class QuotaVerdict(enum.Enum):
@@ -124,7 +137,8 @@ def check_quota(api: AwsApi, *, region: str, facts: InstanceFacts, node_count: i
     market = "Spot" if spot else "On-Demand"
     if group is None:
         return QuotaCheck(quota_code=None, needed_vcpus=needed, spot=spot,
-                          problem=f"no {market} vCPU quota group known for {facts.name}")
+                          problem=f"no {market} vCPU quota group known for {facts.name} (EC2's list of "
+                                  f"{market} quotas names none for its family and generation)")
     limit, limit_source, problems = None, "", []
     try:
         limit = api.applied_quota(region=region, quota_code=group.quota_code)

@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable
 
 from capacity.aws import AwsApi, AwsFailure, FailureKind
-from capacity.probe import ProbeRequest, RegionFailure, RegionReport, ZoneOffer
+from capacity.probe import ProbeRequest, RegionFailure, RegionReport, ZoneOffer, table_mismatch
 from capacity.quota import check_quota
 
 MAX_THREADS = 32
@@ -30,7 +30,8 @@ def probe_region(api: AwsApi, *, region: str, request: ProbeRequest) -> RegionRe
     zones = tuple(ZoneOffer(name=name, zone_id=zone_ids[name], offered=name in offered)
                   for name in sorted(zone_ids))
     quota, spot_problem = None, ""
-    if any(z.offered for z in zones) and facts.efa_supported and facts.max_efa_interfaces > 0:
+    if (any(z.offered for z in zones) and facts.efa_supported and facts.max_efa_interfaces > 0
+            and not table_mismatch(facts)):
         quota = check_quota(api, region=region, facts=facts, node_count=request.node_count,
                             spot=request.spot)
         if request.spot:

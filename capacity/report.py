@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from capacity.probe import (
@@ -53,6 +54,9 @@ class ProbeResult:
     """Whether the stack file was written (False with --dry-run or without a change)."""
     held: GpuReservation | None = None
     """The reservation kept for the stack with --hold (written to its stack file)."""
+    type_change: str = ""
+    """The line that says the placement's instance type replaces the one the stack deploys now
+    (empty when it keeps it)."""
 
 
 def job_preset(instance_type: str) -> tuple[int, str]:
@@ -206,6 +210,8 @@ def print_human(result: ProbeResult, *, out: Console, err: Console) -> None:
                   "Run with --reserve to prove capacity.[/]")
     if result.update is None:
         return
+    if result.type_change:
+        out.print(f"[bold yellow]Instance type changed:[/] {escape(result.type_change)}")
     if not result.update.changed:
         out.print(f"{result.update.path} already holds this placement; nothing to write.",
                   markup=False)
@@ -251,6 +257,7 @@ def as_json(result: ProbeResult) -> str:
             result.placement.instance_type)[0],
         "preset": None if result.placement is None else job_preset(
             result.placement.instance_type)[1],
+        "instance_type_change": result.type_change or None,
         "stack_file": None if result.update is None else str(result.update.path),
         "changed": None if result.update is None else result.update.changed,
         "written": result.written,

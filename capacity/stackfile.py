@@ -9,6 +9,7 @@ at all.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import io
 import os
@@ -23,8 +24,8 @@ from ruamel.yaml.comments import CommentedMap
 
 from capacity.probe import Placement
 from infra.config import (PLACEMENT_FIELDS, RESERVATION_FIELDS, SPOT_FIELDS, ConfigError, GpuReservation,
-                          check_stack_file_settings, config_key, format_utc, parse_stack_config,
-                          read_stack_values)
+                          StackConfig, check_stack_file_settings, coerce_values, config_key, format_utc,
+                          located, parse_stack_config, read_stack_values)
 
 PLACEMENT_KEYS = tuple(config_key(name) for name in PLACEMENT_FIELDS)
 RESERVATION_KEYS = tuple(config_key(name) for name in RESERVATION_FIELDS)
@@ -99,6 +100,35 @@ def read_zone_id(path: Path) -> str:
     if not path.exists():
         return ""
     return str(read_stack_values(path).get(config_key("gpu_availability_zone_id")) or "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuNodes:
+    """The GPU nodes a stack deploys now."""
+
+    instance_type: str
+    """Its gpuInstanceType (the schema's default when the file leaves it out)."""
+    node_count: int
+    """Its gpuNodeCount (likewise)."""
+    instance_type_set: bool
+    """The file names the type itself (rather than leaving it to the default)."""
+
+
+def read_gpu_nodes(path: Path) -> GpuNodes | None:
+    """The GPU instance type and node count of an existing stack file, None without one;
+    ConfigError (with its line) when either value has the wrong type."""
+    if not path.exists():
+        return None
+    names = ("gpu_instance_type", "gpu_node_count")
+    values = read_stack_values(path)
+    typed, errors = coerce_values(values)
+    bad = [e for e in errors if e.key in {config_key(n) for n in names}]
+    if bad:
+        raise located(bad[0], path)
+    defaults = {f.name: f.default for f in dataclasses.fields(StackConfig) if f.name in names}
+    return GpuNodes(instance_type=typed.get(names[0], defaults[names[0]]),
+                    node_count=typed.get(names[1], defaults[names[1]]),
+                    instance_type_set=config_key(names[0]) in values)
 
 
 def reservation_values(reservation: GpuReservation) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """An estimate of what the stack costs per hour, busy (a job on the GPU nodes) and idle (no job:
-with `gpuIdleMinutes` the GPU nodes are gone), from the dated price table."""
+with `gpuIdleMinutes` the GPU nodes are gone), from the dated price tables: the GPU nodes at the
+stack region's On-Demand price where infra/prices.py has it, the rest at infra/instance_types.py's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from infra.config import StackConfig
 from infra.instance_types import (EKS_CONTROL_PLANE_USD_PER_HOUR, GP3_USD_PER_GIB_MONTH,
                                   HOURS_PER_MONTH, INSTANCE_TYPES, MLFLOW_TRACKING_SERVER_USD_PER_HOUR,
                                   NAT_GATEWAY_USD_PER_HOUR, PRICE_TABLE_DATE, PRICE_TABLE_REGION)
+from infra.prices import Price, on_demand, prices_note
 from infra.nodes import SYSTEM_ROOT_VOLUME_GIB
 from infra.reservation import idle_usd_per_hour
 
@@ -17,14 +19,27 @@ PRICES_NOTE = (f"{PRICE_TABLE_REGION} On-Demand list prices of {PRICE_TABLE_DATE
 def gpu_node_usd_per_hour(cfg: StackConfig) -> float:
     """One GPU node's price per hour: on Spot, the price the probe read in the chosen AZ (Spot
     prices move; it is what they were then); otherwise, and on Spot without a price read, the
-    table's On-Demand list price (on Spot, an upper bound: EC2 never charges more)."""
+    On-Demand list price in the stack's region (on Spot, an upper bound: EC2 never charges more); 0
+    for a type with no On-Demand list price (its Capacity Block is paid up front, and `_gpu_label`
+    says so)."""
     if cfg.is_spot and cfg.gpu_spot_price_usd_per_hour:
         return float(cfg.gpu_spot_price_usd_per_hour)
-    return cfg.gpu_instance.usd_per_hour
+    return _gpu_on_demand(cfg).usd_per_hour or 0.0
+
+
+def _gpu_on_demand(cfg: StackConfig) -> Price:
+    return on_demand(cfg.gpu_instance_type, cfg.region)
+
+
+def stack_prices_note(cfg: StackConfig) -> str:
+    """Where the stack's estimate takes its prices from."""
+    return prices_note(cfg.region, gpu=_gpu_on_demand(cfg))
 
 
 def _gpu_label(cfg: StackConfig) -> str:
     label = f"{cfg.gpu_node_count}x {cfg.gpu_instance_type}"
+    if _gpu_on_demand(cfg).usd_per_hour is None and not cfg.gpu_spot_price_usd_per_hour:
+        return f"{label} (no On-Demand list price: its Capacity Block's fee, paid up front, is not counted)"
     if not cfg.is_spot:
         return label
     if cfg.gpu_spot_price_usd_per_hour:
@@ -108,19 +123,23 @@ def cost_summary(cfg: StackConfig) -> str:
     items = ", ".join(f"{name} {_usd(usd)}" for name, usd in cost_items(cfg).items())
     if not cfg.gpu_idle_minutes:
         return (f"estimated cost while it runs: about {_usd(estimated_cost_per_hour(cfg))}/hour "
-                f"({items}; {PRICES_NOTE}; data transfer and S3 not included)")
+                f"({items}; {stack_prices_note(cfg)}; data transfer and S3 not included)")
     idle = ", ".join(f"{name} {_usd(usd)}" for name, usd in idle_cost_items(cfg).items())
     note = reservation_idle_note(cfg)
     return (f"estimated cost: about {_usd(estimated_cost_per_hour(cfg))}/hour busy ({items}), "
             f"{_usd(estimated_idle_cost_per_hour(cfg))}/hour idle, the GPU nodes scaled to zero "
             f"{cfg.gpu_idle_minutes} min after the last job ({idle}{'; ' + note if note else ''}); "
-            f"{PRICES_NOTE}; data transfer and S3 not included")
+            f"{stack_prices_note(cfg)}; data transfer and S3 not included")
 
 
 def gpu_nodes_cost_note(instance_type: str, count: int, *, spot_usd_per_hour: float | None = None) -> str:
     """What the GPU nodes of a placement cost per hour, for the probe's placement line; with a
     Spot price, beside the On-Demand list price."""
-    on_demand = count * INSTANCE_TYPES[instance_type].usd_per_hour
+    list_price = INSTANCE_TYPES[instance_type].usd_per_hour
+    if list_price is None:
+        return (f"{instance_type} has no On-Demand list price ({PRICES_NOTE}): EC2 sells it as "
+                "Capacity Blocks (`python -m capacity blocks` shows their price)")
+    on_demand = count * list_price
     if spot_usd_per_hour is None:
         return f"the GPU nodes cost about {_usd(on_demand)}/hour ({PRICES_NOTE})"
     spot = count * spot_usd_per_hour

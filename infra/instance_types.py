@@ -1,14 +1,23 @@
 """Facts about the EC2 instance types the stack can run on.
 
 The RayCluster builder sizes pods from this table, so nothing instance-specific lives in the builder.
+The GPU counts, GPU memory, EFA interfaces and network cards are EC2's (DescribeInstanceTypes, the
+"Accelerated computing" specifications of the EC2 instance types guide); `python -m capacity probe`
+compares them with what EC2 answers and stops on a difference. Each type's GPU is a row of
+workloads/gpus.py (its peak FLOP/s, memory and links).
 Prices are On-Demand Linux list prices in us-east-1 (USD/hour) as published on 2025-06-05, after
-that month's P4/P5 price cut; other regions differ by up to ~30%, so treat them as an estimate.
+that month's P4/P5/P5en price cut (p6-b200, sold through Capacity Blocks alone at first: its
+On-Demand list price since); other regions differ by up to ~30%, so treat them as an estimate.
+p5e has none: EC2 sells it through Capacity Blocks, not On-Demand.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
+
+from workloads.gpus import GPUS, Gpu
 
 PRICE_TABLE_DATE = "2025-06-05"
 PRICE_TABLE_REGION = "us-east-1"
@@ -26,31 +35,31 @@ its metadata storage (about 0.10 per GB-month) and the S3 artifacts are not incl
 
 
 @dataclass(frozen=True, kw_only=True)
-class Gpu:
-    """What the memory model, the step-time model and the plan need of one GPU."""
+class ProvisionLimit:
+    """How long a new GPU node of a family may take from its launch to joining the cluster before
+    the Cluster Autoscaler gives the launch up and backs off (`max-node-provision-time`)."""
 
-    model: str
-    memory_mib: int
-    """Total memory as `nvidia-smi --query-gpu=memory.total` reports it (the CUDA context comes out
-    of it): a little under the datasheet's GB for GDDR cards, exactly its GiB for HBM ones."""
-    peak_bf16_flops: Optional[float]
-    """Dense bf16 tensor FLOP/s by the datasheet (half the "with sparsity" figure); None where
-    NVIDIA publishes none (A10G, AWS's own variant of the A10)."""
-    link_gbps: float
-    """GPU-to-GPU bandwidth inside a node, per direction, GB/s: PCIe Gen4 x16 (32) for the g
-    families, NVLink for the p families (A100 600 GB/s and H100 900 GB/s both ways)."""
+    minutes: int
+    source: str
+    """Where the figure comes from."""
 
 
-GPUS: dict[str, Gpu] = {
-    g.model: g
-    for g in (
-        Gpu(model="L4", memory_mib=23034, peak_bf16_flops=121e12, link_gbps=32.0),
-        Gpu(model="A10G", memory_mib=23028, peak_bf16_flops=None, link_gbps=32.0),
-        Gpu(model="L40S", memory_mib=46068, peak_bf16_flops=362e12, link_gbps=32.0),
-        Gpu(model="A100", memory_mib=40960, peak_bf16_flops=312e12, link_gbps=300.0),
-        Gpu(model="H100", memory_mib=81559, peak_bf16_flops=989e12, link_gbps=450.0),
-    )
+PROVISION_LIMITS: dict[str, ProvisionLimit] = {
+    "g": ProvisionLimit(minutes=15, source=(
+        "the Cluster Autoscaler's default max-node-provision-time, the 15 minutes Karpenter also allows "
+        "a node to register: a g5, g6 or g6e node (PCIe GPUs, one EFA interface) boots as a "
+        "general-purpose instance does")),
+    "p": ProvisionLimit(minutes=30, source=(
+        "the 1,800 s AWS ParallelCluster allows one of its GPU compute nodes to boot (the default of "
+        "DevSettings/Timeouts/ComputeNodeBootstrapTimeout): a P node also brings up its NVSwitch "
+        "fabric and up to 32 EFA interfaces, and p6-b200 users report boots of 15 to 25 minutes")),
 }
+"""By instance family (the letters before the generation): EC2 publishes no launch-to-join times."""
+
+
+def family_of(instance_type: str) -> str:
+    """The family letters of a type's name: `p` for p5en.48xlarge, `g` for g6e.12xlarge."""
+    return re.match(r"[a-z]*", instance_type).group(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +70,8 @@ class InstanceType:
     gpus: int = 0
     gpu_model: str = ""
     gpu_memory_gib: int = 0
-    """Memory of one GPU: `workloads submit` picks its default preset by it."""
+    """Memory of one GPU as the type is sold (24 GB cards, 80 GiB HBM): `workloads submit` picks its
+    default preset by it. EC2 gives it in MiB: GDDR cards' decimal GB, HBM's GiB."""
     efa_interfaces: int = 0
     """Maximum EFA interfaces the type supports (0: no EFA)."""
     network_cards: int = 1
@@ -70,11 +80,17 @@ class InstanceType:
     network_gbps: float = 0.0
     """The instance's network bandwidth in Gbps (EC2's instance type page), what EFA carries between
     nodes."""
-    usd_per_hour: float
+    usd_per_hour: Optional[float]
+    """On-Demand list price (module docstring); None where EC2 lists none (p5e: Capacity Blocks)."""
 
     @property
     def gpu(self) -> Optional[Gpu]:
         return GPUS.get(self.gpu_model)
+
+    @property
+    def provision_limit(self) -> ProvisionLimit:
+        """Its family's; every GPU type of the table has one (tests/test_instance_families.py)."""
+        return PROVISION_LIMITS[family_of(self.name)]
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
@@ -92,6 +108,15 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
                      gpu_memory_gib=80, efa_interfaces=32, network_cards=32, network_gbps=3200,
                      usd_per_hour=55.04),
+        InstanceType(name="p5e.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H200",
+                     gpu_memory_gib=141, efa_interfaces=32, network_cards=32, network_gbps=3200,
+                     usd_per_hour=None),
+        InstanceType(name="p5en.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H200",
+                     gpu_memory_gib=141, efa_interfaces=16, network_cards=16, network_gbps=3200,
+                     usd_per_hour=63.296),
+        InstanceType(name="p6-b200.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="B200",
+                     gpu_memory_gib=179, efa_interfaces=8, network_cards=8, network_gbps=3200,
+                     usd_per_hour=113.9328),
         InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, usd_per_hour=0.2016),
         InstanceType(name="m7i.2xlarge", vcpus=8, memory_gib=32, usd_per_hour=0.4032),
     )

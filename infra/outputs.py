@@ -22,8 +22,8 @@ RAY_AUTH_SECRET_KEY = "rayAuthSecretKey"
 CHECKPOINT_BUCKET_URI = "checkpointBucketUri"
 """s3://bucket/prefix where Ray Train writes checkpoints."""
 ESTIMATED_COST_PER_HOUR_USD = "estimatedCostPerHourUsd"
-"""Busy: with the GPU nodes up. On-Demand list prices of infra/instance_types.py; see
-PRICE_TABLE_DATE."""
+"""Busy: with the GPU nodes up. The GPU nodes at the region's On-Demand list price of infra/prices.py
+where it has one, the rest at infra/instance_types.py's; see PRICE_TABLE_DATE."""
 ESTIMATED_IDLE_COST_PER_HOUR_USD = "estimatedIdleCostPerHourUsd"
 """While no job runs: the same as busy unless the GPU nodes scale to zero (GPU_IDLE_MINUTES), and
 then the stack without them, plus a targeted On-Demand Capacity Reservation, billed regardless."""
@@ -31,7 +31,8 @@ GPU_IDLE_MINUTES = "gpuIdleMinutes"
 """Minutes without a job after which the GPU nodes scale to zero; 0: they stay up. `workloads
 submit` then reports the nodes coming back while its job waits for them."""
 PRICE_TABLE_DATE = "priceTableDate"
-"""The date of the prices behind ESTIMATED_COST_PER_HOUR_USD."""
+"""The date of the GPU nodes' price behind ESTIMATED_COST_PER_HOUR_USD (infra/prices.py's for a
+region it prices, else infra/instance_types.py's)."""
 GPU_INSTANCE_TYPE = "gpuInstanceType"
 GPU_MEMORY_GIB = "gpuMemoryGib"
 """Memory of one GPU of GPU_INSTANCE_TYPE: `workloads submit` sizes its default preset by it."""

@@ -21,7 +21,7 @@ from infra.scale_to_zero import SAFE_TO_EVICT_ANNOTATION, enabled as scales_to_z
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
 from infra.spot import worker_shutdown
 from workloads.launch.credentials import CREDENTIALS_DIR, CREDENTIALS_SECRET
-from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV
+from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV, node_network_env
 
 RAY_CLUSTER_NAME = "ray-train"
 SERVICE_ACCOUNT = "ray-train"
@@ -69,6 +69,15 @@ def node_name_env() -> dict[str, Any]:
     """The pod's Kubernetes node, from the downward API: a failing transport gate names the node to
     drain (workloads/transport/gate.py)."""
     return {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+def gpu_network_env(cfg: StackConfig) -> list[dict[str, str]]:
+    """The GPU nodes' EFA interfaces and line rate, from which the transport gate sets its floor
+    between nodes (workloads/transport/gate.py): the Ray workers cannot read the instance type from
+    the instance metadata (infra/imds.py)."""
+    instance = cfg.gpu_instance
+    env = node_network_env(efa_interfaces=instance.efa_interfaces, line_gbps=instance.network_gbps)
+    return [{"name": name, "value": value} for name, value in env.items()]
 
 
 def region_env(cfg: StackConfig) -> dict[str, str]:
@@ -183,7 +192,7 @@ def _worker_template(cfg: StackConfig) -> dict[str, Any]:
                 "imagePullPolicy": "IfNotPresent",
                 "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
                 "env": [*nccl_env(), *huge_page_env(cfg.gpu_huge_pages_mib), node_name_env(), region_env(cfg),
-                        *shutdown_env],
+                        *gpu_network_env(cfg), *shutdown_env],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "volumeMounts": _volume_mounts(),
             }],

@@ -30,6 +30,7 @@ from typing import Any
 
 from infra.config import GpuReservation, StackConfig, format_utc
 from infra.instance_types import INSTANCE_TYPES, InstanceType
+from infra.prices import on_demand
 
 CAPACITY_BLOCK_RECLAIM = timedelta(minutes=30)
 """EC2 starts terminating a Capacity Block's instances this long before the block ends."""
@@ -204,18 +205,21 @@ def launch_window(reservation: GpuReservation, *, node_count: int, now: datetime
 
 def odcr_idle_usd_per_hour(reservation: GpuReservation) -> float:
     """An On-Demand Capacity Reservation bills every reserved instance at the On-Demand price
-    (from the price table), used or not."""
+    (from the price table), used or not; a type the table lists no such price for counts 0 (EC2
+    reserves it through Capacity Blocks, paid up front)."""
     return round(reservation.instance_count
-                 * INSTANCE_TYPES[reservation.instance_type].usd_per_hour, 2)
+                 * (INSTANCE_TYPES[reservation.instance_type].usd_per_hour or 0.0), 2)
 
 
 def idle_usd_per_hour(cfg: StackConfig) -> float:
-    """What the reservation costs per hour while no node uses it (a Capacity Block is paid up
-    front: nothing more)."""
+    """What the reservation costs per hour while no node uses it, at the On-Demand price of the
+    stack's region (a Capacity Block is paid up front: nothing more; a type with no On-Demand price
+    counts 0, as in `odcr_idle_usd_per_hour`)."""
     reservation = cfg.gpu_reservation
     if reservation is None or reservation.is_capacity_block:
         return 0.0
-    return odcr_idle_usd_per_hour(reservation)
+    return round(reservation.instance_count
+                 * (on_demand(reservation.instance_type, cfg.region).usd_per_hour or 0.0), 2)
 
 
 def after_destroy(cfg: StackConfig, *, stack: str) -> str:

@@ -59,10 +59,6 @@ SCALE_DOWN_UNNEEDED = "2m"
 """How long a GPU node holds nothing but DaemonSet pods before the Cluster Autoscaler removes it.
 Short: the node empties only once Ray's autoscaler has found its worker idle for the whole
 `gpuIdleMinutes`."""
-MAX_NODE_PROVISION = "15m"
-"""How long a GPU instance may take to launch and join before the Cluster Autoscaler gives the
-launch up and backs off (its default; a g6.12xlarge joins in a few minutes)."""
-
 RAY_AUTOSCALER_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 """The Ray autoscaler sidecar of the head pod (KubeRay's default size, requests = limits)."""
 RAY_AUTOSCALER_VERSION = "v2"
@@ -135,7 +131,9 @@ def cluster_autoscaler_values(cfg: StackConfig, *, cluster_name: str) -> dict[st
             "scale-down-unneeded-time": SCALE_DOWN_UNNEEDED,
             "skip-nodes-with-local-storage": True,
             "skip-nodes-with-system-pods": True,
-            "max-node-provision-time": MAX_NODE_PROVISION,
+            # How long a GPU instance may take to launch and join before the Cluster Autoscaler
+            # gives the launch up: its family's figure (infra/instance_types.py, with its source).
+            "max-node-provision-time": f"{cfg.gpu_instance.provision_limit.minutes}m",
             "balance-similar-node-groups": False,
             "write-status-configmap": True,
         },

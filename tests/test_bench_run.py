@@ -155,7 +155,8 @@ def test_two_ranks_through_the_command_line(tmp_path):
     for run, figures in zip(document["runs"], document["figures"]):
         assert sorted(map(int, run["step_seconds"])) == [2, 3, 4]
         assert figures["timed_steps"] == 3 and figures["tokens_per_s_per_gpu"] > 0
-        assert 0 < figures["mfu_vs_peak"] and figures["mfu_vs_matmul"] > 0
+        # A CPU has no bf16 peak (no H100's borrowed): MFU against the measured matmul rate only.
+        assert figures["mfu_vs_peak"] is None and figures["mfu_vs_matmul"] > 0
         assert figures["step_s_p90"] >= figures["step_s_median"] and figures["final_step"] == 4
     assert [c["label"] for c in document["comparisons"]] == [
         "same micro-batch 4", "same micro-batch 2", "largest micro-batch that fits",

@@ -80,7 +80,8 @@ def test_spot_quotas_are_their_own_codes():
     assert quota_group("g6.12xlarge").quota_code == "L-DB2E81BA"
     spot = quota_group("g6.12xlarge", spot=True)
     assert (spot.quota_code, spot.usage_class) == ("L-3819A6DF", "G/Spot")
-    assert quota_group("p5.48xlarge", spot=True).quota_code == "L-7212CCBC"
+    assert quota_group("p4d.24xlarge", spot=True).quota_code == "L-7212CCBC"
+    assert quota_group("p5.48xlarge", spot=True).quota_code == "L-C4BD4855"  # "All P5 Spot Instance Requests"
 
 
 def test_a_spot_probe_reads_scores_by_zone_id_prices_by_zone_and_the_spot_quota(api):

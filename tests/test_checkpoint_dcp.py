@@ -84,7 +84,8 @@ def test_what_a_resume_reads_is_kept_beside_the_shards(one_rank_group, tmp_path)
     folder = checkpoint.save(tmp_path / "ckpt", model=model, optimizer=optimizer, progress=saved)
     assert checkpoint.read_progress(folder) == {"step": 3, "data_position": 48, "world_size": 4,
                                                 "tracking_run_id": "0a1b2c", "method": "full",
-                                                "planned_world_size": 8, "hub_revisions": commits}
+                                                "planned_world_size": 8, "hub_revisions": commits,
+                                                "eval_loss": None}
     assert checkpoint.load(folder, model=model, optimizer=optimizer) == saved
     # A checkpoint from before progress.json existed loads as one that recorded none of it (a full
     # fine-tune's).

@@ -135,6 +135,7 @@ def test_long_text_is_windowed_long_chats_truncated_and_empty_ones_dropped():
     chat = Example(tokens=list(range(10)), targets=[False] * 6 + [True] * 4)
     rows, stats = pack([chat, text], seq_len=4, pad_id=0, split_long=[False, True])
     assert (stats.truncated, stats.dropped) == (1, 1)  # the chat's first 5 tokens hold no target
+    assert stats.longest_cut == 9  # seq_len 9 keeps the chat whole: its 10 tokens are 9 positions
     assert int((rows.labels != IGNORE_INDEX).sum()) == 9
 
 

@@ -99,7 +99,12 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_refused(corpus):
     ("line", "match"),
     [
         ("not json", r"corpus.jsonl:2: not valid JSON"),
-        ('{"body": "w1"}', r":2: no 'messages' list and no string 'text' field"),
+        ('{"body": "w1"}', r":2: no 'messages' list, no string 'text' field, no Alpaca 'instruction' and 'output'"),
+        ('{"instruction": "a", "output": "b", "text": "c"}', r":2: the record fits the formats alpaca and text: set "
+                                                             r"data.format"),
+        ('{"conversations": [{"from": "bot", "value": "hi"}]}', r":2: turn 0 is from 'bot': ShareGPT turns are from"),
+        ('{"conversations": [{"from": "human", "value": "hi"}]}', r":2: the conversation has no assistant message"),
+        ('{"instruction": "a", "output": 3}', r":2: the Alpaca record's 'output' must be a string"),
         ('["w1"]', r":2: a record must be a JSON object, got list"),
         ('{"messages": []}', r":2: 'messages' must be a non-empty list"),
         ('{"messages": [{"role": "user", "content": "hi"}]}', r":2: the conversation has no assistant message"),
@@ -112,6 +117,35 @@ def test_bad_jsonl_lines_are_named(tmp_path, line, match):
     path.write_text('{"text": "w1 w2"}\n\n' + line + "\n")
     with pytest.raises(ValueError, match=match.replace(":2:", ":3:")):
         read_records([path])
+
+
+def test_alpaca_and_sharegpt_records_are_chats_of_messages(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"instruction": "Name the colour of snow.", "input": "", "output": "White."},
+        {"instruction": "Translate.", "input": "Schnee", "output": "Snow.", "system": "You translate."},
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Sky?"},
+                           {"from": "gpt", "value": "Blue."}, {"from": "human", "value": "Coal?"},
+                           {"from": "gpt", "value": "Black."}]},
+        {"text": "a document", "id": 4},
+    ]) + "\n")
+    alpaca, with_input, sharegpt, text = read_records([path])
+    assert alpaca.messages == [{"role": "user", "content": "Name the colour of snow."},
+                               {"role": "assistant", "content": "White."}]
+    assert with_input.messages == [{"role": "system", "content": "You translate."},
+                                   {"role": "user", "content": "Translate.\n\nSchnee"},
+                                   {"role": "assistant", "content": "Snow."}]
+    assert [m["role"] for m in sharegpt.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert sharegpt.messages[-1]["content"] == "Black." and text.text == "a document"
+    # A format named is the only one read: a record of another is named with what it lacks.
+    with pytest.raises(ValueError, match=r"mixed.jsonl:3: data.format is 'alpaca' but the record has no Alpaca's"):
+        read_records([path], data_format="alpaca")
+    both = tmp_path / "both.jsonl"
+    both.write_text(json.dumps({"instruction": "a", "output": "b", "text": "a b"}) + "\n")
+    assert read_records([both], data_format="alpaca")[0].messages[-1] == {"role": "assistant", "content": "b"}
+    assert read_records([both], data_format="text")[0].text == "a b"
+    with pytest.raises(ValueError, match="data.format is 'csv': use one of auto, messages, text, alpaca, sharegpt"):
+        DataConfig(kind="jsonl", path=str(path), format="csv")
 
 
 def test_parquet_rows_are_read_as_records_and_named_by_row(tmp_path):

@@ -125,11 +125,27 @@ def test_arguments_are_validated_with_the_bad_value_named():
         parse_args([*base, "--config-json", "{}", "--storage-path", "/tmp/x", "--max-failures", "-1"])
 
 
-def test_the_failure_line_names_the_first_failing_rank_and_its_error():
-    errors = {1: RuntimeError("Traceback...\n  File x\nValueError: boom on 1"),
-              0: RuntimeError("\nOSError: no model\n")}
-    assert failure_reason(WorkerGroupError("2 workers failed", errors)) == "rank 0: OSError: no model"
+def test_the_failure_line_names_each_failing_rank_and_its_error():
+    """Ray Train V2 hands the ranks' own exceptions; a MemoryError has no message, and the line used to
+    end at `rank 0:` (the rest was only in the job's log)."""
+    errors = {1: ValueError("boom on 1\nmore detail"), 0: OSError("no model")}
+    assert failure_reason(WorkerGroupError("2 workers failed", errors)) == (
+        "rank 0: OSError: no model; rank 1: ValueError: boom on 1")
+    assert failure_reason(WorkerGroupError("2 workers failed", {0: MemoryError(), 1: MemoryError()})) == (
+        "ranks 0, 1: MemoryError")
+    many = {rank: RuntimeError(f"error {rank}") for rank in range(6)}
+    assert failure_reason(WorkerGroupError("6 workers failed", many)).endswith(
+        "rank 3: RuntimeError: error 3; and 2 other error(s) in the job's log")
     assert failure_reason(ControllerError(RuntimeError("placement\ngroup timed out"))) == "group timed out"
+
+
+def test_keep_best_has_ray_train_keep_the_checkpoints_of_the_lowest_eval_loss():
+    from workloads.launch.driver import checkpoint_config
+
+    best = checkpoint_config({"checkpoint": {"keep_best": True}}, keep=2)
+    assert (best.num_to_keep, best.checkpoint_score_attribute, best.checkpoint_score_order) == (2, "eval_loss", "min")
+    newest = checkpoint_config({"checkpoint": {"keep_best": False}}, keep=3)
+    assert (newest.num_to_keep, newest.checkpoint_score_attribute) == (3, None)
 
 
 def test_driver_lines_are_found_behind_ray_prefixes():

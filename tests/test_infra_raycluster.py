@@ -19,7 +19,7 @@ from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.raycluster import auth_secret_name, build_raycluster, head_service_name
 from infra.sizing import max_huge_pages_mib, node_allocatable, worker_pod_size
-from workloads.transport.gate import EFA_TRANSPORT_ENV
+from workloads.transport.gate import EFA_TRANSPORT_ENV, NodeNetwork
 
 BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
                    gpu_availability_zone_id="euw1-az2")
@@ -174,6 +174,16 @@ def test_workers_take_whole_efa_gpu_nodes_with_guaranteed_qos(cfg):
 
 
 @pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
+def test_workers_tell_the_transport_gate_their_nodes_network(instance_type):
+    """The gate's floor between nodes follows each type's EFA, not g6.12xlarge's."""
+    spec = _worker(build_raycluster(dataclasses.replace(BASE, gpu_instance_type=instance_type)))["template"]["spec"]
+    network = NodeNetwork.from_env(_env(spec["containers"][0]))
+    kind = INSTANCE_TYPES[instance_type]
+    assert (network.efa_interfaces, network.line_gbps) == (kind.efa_interfaces, kind.network_gbps)
+    assert network.floor_gbps == pytest.approx(kind.network_gbps / 8 / 5)
+
+
+@pytest.mark.parametrize("instance_type", GPU_INSTANCE_TYPES)
 def test_workers_request_the_huge_pages_the_stack_asks_for(instance_type):
     most = max_huge_pages_mib(INSTANCE_TYPES[instance_type])
     for asked in (2, most):
@@ -195,8 +205,10 @@ def test_workers_declare_the_efa_transport_and_leave_the_nccl_log_to_each_rank()
     # (workloads/launch/ray_train.py), not also here where every process of the pod would get it.
     # Without a huge page request (the default) the container may use no huge page, so libfabric
     # is told to keep its buffers in regular pages.
-    # And the stack's region: pods cannot read it from the instance metadata (infra/imds.py).
-    assert env == {**EFA_TRANSPORT_ENV, "FI_EFA_USE_HUGE_PAGE": "0", "AWS_REGION": BASE.region}
+    # And the stack's region and the nodes' EFA network (the gate's floor between nodes): pods
+    # cannot read either from the instance metadata (infra/imds.py).
+    assert env == {**EFA_TRANSPORT_ENV, "FI_EFA_USE_HUGE_PAGE": "0", "AWS_REGION": BASE.region,
+                   "RAY_EKS_EFA_INTERFACES": "1", "RAY_EKS_NETWORK_GBPS": "40"}
     assert not {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"} & set(env)
     # The pod's node, which a failing transport gate names for draining.
     from_api = {e["name"]: e["valueFrom"] for e in spec["containers"][0]["env"] if "valueFrom" in e}

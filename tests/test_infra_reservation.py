@@ -9,16 +9,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pulumi
 import pytest
-from moto import mock_aws
 
 from capacity.stackfile import PLACEMENT_KEYS, RESERVATION_KEYS, plan_update, write
 from infra import outputs
 from infra.config import ConfigError, GpuReservation, format_utc, parse_stack_config, parse_utc, read_stack_values
 from infra.health import enable_node_auto_repair
-from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
+from infra.instance_types import INSTANCE_TYPES
 from infra.reservation import (CAPACITY_BLOCK_DRAIN_BUDGET, CAPACITY_BLOCK_RECLAIM, CAPACITY_BLOCK_SCALE_DOWN_LEAD,
                                EKS_SCALE_DOWN_LEAD, EKS_SCALE_IN_DRAIN_ALLOWANCE, END_ACTION, MINIMAL_UPDATE_CONFIG,
                                SCHEDULED_ACTION_DELAY, START_ACTION, UPDATE_SURGE_PER_AZ, ReservationEnded,
@@ -447,26 +445,3 @@ def test_stack_without_reservation_keeps_pulumi_eks_efa_template_and_placement_g
     assert group["placementGroupAvailabilityZone"] == "us-west-2a"
     assert not run.of_type(LT) and not run.of_type(ODCR) and not run.of_type(BLOCK)
     assert run.outputs[outputs.GPU_RESERVATION] is None
-
-
-def test_the_instance_table_agrees_with_ec2s_own_description():
-    """Network cards, EFA interfaces, vCPUs, memory and GPU memory of every GPU type, against
-    DescribeInstanceTypes as moto serves it (its data is EC2's own answer)."""
-    with mock_aws():
-        ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="testing",
-                           aws_secret_access_key="testing")
-        described = {t["InstanceType"]: t for t in ec2.describe_instance_types(
-            InstanceTypes=list(GPU_INSTANCE_TYPES))["InstanceTypes"]}
-    for name in GPU_INSTANCE_TYPES:
-        ours, theirs = INSTANCE_TYPES[name], described[name]
-        net = theirs["NetworkInfo"]
-        assert ours.network_cards == net["MaximumNetworkCards"], name
-        assert ours.efa_interfaces == net["EfaInfo"]["MaximumEfaInterfaces"], name
-        assert ours.vcpus == theirs["VCpuInfo"]["DefaultVCpus"], name
-        assert ours.memory_gib * 1024 == theirs["MemoryInfo"]["SizeInMiB"], name
-        gpu = theirs["GpuInfo"]["Gpus"][0]
-        assert ours.gpus == gpu["Count"], name
-        # EC2 reports marketed GB as MiB (24 GB L4: 22,888 MiB); the table keeps the GB.
-        assert ours.gpu_memory_gib * 1000**3 // 2**20 == gpu["MemoryInfo"]["SizeInMiB"] or \
-            ours.gpu_memory_gib * 1024 == gpu["MemoryInfo"]["SizeInMiB"], name
-    assert INSTANCE_TYPES["p5.48xlarge"].network_cards == 32

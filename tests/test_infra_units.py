@@ -96,8 +96,9 @@ def test_checkpoint_policy_is_scoped_to_prefix_and_service_account():
 
 REGION_LITERAL = re.compile(r"\b[a-z]{2}(?:-gov)?-(?:north|south|east|west|central|northeast|"
                             r"southeast|northwest|southwest)-\d(?!\d)")
-# The price table quotes one region's list prices and says which; it is data, not an assumption.
-ALLOWED = {"infra/instance_types.py": {"us-east-1"}}
+# The price tables quote regions' list prices and say which; they are data, not an assumption.
+ALLOWED = {"infra/instance_types.py": {"us-east-1"},
+           "infra/prices.py": {"us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1"}}
 
 
 def test_the_region_pattern_finds_a_region():

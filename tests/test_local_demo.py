@@ -106,6 +106,8 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert f"(eval {summary['eval_loss']:.4f})" in out
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (run_dir / "model").iterdir()}
     assert "generate What is the capital of France? -> " in out
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"  # `runs` lists it so
+    assert f"python -m workloads chat {run_dir.name}" in out
     _assert_tracked(tmp_path, run_dir, report, out)
 
 
@@ -127,6 +129,9 @@ def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> No
     assert run.data.tags["model_location"] == str(run_dir / "model")
     assert run.data.tags["checkpoint"].startswith(str(run_dir / "checkpoints"))
     assert {"summary.json", "report.json", "loss.png"} <= {a.path for a in mlflow.list_artifacts(run.info.run_id)}
+    # No experiment of the store points at a folder that is gone (its Default one did: a rank's temp folder).
+    default = mlflow.get_experiment("0")
+    assert default.artifact_location == (runs_dir / "mlflow" / "artifacts" / "0").as_uri()
 
 
 def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path):
@@ -143,6 +148,9 @@ def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path):
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
     assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
     assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
+    # The run says it was interrupted, and how to go on with it.
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert f"run --local --run-name {run_dir.name} resumes it" in " ".join(out.split())
     _assert_all_stopped(groups)
     # Its tracker run ended KILLED: neither left RUNNING, nor FAILED as its ranks and the driver saw
     # the worker nodes go (the demo ends it once its cluster is down).

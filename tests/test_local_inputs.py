@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 from fake_hub import fake_hub
 
-from workloads.client import demo, inputs_check, local
+from workloads.client import demo, inputs_check, local, overrides
 from workloads.client.datapaths import local_inputs
 
 CHAT = {"messages": [{"role": "user", "content": "What colour is the sky?"},
                      {"role": "assistant", "content": "Blue."}]}
+ALPACA = {"instruction": "What colour is the sky?", "input": "", "output": "Blue."}
+SHAREGPT = {"conversations": [{"from": "human", "value": "What colour is the sky?"}, {"from": "gpt", "value": "Blue."}]}
 NO_CLUSTER = "http://127.0.0.1:9"
 FAST_S = 10.0
 """Far under a local cluster's start (30-65 s on two busy cores), far over the checks' own time."""
@@ -37,6 +39,9 @@ def workdir(tmp_path: Path) -> Path:
     write_jsonl(tmp_path / "mychats.jsonl", [json.dumps(CHAT)] * 3)
     write_jsonl(tmp_path / "broken.jsonl", [json.dumps(CHAT), json.dumps(CHAT),
                                             '{"messages": [{"role": "user", "content": "x"}'])
+    write_jsonl(tmp_path / "alpaca.jsonl", [json.dumps(ALPACA), json.dumps({**ALPACA, "text": "also a text"})])
+    write_jsonl(tmp_path / "sharegpt.jsonl", [json.dumps(SHAREGPT), json.dumps({"conversations": [
+        {"from": "human", "value": "What colour is coal?"}, {"from": "robot", "value": "Black."}]})])
     (tmp_path / "empty-folder").mkdir()
     return tmp_path
 
@@ -66,8 +71,17 @@ JSONL = ("--set", "data.kind=jsonl", "--set")
      "cannot reach the Hugging Face hub at http://127.0.0.1:9 for hub model 'Qwen/Qwen2.5-0.5B' ("),
     (("--set", "model.name_or_path=Qwen/Qwen2.5-0.5B"), {"HF_HUB_OFFLINE": "1"},
      "hub model 'Qwen/Qwen2.5-0.5B' is not in this machine's cache and HF_HUB_OFFLINE is set"),
+    (("--set", "data.path=mychats"), {},
+     "data.path is 'mychats' but data.kind is not set (the preset's is 'synthetic'), and the path names no kind: add "
+     "--set data.kind=jsonl"),
+    (("--set", "data.path=alpaca.jsonl"), {},
+     "alpaca.jsonl:2: the record fits the formats alpaca and text: set data.format to the one it is"),
+    (("--set", "data.path=sharegpt.jsonl"), {},
+     "sharegpt.jsonl:2: turn 1 is from 'robot': ShareGPT turns are from one of system, human, user, gpt"),
+    (("--set", "data.path=sharegpt.jsonl", "--set", "data.format=alpaca"), {},
+     "sharegpt.jsonl:1: data.format is 'alpaca' but the record has no Alpaca's 'instruction' and 'output'"),
 ], ids=["bad-jsonl-line", "tokenizer-no-source", "tokenizer-empty-folder", "model-empty-folder", "hub-unreachable",
-        "hub-offline"])
+        "hub-offline", "data-path-of-no-kind", "alpaca-ambiguous", "sharegpt-bad-role", "format-mismatch"])
 def test_a_local_input_mistake_is_one_line_before_the_cluster_starts(workdir, args, env, message):
     took, done = run("run", "--local", "--runs-dir", str(workdir / "runs"), *args, cwd=workdir,
                      env={"WORKLOADS_CACHE": str(workdir / "cache"), **env})
@@ -135,8 +149,27 @@ def test_your_own_data_alone_trains_the_toy_model_with_its_tokenizer(workdir, mo
     assert train["model"]["name_or_path"] == str(run_dir / "base-model") and inputs.model == run_dir / "base-model"
     assert train["data"]["path"] == str(workdir / "mychats.jsonl") and inputs.chats is None
     assert inputs.fields == {"model.name_or_path"}
-    assert demo.first_question(train) == "What colour is the sky?"  # what the trained model is asked
+    assert demo.closing_question(train).prompt == "What colour is the sky?"  # what the trained model is asked
     assert not run_dir.exists()  # nothing written until the checks passed
+
+
+def test_a_data_path_alone_names_its_kind(workdir, monkeypatch):
+    """`--set data.path=mychats.jsonl` without data.kind trained on synthetic tokens (the demo preset's kind)
+    and said "your data trains a toy model"; the path now names the kind, and a config that still pairs
+    "synthetic" with a path is refused."""
+    from workloads.train.config import DataConfig
+
+    monkeypatch.chdir(workdir)
+    train, inputs = local.local_train_config(_args("data.path=mychats.jsonl"), workdir / "runs" / "1")
+    assert train["data"]["kind"] == "jsonl" and train["data"]["path"] == str(workdir / "mychats.jsonl")
+    assert inputs.model is not None and inputs.chats is None
+    (workdir / "chats-no-suffix").write_text(json.dumps(CHAT) + "\n")  # a file here is a file, whatever its name
+    train, _ = local.local_train_config(_args("data.path=chats-no-suffix"), workdir / "runs" / "2")
+    assert train["data"]["kind"] == "jsonl"
+    assert overrides.kind_of_path("HuggingFaceH4/ultrachat_200k", cwd=workdir) == "hub"
+    assert overrides.kind_of_path("s3://bucket/chats", cwd=workdir) == "jsonl"
+    with pytest.raises(ValueError, match='data.kind is "synthetic", which generates its tokens and reads no file'):
+        DataConfig(kind="synthetic", path="mychats.jsonl")
 
 
 def test_your_data_on_a_model_of_a_demo_run_uses_its_tokenizer(workdir, monkeypatch):

@@ -126,13 +126,43 @@ def test_the_loss_axis_is_logarithmic_and_the_warm_up_is_shaded(tmp_path):
     (span,) = [p for p in ax.patches if p.get_label().startswith("warm-up")]
     (x0, _), (x1, _) = span.get_extents().transformed(ax.transData.inverted()).get_points()
     assert (round(x0), round(x1)) == (1, 5)
-    assert "warm-up (steps 1-5)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "warm-up (steps 1-5)" in [t.get_text() for t in fig.legends[0].get_texts()]
     # A run resumed after its warm-up has none to shade; one without warm-up neither.
     assert report.curves(records, final={"resumed_from_step": 7}, warmup_steps=5).warmup is None
     assert report.curves(records).warmup is None
     report.write_report(tmp_path, records=records, summary=report.summarize(records),
                         meta={"config": {"warmup_steps": 5}}, final={"first_loss": 6.2})
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _overlapping(boxes) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+
+
+@pytest.mark.parametrize("losses", [
+    [6.2, 3.1, 0.9, 0.2, 0.04, 0.009, 0.0015],  # several decades: the minor labels overlapped
+    [0.95, 0.9, 0.8, 0.7, 0.65, 0.6],  # within one decade: no decade shows, the minor ticks are labelled
+    [0.0011, 0.00095, 0.0009, 0.00088],  # around 0.001: "0.0009" sat on "0.001"
+], ids=["decades", "one-decade", "near-a-decade"])
+def test_the_plot_is_readable(losses):
+    """Tick labels of the loss axis do not overlap, and the legend does not cover the curves."""
+    records = [{"step": 10 * (i + 1), "loss": loss, "lr": 0.01, "eval_loss": loss * 1.1}
+               for i, loss in enumerate(losses)]
+    fig = report.draw_curves(report.curves(records, warmup_steps=5), title="my-ft: toy model on mychats.jsonl")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
+              if t.get_text() and t.get_visible()]
+    low, high = ax.get_ylim()
+    shown = [t for t in labels if low <= t.get_position()[1] <= high]
+    assert len(shown) >= 2  # the axis says what it measures
+    assert _overlapping([t.get_window_extent(renderer) for t in shown]) == []
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert not legend.overlaps(ax.get_window_extent(renderer))
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def test_the_report_plots_the_curves(tmp_path, monkeypatch):

@@ -95,8 +95,8 @@ def scenarios(root: Path) -> dict[str, dict]:
             "cfg": with_overrides(
                 demo,
                 [f"model.name_or_path={base}", "data.kind=jsonl", f"data.path={chats}", "seq_len=32",
-                 "micro_batch=4", "steps=4", "log_every=1", "warmup_steps=1", "checkpoint_every=4",
-                 "eval_every=2", "data.eval_fraction=0.1"],
+                 "micro_batch=4", "rows_per_step=16", "steps=4", "log_every=1", "warmup_steps=1",
+                 "checkpoint_every=4", "eval_every=2", "data.eval_fraction=0.1"],
             ),
             "resume_from": None,
         },
@@ -351,6 +351,10 @@ def test_a_pretrained_chat_fine_tune_evaluates_and_exports_its_model(runs, tmp_p
     lines = first["stdout"].splitlines()
     data = json.loads(next(line for line in lines if line.startswith(DATA_PREFIX)).removeprefix(DATA_PREFIX))
     assert data["chats"] == data["records"] == 80 and data["held_out"] == 8
+    # 16 rows a step on 2 ranks of 4-row micro-batches: 2 micro-steps; the passes over the rows, said.
+    assert (first["summary"]["rows_per_step"], first["summary"]["grad_accum_steps"]) == (16, 2)
+    assert data["rows_per_step"] == 16 and data["passes"] == round(4 * 16 / data["rows"], 2)
+    assert ("note" in data) == (data["passes"] > 1)
     load = json.loads(next(line for line in lines if line.startswith(LOAD_PREFIX)).removeprefix(LOAD_PREFIX))
     assert [r["rank"] for r in load["ranks"]] == [0, 1] and all(r["read_mib"] > 0 for r in load["ranks"])
     # The model the run exported (gathered from both ranks' shards) is the one its checkpoint holds.

@@ -153,7 +153,7 @@ GIB = 2**30
     ("qwen2.5-7b-lora-24gb", 4, 21), ("qwen2.5-7b-24gb", 8, 21), ("qwen2.5-1.5b-24gb", 8, 21)])
 def test_the_24gb_presets_fit_an_l4_by_the_model(name, ranks, at_most_gib):
     """The 7B presets' targets on the cluster each is for (one or two g6.12xlarge, flat FSDP)."""
-    cfg = preset(name)
+    cfg = preset(name).for_world_size(ranks)  # the micro-steps of its rows per step on those ranks
     arch = Architecture.from_config(named_architecture("qwen2.5-7b" if "7b" in name else "qwen2.5-1.5b"))
     prediction = predict(arch, settings_for(cfg, shard_ranks=ranks))
     assert prediction.peak_bytes <= at_most_gib * GIB

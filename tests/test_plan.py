@@ -78,13 +78,16 @@ def test_presets_are_chosen_by_gpu_memory_and_count(memory, size, gpus, name):
     assert preset_for_gpu(memory, model_size=size, gpus=gpus) == name
 
 
-def test_the_nearest_settings_that_fit_keep_the_rows_per_step():
+@pytest.mark.parametrize("overrides", [["micro_batch=4"], ["rows_per_step=0", "micro_batch=4", "grad_accum_steps=4"]])
+def test_the_nearest_settings_that_fit_keep_the_rows_per_step(overrides):
+    """With the preset's rows per step, or with micro-steps per rank."""
     arch = Architecture.from_config(named_architecture("qwen2.5-7b"))
-    cfg = with_overrides(preset("qwen2.5-7b-24gb"), ["micro_batch=4", "grad_accum_steps=4"])
+    cfg = with_overrides(preset("qwen2.5-7b-24gb"), overrides)
     target = Target.instances("g6.12xlarge", 2)
     assert not assess(cfg, arch, target).fits
+    rows = cfg.for_world_size(target.world_size).samples_per_rank_per_step
     for alternative in nearest_fits(cfg, arch, target):
         assert alternative.fit.fits
-        changed = alternative.fit.cfg
+        changed = alternative.fit.cfg  # as the ranks run it
         if "micro_batch" in alternative.label:
-            assert changed.micro_batch * changed.grad_accum_steps == cfg.micro_batch * cfg.grad_accum_steps
+            assert changed.samples_per_rank_per_step == rows

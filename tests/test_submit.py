@@ -22,7 +22,8 @@ from rich.console import Console
 
 from workloads.client import cluster, submit
 from workloads.launch.driver import parse_args as parse_driver_args
-from workloads.context import GATE_PREFIX
+from workloads.context import DATA_PREFIX, GATE_PREFIX
+from workloads.train.data import reading_of_data
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 OUTPUTS = {
@@ -134,6 +135,39 @@ def test_the_printer_shows_the_loops_gate_line_once():
     line = f"(RayTrainWorker pid=7) {GATE_PREFIX}{json.dumps(gate)}\n"
     printer.feed(line + line)
     assert out.getvalue().splitlines() == ["gate transport gate does not apply: gloo"]
+
+
+def test_the_printer_says_on_the_console_what_the_data_lost_to_seq_len():
+    """Truncated and dropped conversations were counted only in job.log and report.json."""
+    printer, out = _printer(quiet=True)
+    data = {"records": 17, "chats": 17, "held_out": 1, "seq_len": 64, "examples": 15, "rows": 12,
+            "label_tokens": 135, "fill": 0.87, "truncated": 2, "dropped": 1, "longest_cut": 97, "eval_rows": 1}
+    line = f"(RayTrainWorker pid=7) [data] {json.dumps(data)}\n"
+    printer.feed(line + line)
+    assert [" ".join(out.getvalue().split())] == [  # one line (the console wraps at its width)
+        "data 17 records, 1 held out for the eval loss: 15 examples in 12 rows of 64 tokens, 135 tokens to learn; "
+        "2 conversation(s) longer than seq_len 64 cut to their start and 1 dropped with nothing left to learn: "
+        "--set seq_len=128 keeps every one whole"]
+    printer, out = _printer(quiet=True)
+    printer.feed(f"[data] {json.dumps({**data, 'truncated': 0, 'dropped': 0, 'longest_cut': 0})}\n")
+    assert out.getvalue().splitlines() == [
+        "data 17 records, 1 held out for the eval loss: 15 examples in 12 rows of 64 tokens, 135 tokens to learn"]
+
+
+def test_the_printer_says_when_the_run_reads_its_data_more_than_once():
+    data = {"records": 9000, "chats": 9000, "seq_len": 2048, "examples": 9000, "rows": 6400, "label_tokens": 10**6}
+    reading = reading_of_data(data, steps=100, rows_per_step=128)
+    line = f"(RayTrainWorker pid=7) {DATA_PREFIX}{json.dumps({**data, **reading})}\n"
+    printer, out = _printer(quiet=True)
+    printer.feed(line + line)
+    assert out.getvalue().splitlines() == [
+        "data 9000 records: 9000 examples in 6400 rows of 2048 tokens, 1000000 tokens to learn",
+        f"data {reading['note']}"]
+    once = reading_of_data({**data, "rows": 12_800}, steps=100, rows_per_step=128)
+    printer, out = _printer(quiet=True)
+    printer.feed(f"{DATA_PREFIX}{json.dumps({**data, 'rows': 12_800, **once})}\n")
+    assert out.getvalue().splitlines() == [
+        "data 9000 records: 9000 examples in 12800 rows of 2048 tokens, 1000000 tokens to learn"]
 
 
 def test_the_printer_passes_other_lines_through_unless_quiet():
@@ -427,9 +461,9 @@ class _Jobs:
     with Ray's message, an unknown id is Ray's 404. `drop_answers` loses the answer of that many
     submissions after the cluster took them (a port-forward that drops mid-request)."""
 
-    def __init__(self, *, drop_answers: int = 0, refuse_first: int = 0) -> None:
+    def __init__(self, *, drop_answers: int = 0, refuse_first: int = 0, agent_after: int = 0) -> None:
         self.jobs: dict[str, dict] = {}
-        self.drop_answers, self.refuse_first = drop_answers, refuse_first
+        self.drop_answers, self.refuse_first, self.agent_after = drop_answers, refuse_first, agent_after
         self.submit_calls = 0
 
     def list_jobs(self):
@@ -444,6 +478,10 @@ class _Jobs:
         from ray.job_submission import JobStatus
 
         self.submit_calls += 1
+        if self.agent_after:  # the head's dashboard answers, its job agent is not registered yet
+            self.agent_after -= 1
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
+                               "again later.")
         if self.refuse_first:
             self.refuse_first -= 1
             raise requests.exceptions.ConnectionError("Connection refused")  # never reached the cluster
@@ -511,6 +549,21 @@ def test_a_submission_that_never_arrived_is_sent_again_under_the_same_id():
     submitted = submit.submit_or_attach(lambda: jobs, _request(), sleep=lambda s: None)
     assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=False, index=1)
     assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 3
+
+
+def test_a_submission_waits_for_the_heads_job_agent_as_for_the_head():
+    """A local run from another folder failed at once, exit 1: "Request failed with status code 500: No
+    available agent to submit job"; a rerun worked."""
+    jobs, said, now = _Jobs(agent_after=3), [], [0.0]
+    submitted = submit.submit_or_attach(lambda: jobs, _request(), say=said.append, sleep=lambda s: now.append(
+        now[-1] + s), clock=lambda: now[-1])
+    assert submitted == submit.Submitted(job_id="qwen-run-job1", attached=False, index=1)
+    assert list(jobs.jobs) == ["qwen-run-job1"] and jobs.submit_calls == 4
+    assert said == ["the cluster's job agent is not up yet; waiting for it"]
+    now = [0.0]
+    with pytest.raises(cluster.UnreachableError, match="its job agent did not come up within 10 s"):
+        submit.submit_or_attach(lambda: _Jobs(agent_after=99), _request(), agent_wait_s=10,
+                                sleep=lambda s: now.append(now[-1] + s), clock=lambda: now[-1])
 
 
 def test_an_id_taken_by_another_run_is_skipped_and_a_cluster_that_never_answers_is_exit_3():

@@ -150,6 +150,21 @@ def test_a_local_run_tracks_into_the_store_under_runs_unless_told_otherwise(argv
         assert train["tracking"]["run_name"] == "demo-cpu-1" and "mlflow.source.git.commit" in train["tracking"]["tags"]
 
 
+def test_a_new_local_store_keeps_the_default_experiments_artifacts_beside_it(tmp_path, monkeypatch):
+    """The store was made by rank 0 in the job's temporary working folder: its "Default" experiment
+    pointed at ./mlruns there, deleted with the job."""
+    from mlflow import MlflowClient
+
+    from workloads.client.tracking import local_store_uri
+
+    monkeypatch.chdir(tmp_path)
+    uri = local_store_uri(tmp_path / "runs")
+    default = MlflowClient(tracking_uri=uri).get_experiment("0")
+    assert default.name == "Default"
+    assert default.artifact_location == (tmp_path / "runs" / "mlflow" / "artifacts" / "0").as_uri()
+    assert local_store_uri(tmp_path / "runs") == uri  # an existing store is left as it is
+
+
 def test_sigterm_stops_a_local_run_as_ctrl_c_does(monkeypatch, capsys):
     """tests/test_local_demo.py stops a demo with Ctrl-C; SIGTERM (a CI job's end) takes the same way out."""
     import os

@@ -15,12 +15,16 @@ from ranks import run_ranks
 
 from workloads.context import TrainContext
 from workloads.transport.gate import (
+    DEFAULT_MESSAGE_BYTES,
     EFA_TRANSPORT_ENV,
     GateConfig,
+    NodeNetwork,
     RankVerdict,
     TransportGateError,
     check_transport,
+    combine_verdicts,
     judge_rank,
+    message_bytes_for,
     nccl_log_env,
     resolve_debug_file,
     run_transport_gate,
@@ -63,7 +67,7 @@ def run_gate_as_rank(
         cfg, ctx=context(0, 2, tmp_path), device=torch.device("cpu"), measure=measure, log_path=log_path,
         all_gather=all_gather, hostname=f"{hosts[0]}.ec2.internal",
     )
-    assert measured == [{"device": torch.device("cpu"), "message_bytes": cfg.message_bytes}]
+    assert measured == [{"device": torch.device("cpu"), "message_bytes": cfg.message_bytes or DEFAULT_MESSAGE_BYTES}]
     return result
 
 
@@ -342,3 +346,44 @@ def test_the_gate_reads_the_pods_node_name(monkeypatch, tmp_path):
     monkeypatch.setattr("torch.distributed.get_backend", lambda: "nccl")
     gate.run_transport_gate(GateConfig(), ctx=context(0, 2, tmp_path), device=torch.device("cpu"))
     assert seen["node"] == "ip-10-0-1-5.us-west-2.compute.internal"
+    assert seen["network"] is None  # no network on this machine's environment: the generic floor
+    monkeypatch.setenv(gate.EFA_INTERFACES_ENV, "32")
+    monkeypatch.setenv(gate.NETWORK_GBPS_ENV, "3200")
+    gate.run_transport_gate(GateConfig(), ctx=context(0, 2, tmp_path), device=torch.device("cpu"))
+    assert seen["network"] == gate.NodeNetwork(efa_interfaces=32, line_gbps=3200)
+
+
+P5 = NodeNetwork(efa_interfaces=32, line_gbps=3200)
+G6 = NodeNetwork(efa_interfaces=1, line_gbps=40)
+
+
+def test_the_floor_between_nodes_follows_the_nodes_efa_network():
+    """A p5 whose NCCL reaches what 4 of its 32 interfaces carry fails; g6.12xlarge keeps its 1 GB/s."""
+    healthy = _efa_verdicts(failing_node=None)
+    few_interfaces = combine_verdicts(GateConfig(), verdicts=healthy, busbw_gbps=45.0, message_bytes=512 * 2**20,
+                                      network=P5)
+    assert not few_interfaces.passed and few_interfaces.floor_gbps == 80.0
+    assert ("all-reduce bus bandwidth 45.00 GB/s (floor 80.00 GB/s: 20% of the 3200 Gbps of 32 EFA interfaces, "
+            "512 MiB, 8 ranks on 2 node(s))") in few_interfaces.message
+    assert "bus bandwidth 45.00 GB/s is under the floor of 80.00 GB/s" in few_interfaces.message
+    assert combine_verdicts(GateConfig(), verdicts=healthy, busbw_gbps=310.0, message_bytes=512 * 2**20,
+                            network=P5).passed
+    g6 = combine_verdicts(GateConfig(), verdicts=healthy, busbw_gbps=4.2, message_bytes=64 * 2**20, network=G6)
+    assert g6.passed and g6.floor_gbps == 1.0 and g6.floor_source == "20% of the 40 Gbps of 1 EFA interface"
+    unknown = combine_verdicts(GateConfig(), verdicts=healthy, busbw_gbps=4.2, message_bytes=64 * 2**20)
+    assert unknown.floor_gbps == 1.0 and unknown.floor_source.startswith("generic: the nodes' EFA network is unknown")
+    # An explicit floor is the user's; one node keeps the floor under PCIe GPUs' P2P.
+    assert combine_verdicts(GateConfig(min_busbw_gbps=30), verdicts=healthy, busbw_gbps=45.0,
+                            message_bytes=4096, network=P5).passed
+    one_node = [dataclasses.replace(v, host="pod", node="n", inter_node_links=0) for v in healthy]
+    assert combine_verdicts(GateConfig(), verdicts=one_node, busbw_gbps=45.0, message_bytes=4096,
+                            network=P5).floor_gbps == 2.0
+
+
+def test_the_all_reduce_is_sized_to_take_milliseconds_at_the_line_rate():
+    assert message_bytes_for(GateConfig(), None) == 64 * 2**20
+    assert message_bytes_for(GateConfig(), G6) == 64 * 2**20  # 5 GB/s: 13 ms already
+    assert message_bytes_for(GateConfig(), NodeNetwork(efa_interfaces=1, line_gbps=100)) == 128 * 2**20
+    assert message_bytes_for(GateConfig(), P5) == 512 * 2**20  # the most: 1.3 ms at 400 GB/s
+    assert message_bytes_for(GateConfig(message_bytes=8 * 2**20), P5) == 8 * 2**20
+    assert NodeNetwork.from_env({"RAY_EKS_EFA_INTERFACES": "x", "RAY_EKS_NETWORK_GBPS": "40"}) is None

@@ -16,6 +16,8 @@ COMMANDS = {
     "plan": ("workloads.client.plan", "memory per GPU, tokens/s and cost of a run, without a cluster"),
     "verify-transport": ("workloads.transport.verify", "check NCCL logs: did ranks talk over EFA?"),
     "export": ("workloads.client.export", "a run's checkpoint as a Hugging Face folder (local or s3://)"),
+    "runs": ("workloads.client.runs", "list the local runs: status, steps, losses, model"),
+    "chat": ("workloads.client.chat", "talk to a trained model, one line a turn, with its chat template"),
 }
 
 

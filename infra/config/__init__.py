@@ -12,7 +12,7 @@ into a StackConfig) and `stack_file` (files read with each problem's line). Impo
 """
 
 from infra.config.errors import NO_VALUE, ConfigError, ConfigErrors
-from infra.config.parsing import check_settings, parse_stack_config
+from infra.config.parsing import check_settings, coerce_values, parse_stack_config
 from infra.config.rules import SUPPORTED_KUBERNETES_MINORS, az_id_prefix
 from infra.config.schema import (CAPACITY_TYPES, DEFAULT_RAY_IMAGE, KNOWN_KEYS, MLFLOW_SIZES, PLACEMENT_FIELDS,
                                  PROJECT, REGION_KEY, RESERVATION_FIELDS, RESERVATION_KINDS, SPOT_FIELDS,
@@ -22,7 +22,7 @@ from infra.config.stack_file import (check_stack_file_settings, key_lines, load_
                                      read_stack_values, stack_file)
 
 __all__ = [
-    "NO_VALUE", "ConfigError", "ConfigErrors", "check_settings", "parse_stack_config",
+    "NO_VALUE", "ConfigError", "ConfigErrors", "check_settings", "coerce_values", "parse_stack_config",
     "SUPPORTED_KUBERNETES_MINORS", "az_id_prefix", "CAPACITY_TYPES", "SPOT_FIELDS",
     "DEFAULT_RAY_IMAGE", "KNOWN_KEYS", "MLFLOW_SIZES", "PLACEMENT_FIELDS",
     "PROJECT", "REGION_KEY", "RESERVATION_FIELDS", "RESERVATION_KINDS", "GpuReservation", "StackConfig",

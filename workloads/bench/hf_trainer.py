@@ -40,7 +40,8 @@ def conversations(cfg: TrainConfig) -> tuple[list[dict], object]:
     shifts them), each cut to the row length; and the tokenizer."""
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     records = read_records([Path(cfg.data.path)], text_field=cfg.data.text_field,
-                           messages_field=cfg.data.messages_field, limit=cfg.data.max_examples)
+                           messages_field=cfg.data.messages_field, limit=cfg.data.max_examples,
+                           data_format=cfg.data.format)
     examples = []
     for example in encode_records(tokenizer, records):
         tokens, targets = example.tokens[: cfg.seq_len], example.targets[: cfg.seq_len]

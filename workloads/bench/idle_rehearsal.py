@@ -104,7 +104,8 @@ def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Option
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = (out / stamp).resolve()
     overrides = [f"steps={steps}", "log_every=1", "eval_every=0", "checkpoint_every=0", "export_model=false"]
-    train, inputs = local_train_config(argparse.Namespace(preset="demo-cpu", set=overrides), run_dir)
+    train, inputs = local_train_config(argparse.Namespace(preset="demo-cpu", set=overrides, nodes=DEMO_WORKERS,
+                                                          cpus_per_node=1), run_dir)
     demo.write_demo_inputs(inputs)  # the toy model and chats, as `make demo` makes them
     spec = AutoscalingSpec(max_nodes=DEMO_WORKERS, cpus_per_node=1, idle_timeout_s=idle_s)
     with local_autoscaling_cluster(spec, log_dir=run_dir / "ray", say=say) as cluster:

@@ -42,9 +42,10 @@ class Point:
 
 SHAPE_7B = "model.name_or_path=qwen2.5-7b"
 AC, NO_AC = "model.activation_checkpointing=true", "model.activation_checkpointing=false"
-# One micro-step per step (the presets accumulate several; that adds only held gradients, a term
-# the CPU tests check) and the H200's peak, so that the benchmark's MFU means something.
-H200 = ("grad_accum_steps=1", "peak_flops=989e12")
+# One micro-step per step (the presets accumulate several to make their rows per step; that adds only
+# held gradients, a term the CPU tests check) and the H200's peak, so that the benchmark's MFU means
+# something on any loop version.
+H200 = ("rows_per_step=0", "grad_accum_steps=1", "peak_flops=989e12")
 POINTS = {p.name: p for p in (
     Point(name="1.5b-full", preset="qwen2.5-1.5b-synthetic", overrides=("micro_batch=16", *H200)),
     Point(name="1.5b-full-ac", preset="qwen2.5-1.5b-synthetic", overrides=("micro_batch=16", AC, *H200)),

@@ -80,7 +80,7 @@ def run_figures(
     *,
     warmup: int,
     flops_per_token: float,
-    peak_flops: float,
+    peak_flops: Optional[float],
     matmul_flops: Optional[float],
 ) -> RunFigures:
     """Step-time statistics over the steps after `warmup`, and the rates and MFU they imply."""
@@ -108,7 +108,7 @@ def run_figures(
         step_s_median=step_median,
         step_s_p90=percentile(timed, 90),
         tokens_per_s_per_gpu=tokens_per_s,
-        mfu_vs_peak=achieved / peak_flops,
+        mfu_vs_peak=achieved / peak_flops if peak_flops else None,
         mfu_vs_matmul=achieved / matmul_flops if matmul_flops else None,
     )
 

@@ -171,6 +171,7 @@ def job_config(spec: Spec, run: RunSpec) -> TrainConfig:
         seq_len=spec.seq_len,
         micro_batch=spec.micro_batch,
         grad_accum_steps=run.grad_accum_steps,
+        rows_per_step=0,  # each run's micro-steps per rank are the benchmark's
         steps=spec.steps,
         lr=spec.lr,
         warmup_steps=1,

@@ -37,6 +37,11 @@ def _summary(run: dict) -> dict:
     return {}
 
 
+def _peak_flops(run: dict) -> Optional[float]:
+    """The peak a run's MFU is against: its config's, else the one its loop found for its GPU."""
+    return run["config"].get("peak_flops") or _summary(run).get("peak_flops")
+
+
 def run_figures(run: dict, *, phase: str, warmup: int, steps: int, ranks_per_gpu: int) -> dict:
     """Step time (median of the steps after warmup, the profiled last step left out) and rates."""
     figures = {"label": run["strategy"], "phase": phase, "status": run["status"], "error": run.get("error"),
@@ -45,7 +50,7 @@ def run_figures(run: dict, *, phase: str, warmup: int, steps: int, ranks_per_gpu
         return figures
     timed = [s for step, s in run["step_seconds"].items() if warmup < int(step) < steps]
     summary = _summary(run)
-    config = run["config"]
+    peak = _peak_flops(run)
     step_s = statistics.median(timed)
     per_rank = run["tokens_per_step_per_gpu"] / step_s
     per_gpu = per_rank * (ranks_per_gpu if phase == EMULATED else 1)
@@ -55,7 +60,7 @@ def run_figures(run: dict, *, phase: str, warmup: int, steps: int, ranks_per_gpu
         step_s=step_s,
         tokens_per_s_per_rank=per_rank,
         tokens_per_s_per_gpu=per_gpu,
-        mfu=per_gpu * summary.get("flops_per_token", 0.0) / config["peak_flops"],
+        mfu=per_gpu * summary.get("flops_per_token", 0.0) / peak if peak else None,
         parallelism=summary.get("parallelism"),
         loss_implementation=summary.get("loss_implementation"),
         peak_mem_gib=run.get("peak_mem_gib"),
@@ -201,12 +206,12 @@ def build_document(*, spec: dict, layout: dict, limits: list[str], phases: dict,
         for phase, record in phases.items() for run in record["runs"]
     }
     comps = comparisons(figures, tokens_per_step=tokens_per_step, layout=layout)
-    config = next((run["config"] for record in phases.values() for run in record["runs"]), None)
+    first = next((run for record in phases.values() for run in record["runs"]), None)
     preds, mfu, calibration, cluster = [], None, None, []
-    if config is not None:
-        shape = model_shape(config["model"]["name_or_path"], seq_len=spec["seq_len"])
+    if first is not None and _peak_flops(first):
+        shape = model_shape(first["config"]["model"]["name_or_path"], seq_len=spec["seq_len"])
         preds, mfu, calibration = predictions(phases, figures, layout=layout, spec=spec, shape=shape,
-                                              peak_flops=config["peak_flops"])
+                                              peak_flops=_peak_flops(first))
         if mfu is not None and layout["gpus"] > 0:
             hw = g6_12xlarge_pair(mfu=mfu)
             cluster = [asdict(predict_step(hw, shape, s)) for s in cluster_strategies(seq_len=spec["seq_len"])]

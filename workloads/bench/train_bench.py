@@ -248,8 +248,8 @@ class Document:
     """The JSON written after every run, so a run killed part-way leaves what it measured."""
 
     def __init__(
-        self, settings: BenchSettings, *, header: dict, flops: float, peak_flops: float, matmul: Optional[dict],
-        out: Optional[Path], method: str = "full", model: str = "",
+        self, settings: BenchSettings, *, header: dict, flops: float, peak_flops: Optional[float],
+        matmul: Optional[dict], out: Optional[Path], method: str = "full", model: str = "",
     ):
         self.settings, self.out = settings, out
         self.method, self.model = method, model
@@ -318,7 +318,8 @@ def run_benchmark(
         "environment": environment(runtime),
     }
     document = Document(
-        settings, header=header, flops=flops_per_token(base), peak_flops=base.peak_flops, matmul=matmul,
+        settings, header=header, flops=flops_per_token(base),
+        peak_flops=metrics.device_peak_flops(runtime.device, configured=base.peak_flops), matmul=matmul,
         out=settings.out if runtime.rank == 0 else None, method=base.method, model=model_label(base),
     )
     ctx = TrainContext(
@@ -368,7 +369,8 @@ def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: B
                               peak_flops=document.peak_flops, matmul_flops=document.matmul_flops)
         say(
             f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
-            f"({figures.mfu_vs_peak:.1%} MFU), step median {figures.step_s_median:.4f} s, "
+            f"({'no' if figures.mfu_vs_peak is None else f'{figures.mfu_vs_peak:.1%}'} MFU), "
+            f"step median {figures.step_s_median:.4f} s, "
             f"loss {figures.final_loss:.4f} at step {figures.final_step}, peak {run.peak_mem_gib} GiB"
         )
     else:

@@ -5,16 +5,20 @@ tokenizer, and a small chat JSONL, all under runs/<stamp>/ (workloads/model_io/t
 fine-tunes the one on the other (the JSONL travels with the job). With the user's own data
 (`--set data.kind=jsonl --set data.path=FILE`) and no model, the toy model is made alone and trained
 on that data: its tokenizer reads any text. After the job: the run's model is exported to
-runs/<stamp>/model/, loaded back with from_pretrained, and asked a question: the demo's, or the
-first user turn of the user's chats.
+runs/<stamp>/model/, loaded back with from_pretrained, and asked a question: the demo's, or one of
+the user's chats (`closing_question`), a held-out one when the run held some out (one it trained on
+says little: a model that memorized it answers it too). The question is asked as the model saw it
+in training: the chat template over the record's conversation up to its first answer, its system
+prompt and earlier turns included. Asked as a bare user turn, a model fine-tuned on chats that had a
+system prompt answered its own training data wrong ("What colour is snow? -> Whg.", at a training
+loss of 0.0012): the context it learned the answer in was not there.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from rich.console import Console
 
@@ -65,37 +69,80 @@ def write_demo_inputs(inputs: DemoInputs) -> None:
         write_chat_jsonl(inputs.chats, toy_conversations(CONVERSATIONS))
 
 
-def first_question(train: dict) -> Optional[str]:
-    """The first user turn of the run's chat data (a local JSONL file), to ask the trained model; None
-    for other data."""
+@dataclass(frozen=True, kw_only=True)
+class Question:
+    """A chat record asked of the trained model as training showed it the record."""
+
+    messages: list[dict]
+    """The conversation up to the record's first answer: its system prompt, earlier turns and the
+    user turn the answer follows."""
+    answer: str
+    """What the record answers there."""
+    where: str
+    """The record's file:line."""
+    held_out: bool
+    """The record was held out of training (for the eval loss)."""
+
+    @property
+    def prompt(self) -> str:
+        return self.messages[-1]["content"]
+
+
+def question_of(record, *, held_out: bool = False) -> Optional[Question]:
+    """The record's first answer as a question (None for a text record, or a chat that opens with an
+    answer: nothing asks for it)."""
+    if not record.is_chat:
+        return None
+    first = next(i for i, message in enumerate(record.messages) if message["role"] == "assistant")
+    if not first:
+        return None
+    return Question(messages=record.messages[:first], answer=record.messages[first]["content"], where=record.where,
+                    held_out=held_out)
+
+
+def closing_question(train: dict) -> Optional[Question]:
+    """What to ask the model a run trained on a local file of chats: its first held-out chat (the
+    records the loop held out, chosen the same way), else its first chat; None for other data."""
+    from workloads.train.records import hold_out, read_records
+
     data = train["data"]
     if data.get("kind") != "jsonl" or "://" in str(data.get("path")):
         return None
     try:
-        with open(data["path"], encoding="utf-8") as lines:
-            for line in lines:
-                record = json.loads(line) if line.strip() else None
-                messages = record.get(data.get("messages_field") or "messages") if isinstance(record, dict) else None
-                for message in messages if isinstance(messages, list) else ():
-                    if isinstance(message, dict) and message.get("role") == "user":
-                        return str(message.get("content", ""))
+        records = read_records([Path(data["path"])], text_field=data["text_field"],
+                               messages_field=data["messages_field"], limit=int(data.get("max_examples") or 0),
+                               data_format=data.get("format") or "auto")
     except (OSError, ValueError):
         return None
+    held = hold_out(len(records), fraction=float(data["eval_fraction"]), seed=int(train["seed"]))
+    for i in [*sorted(held), *(i for i in range(len(records)) if i not in held)]:
+        if (question := question_of(records[i], held_out=i in held)) is not None:
+            return question
     return None
 
 
-def show_model(run_dir: Path, console: Console, *, prompt: Optional[str]) -> Optional[Path]:
-    """Export the run's newest checkpoint to run_dir/model; with a `prompt`, print the reloaded
-    model's greedy answer to it."""
+def show_model(run_dir: Path, console: Console, *, question: Union[Question, str, None],
+               checkpoint: Optional[str] = None) -> Optional[Path]:
+    """Export the run's newest checkpoint (or `checkpoint`: "best" for the lowest eval loss's) to
+    run_dir/model; with a `question`, print the reloaded model's greedy answer to it (a record's,
+    beside the record's own answer)."""
     from workloads.model_io.export import export_run, greedy_generate
 
     try:
-        result = export_run(str(run_dir / "checkpoints"), out=str(run_dir / "model"))
+        result = export_run(str(run_dir / "checkpoints"), out=str(run_dir / "model"), checkpoint=checkpoint,
+                            overwrite=True)
     except ValueError as exc:
         console.print(f"[bold]model[/]   not exported: {exc}")
         return None
     console.print(f"[bold]model[/]   {result.out} ({result.dtype}, {result.how} from {Path(result.checkpoint).name})")
-    if prompt:
-        answer = greedy_generate(result.local_folder, prompt)
-        console.print(f"[bold]generate[/] {prompt} -> [bold green]{answer}[/]")
+    if isinstance(question, str):
+        answer = greedy_generate(result.local_folder, question)
+        console.print(f"[bold]generate[/] {question} -> [bold green]{answer}[/]")
+    elif question is not None:
+        answer = greedy_generate(result.local_folder, question.messages)
+        which = "held-out" if question.held_out else "training"
+        context = f", after its {len(question.messages) - 1} earlier message(s)" if len(question.messages) > 1 else ""
+        style = "bold green" if answer == question.answer.strip() else "bold yellow"
+        console.print(f"[bold]generate[/] {question.prompt} -> [{style}]{answer}[/] ({which} record "
+                      f"{question.where}{context}; its answer: {question.answer})", highlight=False)
     return result.local_folder

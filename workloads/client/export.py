@@ -38,7 +38,8 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", dest="run_name", help="the run name (Ray Train's) with --stack")
     parser.add_argument("--out", metavar="FOLDER",
                         help="where to write the model folder, local or s3:// (default: RUN/model)")
-    parser.add_argument("--checkpoint", help="the checkpoint folder's name (default: the newest)")
+    parser.add_argument("--checkpoint", help="the checkpoint folder's name, or best: the lowest eval loss's "
+                        "(a run with checkpoint.keep_best) (default: the newest)")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="weights' dtype (default auto: the pretrained model's own, float32 for random init)")
     parser.add_argument("--from-shards", action="store_true",

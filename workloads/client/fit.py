@@ -163,6 +163,9 @@ class Fit:
 
 
 def assess(cfg: TrainConfig, arch: Architecture, target: Target) -> Fit:
+    """The fit of `cfg` as the target's ranks run it (rows_per_step resolved into micro-steps: held
+    gradients count with accumulation). ValueError where its rows do not divide among the ranks."""
+    cfg = cfg.for_world_size(target.world_size)
     ranks = shard_ranks(cfg, arch, target)
     loss = "chunked" if target.device == "host" else None
     return Fit(cfg=cfg, target=target, prediction=predict(arch, settings_for(cfg, shard_ranks=ranks, loss=loss)),
@@ -172,16 +175,18 @@ def assess(cfg: TrainConfig, arch: Architecture, target: Target) -> Fit:
 @dataclass(frozen=True, kw_only=True)
 class Alternative:
     label: str
-    """What to change, as the user would say it (`--set micro_batch=1 --set grad_accum_steps=16`)."""
+    """What to change, as the user would say it (`--set micro_batch=1`, `--set method=lora`)."""
     fit: Fit
 
 
 def _smaller_micro_batches(cfg: TrainConfig) -> list[list[str]]:
-    """Each smaller micro-batch that keeps the rows per step (more micro-steps), largest first."""
+    """Each smaller micro-batch that keeps the rows per step (more micro-steps), largest first: with
+    rows_per_step the micro-steps follow by themselves."""
     out = []
     for mb in range(cfg.micro_batch - 1, 0, -1):
         if cfg.micro_batch % mb == 0:
-            out.append([f"micro_batch={mb}", f"grad_accum_steps={cfg.grad_accum_steps * cfg.micro_batch // mb}"])
+            out.append([f"micro_batch={mb}"] if cfg.rows_per_step else
+                       [f"micro_batch={mb}", f"grad_accum_steps={cfg.grad_accum_steps * cfg.micro_batch // mb}"])
     return out
 
 
@@ -205,11 +210,40 @@ def nearest_fits(cfg: TrainConfig, arch: Architecture, target: Target) -> list[A
         found.append(first([["method=lora"], ["method=lora", checkpointed]]))
     if target.instance_type:
         for nodes in range(target.nodes + 1, 4 * target.nodes + 1):
-            fit = assess(cfg, arch, Target.instances(target.instance_type, nodes))
+            try:
+                fit = assess(cfg, arch, Target.instances(target.instance_type, nodes))
+            except ValueError:  # its rows per step do not divide among that many ranks
+                continue
             if fit.fits:
                 found.append(Alternative(label=f"{nodes} nodes", fit=fit))
                 break
     return [a for a in found if a is not None]
+
+
+def micro_batch_for(cfg: TrainConfig, arch: Architecture, target: Target) -> Optional[int]:
+    """The largest micro-batch the GPUs' memory takes (by the memory model) among those that divide
+    the rows each rank trains per step; None without rows_per_step, or where none fits (the fit
+    check then says what would). ValueError where the rows do not divide among the ranks."""
+    if not cfg.rows_per_step or target.device != "GPU":
+        return None
+    per_rank = cfg.for_world_size(target.world_size).samples_per_rank_per_step
+    for micro_batch in (m for m in range(per_rank, 0, -1) if per_rank % m == 0):
+        candidate = with_overrides(cfg, [f"micro_batch={micro_batch}"])
+        if assess(candidate, arch, target).fits:
+            return micro_batch
+    return None
+
+
+def sized_for(cfg: TrainConfig, target: Target, *, cwd: Path, config=None) -> TrainConfig:
+    """`cfg` with the micro-batch the target's GPU memory takes (`micro_batch_for`), unchanged where
+    it cannot be chosen (no rows_per_step, an unknown model shape, nothing fits)."""
+    if not cfg.rows_per_step:
+        return cfg
+    config = config or model_config(cfg, cwd=cwd)
+    if config is None:
+        return cfg
+    chosen = micro_batch_for(cfg, Architecture.from_config(config), target)
+    return cfg if chosen is None else with_overrides(cfg, [f"micro_batch={chosen}"])
 
 
 def refusal(fit: Fit, alternatives: Sequence[Alternative], *, what: str) -> str:

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 from workloads.client.cluster import UnreachableError, first_line
-from workloads.client.report import format_record, parse_prefixed, parse_train_line
-from workloads.context import GATE_PREFIX, TRACKING_PREFIX
+from workloads.client.report import format_data, format_record, parse_prefixed, parse_train_line
+from workloads.context import DATA_PREFIX, GATE_PREFIX, TRACKING_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 
 class LogPrinter:
@@ -56,6 +57,9 @@ class LogPrinter:
             return
         if self._tracking(line):
             return
+        data = parse_prefixed(line, DATA_PREFIX)
+        if data is not None and self._data(data):
+            return
         plan = parse_driver_line(line)
         if plan is not None and plan.get("event") == "plan":
             self.plan = plan
@@ -72,6 +76,17 @@ class LogPrinter:
             return
         if not self.quiet:
             self.console.out(line, highlight=False)
+
+    def _data(self, data: dict) -> bool:
+        """The loop's `[data]` record: what the records became, and a note when the run reads them more
+        than once (both shown also when quiet). False for synthetic tokens, which it says nothing of."""
+        text, note = format_data(data), data.get("note")
+        if text is not None:
+            style = "yellow" if data.get("truncated") or data.get("dropped") else "default"
+            self.console.print(f"[bold cyan]data[/] [{style}]{text}[/]", highlight=False)
+        if note:
+            self.console.print(f"[bold cyan]data[/] [yellow]{escape(str(note))}[/]", highlight=False)
+        return text is not None or bool(note)
 
     def _tracking(self, line: str) -> bool:
         """Rank 0's tracker lines: the run it logs to, and its warnings (shown also when quiet)."""
@@ -92,7 +107,7 @@ class LogPrinter:
         return True
 
     def _is_repeat(self, line: str) -> bool:
-        keyed = parse_train_line(line) is not None or self._gate_prefix in line
+        keyed = parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
         if not keyed:
             return False
         if line == self._last_shown:

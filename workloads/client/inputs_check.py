@@ -42,7 +42,7 @@ def check_records(path: Path, data: Mapping) -> None:
     from workloads.train.records import read_records
 
     read_records([path], text_field=data["text_field"], messages_field=data["messages_field"],
-                 limit=int(data.get("max_examples") or 0))
+                 limit=int(data.get("max_examples") or 0), data_format=data.get("format") or "auto")
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -47,12 +47,21 @@ class Submitted:
     """Its place among the run's jobs on this cluster (the `jobN` of its id)."""
 
 
+NO_AGENT = "No available agent to submit job"
+"""The Jobs API's answer (HTTP 500) while the head's job agent has not registered yet: the head's
+dashboard answers before its agent does, for seconds on a busy machine."""
+AGENT_WAIT_S = 120.0
+"""How long a submission waits for the head's job agent, as the client waits for the head itself."""
+
+
 def submit_or_attach(new_client: Callable[[], object], request: SubmitRequest, *, first_index: int = 1,
                      attempts: int = 5, backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
-                     say: Callable[[str], None] = lambda message: None) -> Submitted:
+                     say: Callable[[str], None] = lambda message: None, agent_wait_s: float = AGENT_WAIT_S,
+                     clock: Callable[[], float] = time.monotonic) -> Submitted:
     """The run's job on the cluster: the one already running (attached), else a new one under the
     next submission id of the run. A submission whose answer is lost to a network error is looked
-    up by its id before it is sent again, so that one run never has two jobs."""
+    up by its id before it is sent again, so that one run never has two jobs; one the head refuses
+    because its job agent is not up yet is sent again once it is, for `agent_wait_s` at most."""
     client = new_client()
     run = request.run_name
     jobs = [job for job in client.list_jobs() if (job.metadata or {}).get("run_name") == run]
@@ -64,6 +73,7 @@ def submit_or_attach(new_client: Callable[[], object], request: SubmitRequest, *
     index = max([first_index, *(i + 1 for i in taken)])
     sent: set[str] = set()
     failures = 0
+    agent_since: Optional[float] = None
     while True:
         job_id = submission_id(run, index)
         resend = job_id in sent  # an earlier request for this id got no answer
@@ -81,6 +91,16 @@ def submit_or_attach(new_client: Callable[[], object], request: SubmitRequest, *
                 if (other.metadata or {}).get("run_name") == run and not other.status.is_terminal():
                     return Submitted(job_id=job_id, attached=True, index=index)
                 index += 1  # another submitter's job took the id since the list was read
+                continue
+            if NO_AGENT in str(exc):  # it never reached a job agent: the same id is free
+                if agent_since is None:
+                    agent_since = clock()
+                    say("the cluster's job agent is not up yet; waiting for it")
+                if clock() - agent_since >= agent_wait_s:
+                    raise UnreachableError(f"the cluster's head answers but its job agent did not come up within "
+                                           f"{agent_wait_s:.0f} s ({first_line(str(exc))}): see the head's "
+                                           "dashboard_agent.log") from None
+                sleep(backoff_s)
                 continue
             if isinstance(exc, RuntimeError) and not isinstance(exc, UnreachableError):
                 raise  # the cluster answered and refused the job

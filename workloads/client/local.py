@@ -6,10 +6,11 @@ GPU-less head pod offers no GPU, and two worker nodes that do, each on its own a
 has its own IP (127.0.0.2, 127.0.0.3). It submits the "demo-cpu" preset
 through the same code as `submit --address`, runs the same post-run checks as a cloud run (the
 node count the driver planned is the number of nodes that trained), prints a summary, writes
-runs/<timestamp>/ (report.json, loss.png, job.log, checkpoints, and the exported model/ with the
-demo's inputs: workloads/client/demo.py), tracks the run into the MLflow store runs/mlflow (or the
-tracking URI the user gives: workloads/client/tracking.py) and prints the command that opens its UI,
-and stops every process it started,
+runs/<name>/ under the project (report.json, loss.png, job.log, checkpoints, and the exported
+model/ with the demo's inputs: workloads/client/demo.py; run.json from the start, so that `runs`
+lists it and `--run-name` resumes it: workloads/client/runs.py), tracks the run into the MLflow
+store runs/mlflow (or the tracking URI the user gives: workloads/client/tracking.py) and prints the
+command that opens its UI, and stops every process it started,
 also on failure, Ctrl-C or SIGTERM. Other Ray clusters on the machine are left alone: each node is
 one `ray start --block` in its own process group.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -40,7 +42,9 @@ from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
 from workloads.client.overrides import user_overrides
-from workloads.client.report import clean_log, format_summary, loop_summary, resize_events, summarize, write_report
+from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
+from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
+                                     write_report)
 
 STARTED_MARK = "Ray runtime started"
 
@@ -144,7 +148,7 @@ def _wait_started(proc: subprocess.Popen, log: Path, *, timeout_s: float, what: 
     raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s (see {log})")
 
 
-def _wait_http(url: str, *, timeout_s: float) -> None:
+def _wait_http(url: str, *, timeout_s: float, what: str = "the Ray dashboard") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -154,7 +158,7 @@ def _wait_http(url: str, *, timeout_s: float) -> None:
             return  # it answers (401 without a token): it is up
         except OSError:
             time.sleep(0.3)
-    raise RuntimeError(f"the Ray dashboard did not answer at {url} within {timeout_s:.0f} s")
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -204,6 +208,10 @@ class LocalNodes:
                       what="the Ray head" if head else f"Ray node {index}")
         if head:
             _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
+            # Jobs go through the head's job agent, which comes up after the dashboard (the submission
+            # waits for it to register too: workloads/client/jobs.py).
+            agent = next(a.split("=", 1)[1] for a in argv if a.startswith("--dashboard-agent-listen-port="))
+            _wait_http(f"http://127.0.0.1:{agent}/", timeout_s=self.spec.start_timeout_s, what="the head's job agent")
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
@@ -341,7 +349,10 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=2,
                         help="Ray worker nodes beside the head, which runs no training worker (default: 2)")
     parser.add_argument("--cpus-per-node", type=int, default=1, help="logical CPUs (= workers) per worker node")
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run reports go (default: runs)")
+    parser.add_argument("--run-name", help="the run's name (its folder, its Ray Train and tracker run); an existing "
+                        "run's name resumes it from its latest checkpoint (default: <preset>-<UTC time>)")
+    parser.add_argument("--out", "--runs-dir", dest="runs_dir", type=Path, default=RUNS_DIR,
+                        help=f"where runs go, wherever the command runs from (default: {RUNS_DIR})")
     parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
     parser.add_argument("--no-tracking", action="store_true",
                         help="do not track the run (default: MLflow, in <runs-dir>/mlflow unless --set tracking.uri "
@@ -377,12 +388,42 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     return train, inputs
 
 
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def resumed_train_config(record: dict, args: argparse.Namespace, run_dir: Path) -> dict:
+    """The config of a run being resumed: the one it started with, the user's --set on top (more
+    steps, say), its local inputs checked again. ValueError when there is nothing left to train."""
+    from workloads.train.config import TrainConfig, with_overrides
+
+    saved = TrainConfig.from_dict(record["train"])
+    train = with_overrides(saved, user_overrides(saved.to_dict(), args.set)).to_dict()
+    check_inputs(train, local=local_inputs(train, cwd=Path.cwd()), hub=True)
+    done = latest_checkpoint_step(run_dir)
+    if done is not None and done >= train["steps"]:
+        raise ValueError(f"run {run_dir.name} has trained its {done} steps: --set steps=N (more than {done}) goes on "
+                         "from its last checkpoint")
+    return train
+
+
 def run_local(args: argparse.Namespace, console: Console) -> int:
     spec = LocalClusterSpec(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    run_dir = (args.runs_dir / stamp).resolve()
-    train, inputs = local_train_config(args, run_dir, say=lambda line: console.print(f"[bold cyan]hub[/] {line}"))
-    run_name = f"{args.preset}-{stamp}"
+    if args.run_name is not None and not RUN_NAME.match(args.run_name):
+        raise ValueError(f"--run-name {args.run_name!r}: use letters, digits, '.', '_' and '-' (a folder of "
+                         f"{args.runs_dir} is named after it)")
+    run_dir = (args.runs_dir / (args.run_name or stamp)).resolve()
+    record = read_run(run_dir)
+    if record is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        raise ValueError(f"{run_dir} holds no run to resume (no {RUN_FILE}): choose another --run-name")
+    hub_said = lambda line: console.print(f"[bold cyan]hub[/] {line}")  # noqa: E731
+    if record is not None:
+        train, inputs, run_name = resumed_train_config(record, args, run_dir), demo.DemoInputs(), record["name"]
+        console.print(f"[bold cyan]local[/] resuming run {run_name} from its latest checkpoint (step "
+                      f"{latest_checkpoint_step(run_dir) or 0} of {train['steps']})")
+    else:
+        train, inputs = local_train_config(args, run_dir, say=hub_said)
+        run_name = args.run_name or f"{args.preset}-{stamp}"
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
     # in its config (entrypoint, report.json, logs).
@@ -390,8 +431,37 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     if inputs.model is not None and inputs.chats is None:
         console.print(f"[bold cyan]local[/] your data trains a toy model made in {inputs.model} (random weights; its "
                       "tokenizer reads any text); --set model.name_or_path=FOLDER starts from another, such as "
-                      "a demo run's runs/<stamp>/model")
+                      "a demo run's runs/<name>/model")
     demo.write_demo_inputs(inputs)
+    write_run(run_dir, {**(record or {}), "name": run_name, "preset": (record or {}).get("preset", args.preset),
+                        "train": train, "status": "running", "started": (record or {}).get("started", now()),
+                        "resumed": (record or {}).get("resumed", -1) + 1})
+    try:
+        code = _train_on_local_cluster(args, console, spec=spec, run_dir=run_dir, run_name=run_name, train=train,
+                                       inputs=inputs, tracking_uri=tracking_uri, uri_credentials=uri_credentials)
+    except (KeyboardInterrupt, _Terminated):
+        update_run(run_dir, status="interrupted", ended=now())
+        raise
+    except BaseException:
+        update_run(run_dir, status="failed", ended=now())
+        raise
+    update_run(run_dir, status="succeeded" if code == submit.EXIT_OK else "failed", ended=now())
+    return code
+
+
+def run_title(run_name: str, train: dict, *, nodes: int) -> str:
+    """The loss plot's title: the run, what it trained and on what (not the preset's name alone)."""
+    model = train["model"]["name_or_path"]
+    model = "toy model" if Path(model).name == "base-model" else Path(model).name if "/" in model else model
+    data = train["data"]
+    source = "synthetic tokens" if data["kind"] == "synthetic" else Path(data["path"]).name if data[
+        "kind"] == "jsonl" else data["path"]
+    return f"{run_name}: {model} on {source}, {nodes} local worker node(s)"
+
+
+def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec: LocalClusterSpec, run_dir: Path,
+                            run_name: str, train: dict, inputs: demo.DemoInputs, tracking_uri: str,
+                            uri_credentials: dict[str, str]) -> int:
     console.print(f"[bold cyan]local[/] starting a Ray cluster on 127.0.0.1: a head and {spec.nodes} worker "
                   f"nodes x {spec.cpus_per_node} CPU (logs in {run_dir})")
     say = lambda message: console.print(f"[bold cyan]local[/] {message}")  # noqa: E731
@@ -413,6 +483,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
             with environment_with(uri_credentials):
                 tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
                                          say=lambda line: console.print(line, highlight=False, markup=False))
+        console.print(f"[bold cyan]local[/] run --local --run-name {run_dir.name} resumes it from its latest "
+                      "checkpoint")
         raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)
@@ -422,18 +494,23 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     final = loop_summary(outcome.logs.splitlines())
     summary = summarize(outcome.records, final=final)
     json_path, png_path = write_report(run_dir, records=outcome.records, summary=summary, meta={
-        "title": f"{args.preset} on {spec.nodes} local Ray worker nodes", "job_id": outcome.job_id,
-        "status": outcome.status, "preset": args.preset, "config": train,
+        "title": run_title(run_name, train, nodes=spec.nodes), "job_id": outcome.job_id,
+        "status": outcome.status, "preset": args.preset, "config": train, "run_name": run_name,
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
         "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()),
     }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
+    for warning in eval_warnings(outcome.records, data=(final or {}).get("data")):
+        console.print(f"[bold yellow]warning[/] {warning}", highlight=False)
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
     if outcome.exit_code == submit.EXIT_OK:
         from workloads.model_io.toy import DEMO_PROMPT
 
-        demo.show_model(run_dir, console, prompt=DEMO_PROMPT if inputs.chats else demo.first_question(train))
+        demo.show_model(run_dir, console, question=DEMO_PROMPT if inputs.chats else demo.closing_question(train),
+                        checkpoint="best" if train["checkpoint"]["keep_best"] else None)
+        console.print(f"[bold]chat[/]    python -m workloads chat {run_dir.name}   (python -m workloads runs lists "
+                      "the local runs)", highlight=False)
     show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",
                  console=console)
     return outcome.exit_code

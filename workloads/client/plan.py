@@ -3,8 +3,9 @@
     python -m workloads plan [--preset P | --model-size 1.5b|7b] [--set KEY=VALUE ...]
                              [--instance-type g6.12xlarge] [--nodes 2] [--json]
 
-Prints the method, the rows per optimizer step, the predicted memory per GPU against the GPU's
-(workloads/bench/memory.py), the predicted tokens/s (the step-time model, workloads/bench/step_time.py,
+Prints the method, the rows per optimizer step (a preset's fixed rows, made of the largest micro-batch
+the GPU's memory takes and the micro-steps the ranks need), the predicted memory per GPU against the
+GPU's (workloads/bench/memory.py), the predicted tokens/s (the step-time model, workloads/bench/step_time.py,
 from the loop's MFU measured on an H200), the cluster's $/h, and the hours and dollars per billion
 tokens. Without --preset, the one `submit` would choose for that GPU. Exit codes: 0 it fits;
 1 it does not (the nearest settings that do are listed); 2 bad input.
@@ -66,12 +67,14 @@ def step_model(cfg, arch, memory_settings, *, kind: str):
     return shape, strategy
 
 
-def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Path) -> dict:
-    """The plan as plain data (what --json prints)."""
+def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Path,
+              size_micro_batch: bool = True) -> dict:
+    """The plan as plain data (what --json prints). With `size_micro_batch` (the user set none) and
+    rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it."""
     from infra.instance_types import INSTANCE_TYPES
     from workloads.bench.memory import Architecture, settings_for
     from workloads.bench.step_time import Hardware, Link, predict_step
-    from workloads.client.fit import Target, assess, check_lora_targets, model_config, nearest_fits
+    from workloads.client.fit import Target, assess, check_lora_targets, model_config, nearest_fits, sized_for
 
     target = Target.instances(instance_type, nodes)
     kind = INSTANCE_TYPES[instance_type]
@@ -81,20 +84,24 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
                          "named architecture, a local folder or a hub id this machine can reach)")
     check_lora_targets(cfg, config)
     arch = Architecture.from_config(config)
-    fit = assess(cfg, arch, target)
+    sized = sized_for(cfg, target, cwd=cwd, config=config) if size_micro_batch else cfg
+    fit = assess(sized, arch, target)
+    cfg, run = sized, fit.cfg  # run: the micro-batch and micro-steps the target's ranks train with
     world = target.world_size
     plan = {
         "preset": preset_name, "model": cfg.model.name_or_path, "method": cfg.method,
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "instance_type": instance_type, "nodes": nodes, "gpus_per_node": kind.gpus, "gpu": kind.gpu_model,
         "world_size": world, "parallelism": "hsdp" if fit.shard_ranks < world else "fsdp",
-        "shard_ranks": fit.shard_ranks, "micro_batch": cfg.micro_batch, "grad_accum_steps": cfg.grad_accum_steps,
-        "rows_per_step": cfg.micro_batch * cfg.grad_accum_steps * world,
-        "tokens_per_step": cfg.micro_batch * cfg.grad_accum_steps * world * cfg.seq_len,
+        "shard_ranks": fit.shard_ranks, "micro_batch": run.micro_batch, "grad_accum_steps": run.grad_accum_steps,
+        "rows_per_step": run.micro_batch * run.grad_accum_steps * world,
+        "rows_fixed": bool(cfg.rows_per_step),
+        "micro_batch_from_memory": bool(cfg.rows_per_step) and size_micro_batch,
+        "tokens_per_step": run.micro_batch * run.grad_accum_steps * world * cfg.seq_len,
         "memory": {"predicted_gib": round(fit.prediction.peak_gib, 2), "needed_gib": round(fit.needed_gib, 2),
                    "gpu_gib": round(target.memory_gib, 2), "fits": fit.fits, "phase": fit.prediction.phase,
                    "terms_gib": {k: round(v / 2**30, 2) for k, v in fit.prediction.terms.items()}},
-        "usd_per_hour": round(nodes * kind.usd_per_hour, 2),
+        "usd_per_hour": None if kind.usd_per_hour is None else round(nodes * kind.usd_per_hour, 2),
     }
     if not fit.fits:
         plan["fits_with"] = [{"change": a.label, "predicted_gib": round(a.fit.prediction.peak_gib, 2)}
@@ -107,7 +114,7 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     hardware = Hardware(nodes=nodes, gpus_per_node=kind.gpus, peak_flops=peak, mfu=mfu,
                         intra=Link.constant(kind.gpu.link_gbps), inter=Link.constant(kind.network_gbps / 8),
                         usd_per_node_hour=kind.usd_per_hour)
-    shape, strategy = step_model(cfg, arch, settings_for(cfg, shard_ranks=fit.shard_ranks), kind=plan["parallelism"])
+    shape, strategy = step_model(run, arch, settings_for(run, shard_ranks=fit.shard_ranks), kind=plan["parallelism"])
     step = predict_step(hardware, shape, strategy)
     cluster = step.tokens_per_s_per_gpu * world
     hours = 1e9 / cluster / 3600
@@ -115,7 +122,8 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
                      "step_s": round(step.step_s, 3), "exposed_comm_s": round(step.exposed_comm_s, 3),
                      "mfu": mfu, "peak_flops": peak, "inter_node_gbps": kind.network_gbps / 8,
                      "hours_per_billion_tokens": round(hours, 2),
-                     "usd_per_billion_tokens": round(hours * plan["usd_per_hour"], 2)}
+                     "usd_per_billion_tokens": (None if plan["usd_per_hour"] is None
+                                                else round(hours * plan["usd_per_hour"], 2))}
     return plan
 
 
@@ -132,7 +140,9 @@ def format_plan(plan: dict) -> str:
         f"({plan['world_size']} x {plan['gpu']})",
         f"method          {method} of {plan['model']}{extra}, {layout}",
         f"rows per step   {plan['rows_per_step']} = micro-batch {plan['micro_batch']} x {plan['grad_accum_steps']} "
-        f"micro-steps x {plan['world_size']} ranks ({plan['tokens_per_step']:,} tokens)",
+        f"micro-steps x {plan['world_size']} ranks ({plan['tokens_per_step']:,} tokens)"
+        + (f"; fixed by {plan['preset']}: the micro-steps follow the ranks" if plan["rows_fixed"] else "")
+        + ("; the largest micro-batch the GPU's memory takes" if plan["micro_batch_from_memory"] else ""),
         f"memory per GPU  {memory['predicted_gib']:.2f} GiB predicted, {memory['needed_gib']:.2f} with the "
         f"allocator's slack and the CUDA context, of {memory['gpu_gib']:.2f} GiB ({plan['gpu']}): {verdict}",
         f"                [{terms}]",
@@ -144,9 +154,11 @@ def format_plan(plan: dict) -> str:
                      f"{speed['tokens_per_s']:,.0f} in all (step {speed['step_s']:.2f} s; MFU {speed['mfu']} as "
                      f"measured on H200s, of {speed['peak_flops'] / 1e12:.0f} TFLOP/s; "
                      f"{speed['inter_node_gbps']:.1f} GB/s between nodes)")
-        lines.append(f"cost            ${plan['usd_per_hour']:.2f} per hour; "
-                     f"{speed['hours_per_billion_tokens']:,.1f} h and ${speed['usd_per_billion_tokens']:,.0f} "
-                     "per billion tokens")
+        hours = f"{speed['hours_per_billion_tokens']:,.1f} h"
+        lines.append(f"cost            no On-Demand list price for {plan['instance_type']} (Capacity Blocks); "
+                     f"{hours} per billion tokens" if plan["usd_per_hour"] is None else
+                     f"cost            ${plan['usd_per_hour']:.2f} per hour; "
+                     f"{hours} and ${speed['usd_per_billion_tokens']:,.0f} per billion tokens")
     if not memory["fits"]:
         ways = [f"{w['change']} ({w['predicted_gib']:.1f} GiB)" for w in plan.get("fits_with", [])]
         lines.append("fits with       " + (", or ".join(ways) if ways else "nothing nearby: use GPUs with more memory"))
@@ -158,14 +170,17 @@ def main(command: str, argv: list[str]) -> int:
         args = _arg_parser().parse_args(argv)
         from infra.instance_types import INSTANCE_TYPES
         from workloads.client.fit import Target
+        from workloads.client.overrides import given_keys, user_overrides
         from workloads.train.config import preset, preset_for_gpu, with_overrides
 
         target = Target.instances(args.instance_type, args.nodes)
         kind = INSTANCE_TYPES[args.instance_type]
         name = args.preset or preset_for_gpu(kind.gpu_memory_gib, model_size=args.model_size,
                                              gpus=target.world_size)
-        cfg = with_overrides(preset(name), args.set)
-        plan = make_plan(cfg, preset_name=name, instance_type=args.instance_type, nodes=args.nodes, cwd=Path.cwd())
+        base = preset(name)
+        cfg = with_overrides(base, user_overrides(base.to_dict(), args.set))
+        plan = make_plan(cfg, preset_name=name, instance_type=args.instance_type, nodes=args.nodes, cwd=Path.cwd(),
+                         size_micro_batch="micro_batch" not in given_keys(args.set))
     except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

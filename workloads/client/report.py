@@ -163,6 +163,30 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
     return text
 
 
+SEQ_LEN_STEP = 64
+"""A seq_len suggested to keep every conversation is rounded up to a multiple of this."""
+
+
+def format_data(record: dict) -> Optional[str]:
+    """The loop's `[data]` record as one console line: records, held out, rows; and, when
+    conversations were cut to seq_len or dropped, how many and the seq_len that keeps them. None for
+    synthetic tokens."""
+    if "records" not in record:
+        return None
+    held = f", {record['held_out']} held out for the eval loss" if record.get("held_out") else ""
+    line = (f"{record['records']} records{held}: {record.get('examples', '?')} examples in {record.get('rows', '?')} "
+            f"rows of {record.get('seq_len', '?')} tokens, {record.get('label_tokens', '?')} tokens to learn")
+    truncated, dropped = int(record.get("truncated") or 0), int(record.get("dropped") or 0)
+    if not truncated and not dropped:
+        return line
+    cut = [f"{truncated} conversation(s) longer than seq_len {record.get('seq_len', '?')} cut to their start"] * bool(
+        truncated) + [f"{dropped} dropped with nothing left to learn"] * bool(dropped)
+    longest = int(record.get("longest_cut") or 0)
+    keep = (f": --set seq_len={-(-longest // SEQ_LEN_STEP) * SEQ_LEN_STEP} keeps every one whole" if longest
+            else " (their assistant turns are empty)")
+    return f"{line}; {' and '.join(cut)}{keep}"
+
+
 def format_summary(summary: RunSummary) -> str:
     rate = "n/a" if summary.tokens_per_s is None else f"{summary.tokens_per_s:,.0f}"
     where = "" if summary.nodes is None else f", on {summary.nodes} node(s)"
@@ -171,6 +195,36 @@ def format_summary(summary: RunSummary) -> str:
         f"{summary.steps} steps: loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}{held_out}, "
         f"{rate} tokens/s per worker{where}"
     )
+
+
+RISING_EVALS = 2
+"""Evaluations in a row whose eval loss rose over the one before, from which a run is said to
+overfit."""
+FEW_HELD_OUT = 10
+"""Held-out records below which an eval loss says little about the model."""
+
+
+def eval_warnings(records: list[dict], *, data: Optional[dict] = None) -> list[str]:
+    """What the eval loss says against the run looking like a success: it rose at each of the last
+    RISING_EVALS evaluations or more (the model memorizes its training records), or it is computed
+    over fewer than FEW_HELD_OUT held-out records (`data`: the loop's data record)."""
+    warnings = []
+    evals = [(int(r["step"]), float(r["eval_loss"])) for r in records if r.get("eval_loss") is not None]
+    rises = 0
+    while rises + 1 < len(evals) and evals[-1 - rises][1] > evals[-2 - rises][1]:
+        rises += 1
+    if rises >= RISING_EVALS:
+        (low_step, low), (step, last) = evals[-1 - rises], evals[-1]
+        warnings.append(
+            f"the eval loss rose at each of the last {rises} evaluations, {low:.4f} at step {low_step} to "
+            f"{last:.4f} at step {step}, while the training loss went to {float(records[-1]['loss']):.4f}: the model "
+            "is memorizing its training records (overfitting). Train fewer steps or at a lower lr, add data, or keep "
+            "the model of the lowest eval loss (--set checkpoint.keep_best=true)")
+    held = (data or {}).get("held_out")
+    if held is not None and 0 < int(held) < FEW_HELD_OUT:
+        warnings.append(f"the eval loss is over {held} held-out record(s): too few to tell how the model does on "
+                        "data it did not train on (more records, or a larger data.eval_fraction)")
+    return warnings
 
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -229,14 +283,14 @@ def curves(records: list[dict], *, final: Optional[dict] = None, warmup_steps: i
 
 def draw_curves(series: Curves, *, title: str):
     """The figure: loss (and eval loss) on a log axis, so that the late steps are not a flat line
-    under the first ones, the warm-up steps shaded, the learning rate on the right axis."""
+    under the first ones, the warm-up steps shaded, the learning rate on the right axis, the legend
+    below the plot (inside, it covered the curves' ends)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(7, 4.4), dpi=100)
     lines = ax.plot(*zip(*series.loss), marker="o", markersize=3, label="training loss")
     if series.eval_loss:
         lines += ax.plot(*zip(*series.eval_loss), marker="s", markersize=4, label="eval loss")
@@ -245,8 +299,7 @@ def draw_curves(series: Curves, *, title: str):
         lines.append(ax.axvspan(first, last, color="orange", alpha=0.15, linewidth=0,
                                 label=f"warm-up (steps {first}-{last})"))
     ax.set_yscale("log")
-    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        axis(matplotlib.ticker.FormatStrFormatter("%g"))  # 0.3, not 3 x 10^-1
+    _label_log_axis(ax)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (log scale)")
     ax.grid(True, which="both", alpha=0.3)
@@ -255,10 +308,26 @@ def draw_curves(series: Curves, *, title: str):
         lines += lr_axis.plot(*zip(*series.lr), color="grey", linestyle="--", label="learning rate")
         lr_axis.set_ylabel("learning rate")
         lr_axis.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
-    ax.legend(lines, [line.get_label() for line in lines], loc="upper right")
-    ax.set_title(title)
-    fig.tight_layout()
+    fig.legend(lines, [line.get_label() for line in lines], loc="lower center", ncol=len(lines), frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
+
+
+def _label_log_axis(ax) -> None:
+    """Plain numbers on the log axis (0.3, not 3 x 10^-1): the decades only when the curves span one
+    or more (a label on every minor tick of several decades overlaps its neighbours), every minor
+    tick within a narrower span, where no decade may show."""
+    import math
+
+    import matplotlib.ticker
+
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    if math.log10(high / low) >= 1:
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    else:
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
 
 
 def plot_curves(series: Curves, *, title: str, path: Path) -> None:

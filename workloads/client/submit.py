@@ -36,9 +36,10 @@ from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_fact
                                       read_token_file)
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
-from workloads.client.overrides import user_overrides
+from workloads.client.overrides import given_keys, user_overrides
+from workloads.client.report import eval_warnings, loop_summary
 from workloads.client.usage import Parser, UsageError
-from workloads.client.wakeup import WAKE_WAIT_S, WakeWatching, watch_for
+from workloads.client.wakeup import WakeWatching, wake_wait_s, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
 from workloads.client.follow import (  # noqa: F401
     FollowLostError,
@@ -133,7 +134,8 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
                             "(default: 1200)")
         parser.add_argument("--wait-gpus-s", type=float,
                             help="how long the job waits for its GPUs before it trains, or fails (default: 900; "
-                            "1800 on a stack whose GPU nodes scale to zero, which come back for the job)")
+                            "on a stack whose GPU nodes scale to zero, which come back for the job, the nodes' "
+                            "provision limit and the image pull: 1800 for G types, 2700 for P types)")
         parser.add_argument("--resubmits", type=int, default=3,
                             help="times the run is submitted again when the cluster loses its job with a "
                             "restarted head (default: 3)")
@@ -158,7 +160,10 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) -> dict:
+def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str, target=None) -> dict:
+    """The run's config: --config's, else the preset's, with --set applied; a preset's micro-batch the
+    largest the target's GPU memory takes (its rows per step stay), unless --set gives one."""
+    from workloads.client.fit import sized_for
     from workloads.train.config import TrainConfig, preset, with_overrides
 
     if args.config is not None:
@@ -169,6 +174,8 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str) ->
     else:
         cfg = preset(preset_name)
     cfg = with_overrides(cfg, [*user_overrides(cfg.to_dict(), args.set), f"transport.expect={expect}"])
+    if target is not None and args.config is None and "micro_batch" not in given_keys(args.set):
+        cfg = sized_for(cfg, target, cwd=Path.cwd())
     return cfg.to_dict()
 
 
@@ -207,6 +214,10 @@ def check_fit(train: dict, target, *, what: str, console: Console) -> None:
                       "here")
     else:
         console.print(f"[bold cyan]fit[/] {fit.describe()} on {target.label}")
+        run = fit.cfg  # as the target's ranks run it
+        console.print(f"[bold cyan]rows[/] {run.samples_per_rank_per_step * target.world_size} per step = micro-batch "
+                      f"{run.micro_batch} x {run.grad_accum_steps} micro-steps x {target.world_size} ranks",
+                      highlight=False)
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
@@ -219,7 +230,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     planned_preset = args.preset or preset_for_gpu(None if target is None else target.gpu_memory_gib,
                                                    model_size=args.model_size,
                                                    gpus=None if target is None else target.world_size)
-    first = _train_config(args, expect=expect, preset_name=planned_preset)
+    first = _train_config(args, expect=expect, preset_name=planned_preset, target=target)
     files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
     # The files uploaded with the job are read here as the job will read them; the hub's files are
     # the cluster's to fetch (this machine only asks which commit a revision names, below).
@@ -241,7 +252,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     with _connect(args) as conn:
         preset_name = planned_preset if target is not None else (
             args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
-        config = _train_config(args, expect=expect, preset_name=preset_name)
+        config = _train_config(args, expect=expect, preset_name=preset_name, target=target)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         storage_path = args.storage_path or conn.storage_path
@@ -264,7 +275,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             tracking_uri = train["tracking"]["uri"]
         if note := tracking.credentials_note(tracking.resolve_uri(first, stack_uri=conn.tracking_uri)):
             console.print(f"[bold]credentials[/] {note}", highlight=False)
-        wait_gpus_s = args.wait_gpus_s or (WAKE_WAIT_S if conn.wake else None)
+        wait_gpus_s = args.wait_gpus_s or (wake_wait_s(target and target.instance_type) if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
                                 max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
@@ -293,6 +304,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                           f"--run-name {run_name} resumes the run from its latest checkpoint")
             return EXIT_FAILED
     report_outcome(outcome, console)
+    for warning in eval_warnings(outcome.records, data=(loop_summary(outcome.logs.splitlines()) or {}).get("data")):
+        console.print(f"[bold yellow]warning[/] {warning}", highlight=False)
     run = tracking.tracked_run(outcome.logs) if tracking_uri else None
     if run is not None:
         console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=tracking_uri)}", highlight=False)

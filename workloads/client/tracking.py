@@ -35,10 +35,20 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 def local_store_uri(runs_dir: Path) -> str:
-    """The sqlite URI of the local store under `runs_dir` (absolute: the Ray workers write it too)."""
+    """The sqlite URI of the local store under `runs_dir` (absolute: the Ray workers write it too),
+    made here when it is new: MLflow gives a new store a "Default" experiment whose artifacts go to
+    ./mlruns of the process that made it, which was a rank's temporary working folder, deleted
+    with the job; made here, they go to artifacts/ beside the database."""
     folder = (runs_dir / STORE_DIR).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / 'mlflow.db'}"
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    if not (folder / "mlflow.db").exists() and mlflow_installed():
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        from workloads.train.tracking import default_artifact_location
+
+        SqlAlchemyStore(uri, default_artifact_location(uri)).engine.dispose()
+    return uri
 
 
 def mlflow_installed() -> bool:

@@ -352,8 +352,23 @@ class WakeReader:
 
 
 WAKE_WAIT_S = 1800.0
-"""How long a job on a stack at zero waits for its GPUs by default: the nodes' launch and the image
-pull take 8 to 17 minutes (docs/INFRA.md), twice the driver's usual 900 s would cut it close."""
+"""How long a job on a stack at zero waits for its GPUs when its instance type is not known: the
+nodes' launch and the image pull take 8 to 17 minutes on g6.12xlarge (docs/INFRA.md), twice the
+driver's usual 900 s would cut it close."""
+IMAGE_PULL_ALLOWANCE_S = 900.0
+"""The Ray image's pull and start on a node that has just joined, beside the launch itself."""
+
+
+def wake_wait_s(instance_type: Optional[str]) -> float:
+    """How long a job on a stack at zero waits for its GPUs: as long as the Cluster Autoscaler keeps
+    trying to launch a node of the type's family, and the image pull after it (WAKE_WAIT_S, 30
+    minutes, for the g families; 45 for the P ones)."""
+    from infra.instance_types import INSTANCE_TYPES
+
+    kind = INSTANCE_TYPES.get(instance_type or "")
+    if kind is None or not kind.gpus:
+        return WAKE_WAIT_S
+    return kind.provision_limit.minutes * 60 + IMAGE_PULL_ALLOWANCE_S
 
 
 class WakeWatching:

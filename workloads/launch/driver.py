@@ -305,13 +305,31 @@ def parse_driver_line(line: str) -> Optional[dict]:
 
 
 def failure_reason(error: BaseException) -> str:
-    """One line saying why training failed: the first failing rank and its exception's last line."""
+    """One line saying why training failed: each failing rank's error (`error_line`), ranks that
+    failed alike together; without ranks, the controller's error's last line (a traceback's)."""
     worker_failures = getattr(error, "worker_failures", None)
     if worker_failures:
-        rank = min(worker_failures)
-        return f"rank {rank}: {_last_line(str(worker_failures[rank]))}"
+        by_line: dict[str, list[int]] = {}
+        for rank in sorted(worker_failures):
+            by_line.setdefault(error_line(worker_failures[rank]), []).append(rank)
+        parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}"
+                 for line, ranks in by_line.items()]
+        shown = parts[:MAX_RANK_ERRORS_SHOWN]
+        more = len(parts) - len(shown)
+        return "; ".join(shown) + (f"; and {more} other error(s) in the job's log" if more else "")
     cause = getattr(error, "controller_failure", None) or error.__cause__ or error
     return _last_line(str(cause)) or type(cause).__name__
+
+
+MAX_RANK_ERRORS_SHOWN = 4
+"""Distinct rank errors the failure line names; the job's log has every rank's traceback."""
+
+
+def error_line(exc: BaseException) -> str:
+    """A rank's error in one line: its type and the first line of its message (`MemoryError`,
+    `OSError: no model`), never empty: some errors carry no message (a MemoryError has none)."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _last_line(text: str) -> str:
@@ -427,9 +445,19 @@ def tell_tracker_it_failed(train: dict) -> bool:
     return False
 
 
+def checkpoint_config(train: dict, *, keep: int):
+    """Ray Train's checkpoint retention: the `keep` newest, or with `checkpoint.keep_best` the `keep`
+    of the lowest eval loss (Ray Train keeps the latest besides, for a resume)."""
+    from ray.train import CheckpointConfig
+
+    if (train.get("checkpoint") or {}).get("keep_best"):
+        return CheckpointConfig(num_to_keep=keep, checkpoint_score_attribute="eval_loss", checkpoint_score_order="min")
+    return CheckpointConfig(num_to_keep=keep)
+
+
 def run(args: DriverArgs) -> int:
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from workloads.launch.credentials import load_credentials
@@ -480,7 +508,7 @@ def run(args: DriverArgs) -> int:
                 # A preemption (a drained node) has its own budget: it does not use up --max-failures.
                 failure_config=FailureConfig(max_failures=args.max_failures,
                                              max_preemption_failures=args.max_preemptions),
-                checkpoint_config=CheckpointConfig(num_to_keep=args.keep_checkpoints),
+                checkpoint_config=checkpoint_config(train, keep=args.keep_checkpoints),
                 callbacks=[PreflightRecorder(str(preflight_file)),
                            WorkerGroupWait(limit_s=args.wait_nodes_s, num_workers=plan.num_workers,
                                            elastic=bool(elastic)),

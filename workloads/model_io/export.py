@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 from safetensors.torch import save_file
@@ -306,6 +306,29 @@ def checkpoint_folders(files: dict[str, int]) -> list[str]:
     return sorted(folders, key=lambda f: (f.rpartition("/")[2], f))
 
 
+BEST = "best"
+"""`--checkpoint best`: the run's checkpoint of the lowest eval loss (`checkpoint.keep_best`)."""
+
+
+def best_checkpoint(source, folders: list[str]) -> str:
+    """The folder, among a run's complete checkpoints, whose progress.json records the lowest eval
+    loss (the newest of equals); ValueError when none records one."""
+    from workloads.train.checkpoint import PROGRESS_FILE
+
+    scored = []
+    for index, folder in enumerate(folders):
+        try:
+            loss = json.loads(source.join(folder, PROGRESS_FILE).read_bytes()).get("eval_loss")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(loss, (int, float)):
+            scored.append((float(loss), -index, folder))
+    if not scored:
+        raise ValueError(f"no checkpoint of {source.uri} records an eval loss: train with "
+                         "checkpoint.keep_best=true (and eval_every) to keep the best one")
+    return min(scored)[2]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Exported:
     checkpoint: str
@@ -339,7 +362,9 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
     folders = checkpoint_folders(files)
     if not folders:
         raise ValueError(f"{run} holds no complete checkpoint (no folder with a {DCP_METADATA} file)")
-    if checkpoint is not None:
+    if checkpoint == BEST:
+        chosen = best_checkpoint(source, folders)
+    elif checkpoint is not None:
         matches = [f for f in folders if f == checkpoint or f.rpartition("/")[2] == checkpoint]
         if not matches:
             names = ", ".join(f.rpartition("/")[2] for f in folders[-5:])
@@ -398,22 +423,37 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
 # --- using an exported folder -------------------------------------------------------------------
 
 
-def greedy_generate(folder: Path, prompt: str, *, max_new_tokens: int = 24) -> str:
-    """Load the folder with from_pretrained and continue `prompt` greedily (through the tokenizer's
-    chat template when it has one, as a user turn); returns the new text."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class ChatModel:
+    """An exported folder loaded once with from_pretrained, answering conversations greedily: through
+    the tokenizer's chat template when it has one (as training rendered the chats), else on the
+    messages' text joined by newlines. Generation stops at the folder's generation config's end tokens
+    (a chat fine-tune's end-of-turn token among them)."""
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
-    model.eval()
-    if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_dict=True, return_tensors="pt")["input_ids"]
-    else:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    ids = ids.to(device)
-    with torch.no_grad():
-        output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    def __init__(self, folder: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device)
+        self.model.eval()
+
+    def reply(self, messages: list[dict], *, max_new_tokens: int = 24) -> str:
+        tokenizer = self.tokenizer
+        if tokenizer.chat_template:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                                return_tensors="pt")["input_ids"]
+        else:
+            ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
+        ids = ids.to(self.device)
+        with torch.no_grad():
+            output = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                         do_sample=False,
+                                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
+def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24) -> str:
+    """Load the folder and answer `prompt` greedily (`ChatModel`): a string as one user turn, a list
+    of {"role", "content"} messages as that conversation (its system prompt and earlier turns)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return ChatModel(folder).reply(messages, max_new_tokens=max_new_tokens)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ class Progress:
     recorded."""
     hub_revisions: dict[str, str] = field(default_factory=dict)
     """The commit of each hub repository the run read ("model:ORG/NAME", "dataset:ORG/NAME")."""
+    eval_loss: Optional[float] = None
+    """The eval loss of the step saved, when it was evaluated (`checkpoint.keep_best` scores every
+    checkpoint by it: `export --checkpoint best`)."""
 
 
 PROGRESS_FILE = "progress.json"

@@ -12,9 +12,10 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
+from workloads.train.records import DATA_FORMATS
 from workloads.transport.gate import GateConfig
 
 DATA_KINDS = ("synthetic", "jsonl", "hub")
@@ -81,6 +82,11 @@ class DataConfig:
     """The hub dataset's revision (kind "hub"); empty: its default branch. Pinned to a commit at
     submission, as model.revision is."""
 
+    format: str = "auto"
+    """How a record reads (workloads/train/records.py): "messages" ({"role", "content"} chats),
+    "text", "alpaca" (instruction, optional input, output, optional system), "sharegpt"
+    (`conversations` of {"from", "value"}); "auto": each record's by its keys, refused where two fit."""
+
     text_field: str = "text"
     """The key of a plain-text record's text."""
 
@@ -103,10 +109,16 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.kind not in DATA_KINDS:
             raise ValueError(f"data.kind is {self.kind!r}: use one of {', '.join(DATA_KINDS)}")
+        if self.kind == "synthetic" and self.path:
+            raise ValueError(f'data.path is {self.path!r} but data.kind is "synthetic", which generates its tokens and '
+                             'reads no file: set data.kind=jsonl (a JSONL or Parquet file) or data.kind=hub (a hub '
+                             'dataset id), or leave data.path empty')
         if self.kind == "jsonl" and not self.path:
             raise ValueError('data.path is empty: kind "jsonl" needs the path (or s3:// URI) of a JSONL file')
         if self.kind == "hub" and "/" not in self.path:
             raise ValueError(f'data.path is {self.path!r}: kind "hub" needs a hub dataset id such as {DEFAULT_DATASET}')
+        if self.format not in DATA_FORMATS:
+            raise ValueError(f"data.format is {self.format!r}: use one of {', '.join(DATA_FORMATS)}")
         if not self.text_field or not self.messages_field:
             raise ValueError("data.text_field and data.messages_field must name the JSONL keys of text and messages")
         if self.max_examples < 0:
@@ -143,6 +155,18 @@ class LoraSettings:
         if not all(isinstance(m, str) and m.strip() for m in self.target_modules):
             raise ValueError(f"lora.target_modules is {list(self.target_modules)}: give module names such as "
                              '["q_proj", "v_proj"], or [] for every linear layer of the decoder')
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSettings:
+    """What the run keeps of its checkpoints besides the latest (how often it saves: checkpoint_every)."""
+
+    keep_best: bool = False
+    """Keep the model of the lowest eval loss, as HF Trainer's load_best_model_at_end does: every
+    evaluation saves a checkpoint (and every checkpoint is evaluated), the one with the lowest eval
+    loss so far carries the exported model, Ray Train keeps the best by eval loss beside the latest,
+    and the run's model (`run --local`, `export --checkpoint best`) is the best one's. Needs
+    eval_every."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,7 +238,9 @@ class TrainConfig:
     """Tokens per sample."""
 
     micro_batch: int = 8
-    """Samples per rank per step (the global batch is micro_batch * world size)."""
+    """Samples per rank per micro-step (a step trains micro_batch * grad_accum_steps * world size).
+    With rows_per_step, `submit` and `plan` pick it from the GPU's memory when it is not set
+    (workloads/client/fit.py, `micro_batch_for`)."""
 
     steps: int = 60
     """Optimizer steps of the whole run (a resumed run continues up to this number)."""
@@ -266,7 +292,16 @@ class TrainConfig:
     grad_accum_steps: int = 1
     """Micro-steps per optimizer step: each rank runs this many micro-batches and sums their
     gradients before one optimizer step, so a step trains on micro_batch * grad_accum_steps *
-    world size samples. Under HSDP only the last micro-step reduces across nodes."""
+    world size samples. Under HSDP only the last micro-step reduces across nodes. Left at 1 with
+    rows_per_step, which sets it for the world size the run has."""
+
+    rows_per_step: int = 0
+    """Rows (samples) per optimizer step, all ranks together, whatever the world size: each rank then
+    trains rows_per_step / world size rows a step, in micro-batches of up to micro_batch rows (the
+    largest that divides them), so the recipe (rows per step, steps, learning rate) is the same on 8
+    GPUs or 16; a world size that does not divide it is refused before the run starts. The GPU
+    presets set 128 (ROWS_PER_STEP). 0: grad_accum_steps micro-steps per rank, and the rows per step
+    grow with the world size."""
 
     fused_linear_ce: bool = True
     """Compute the loss from the final hidden states without materializing the full-vocabulary
@@ -310,14 +345,18 @@ class TrainConfig:
     seed: int = 0
     """Seeds the random weights and the data order (the same on every rank)."""
 
-    peak_flops: float = 989e12
-    """Dense bf16 FLOP/s of one accelerator, the denominator of MFU (989e12: H100/H200)."""
+    peak_flops: Optional[float] = None
+    """Dense bf16 FLOP/s of one accelerator, the denominator of MFU. None: the GPU's own, found by its
+    CUDA device name in workloads/gpus.py; a GPU not there reports no MFU. Set it for such a GPU."""
 
     transport: GateConfig = field(default_factory=GateConfig)
     """The in-band transport gate run before the first step (workloads/transport/gate.py)."""
 
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """The experiment tracker rank 0 logs to (off unless a URI is set)."""
+
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    """Which checkpoints are kept (`checkpoint.keep_best`)."""
 
     def __post_init__(self) -> None:
         positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size", "eval_batches")
@@ -335,8 +374,9 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio is {self.min_lr_ratio}: use a value in [0, 1]")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas is {self.betas}: use two values in [0, 1), e.g. [0.9, 0.95]")
-        if not self.peak_flops > 0:
-            raise ValueError(f"peak_flops is {self.peak_flops}: use the device's dense bf16 FLOP/s")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"peak_flops is {self.peak_flops}: use the device's dense bf16 FLOP/s, or null for the "
+                             "GPU's own from workloads/gpus.py")
         if self.eval_every and self.data.kind != "synthetic" and self.data.eval_fraction == 0:
             raise ValueError(
                 f"eval_every is {self.eval_every} but data.eval_fraction is 0, so nothing is held out: "
@@ -347,6 +387,9 @@ class TrainConfig:
                 f"data.tokenizer is empty and model.name_or_path {self.model.name_or_path!r} has no "
                 "tokenizer: set data.tokenizer to a tokenizer id or folder"
             )
+        if self.checkpoint.keep_best and not self.eval_every:
+            raise ValueError("checkpoint.keep_best keeps the checkpoint of the lowest eval loss, and eval_every is 0: "
+                             "set eval_every (e.g. 50) and a held-out share (data.eval_fraction)")
         if self.method not in METHODS:
             raise ValueError(f"method is {self.method!r}: use one of {', '.join(METHODS)}")
         self._check_parallelism()
@@ -362,11 +405,32 @@ class TrainConfig:
             raise ValueError(
                 f"grad_accum_steps is {self.grad_accum_steps}: use 1 (no accumulation) or more micro-steps"
             )
+        if isinstance(self.rows_per_step, bool) or self.rows_per_step < 0:
+            raise ValueError(f"rows_per_step is {self.rows_per_step}: use 0 (grad_accum_steps per rank) or the rows "
+                             "of one optimizer step, e.g. 128")
+        if self.rows_per_step and self.grad_accum_steps != 1:
+            raise ValueError(
+                f"grad_accum_steps is {self.grad_accum_steps} but rows_per_step {self.rows_per_step} sets the "
+                "accumulation for the world size: set rows_per_step=0 to give grad_accum_steps per rank, or leave "
+                "grad_accum_steps out")
 
     @property
     def samples_per_rank_per_step(self) -> int:
         """Samples each rank trains on per optimizer step (all its micro-steps)."""
         return self.micro_batch * self.grad_accum_steps
+
+    def for_world_size(self, world_size: int) -> TrainConfig:
+        """The config as `world_size` ranks run it: with rows_per_step, the micro-batch and micro-steps
+        that make those rows on that many ranks (rows_per_step then 0: they say it); unchanged
+        without. ValueError, naming the world sizes that would do, where the rows do not divide
+        among the ranks."""
+        if not self.rows_per_step:
+            return self
+        from workloads.train.elastic import micro_steps_for_rows
+
+        micro_batch, steps = micro_steps_for_rows(world_size, micro_batch=self.micro_batch,
+                                                  rows_per_step=self.rows_per_step)
+        return dataclasses.replace(self, micro_batch=micro_batch, grad_accum_steps=steps, rows_per_step=0)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -456,8 +520,13 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
 
 def with_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
     """Apply `key=value` strings (dotted keys for nested fields, values parsed as JSON when they
-    parse, else taken as strings): `steps=20`, `model.name_or_path=Qwen/Qwen2.5-1.5B`."""
+    parse, else taken as strings): `steps=20`, `model.name_or_path=Qwen/Qwen2.5-1.5B`. A
+    grad_accum_steps set without rows_per_step means micro-steps per rank, as it does without a
+    preset: it drops the preset's rows_per_step."""
     d = cfg.to_dict()
+    keys = {item.partition("=")[0] for item in assignments}
+    if "grad_accum_steps" in keys and "rows_per_step" not in keys:
+        d["rows_per_step"] = 0
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -514,9 +583,15 @@ def _qwen25_1_5b_synthetic() -> TrainConfig:
     )
 
 
+ROWS_PER_STEP = 128
+"""Rows (samples) per optimizer step of the GPU fine-tune presets (`rows_per_step`), on any number of
+GPUs: the learning rate and step count are tuned for it."""
+
+
 def _qwen25_1_5b() -> TrainConfig:
     # The Qwen2.5-1.5B fine-tune: the pretrained base model and an instruction dataset, both from
-    # the hub (the cluster reaches it through its NAT gateway).
+    # the hub (the cluster reaches it through its NAT gateway). 128 rows per step on any cluster:
+    # 16 rows per micro-step and one micro-step per rank on 8 GPUs, 8 rows on 16 GPUs.
     return dataclasses.replace(
         _qwen25_1_5b_synthetic(),
         model=ModelConfig(name_or_path=DEFAULT_MODEL),
@@ -524,29 +599,23 @@ def _qwen25_1_5b() -> TrainConfig:
         data=DataConfig(kind="hub", path=DEFAULT_DATASET, split="train_sft", max_examples=20_000,
                         eval_fraction=0.02),
         eval_every=25,
+        rows_per_step=ROWS_PER_STEP,
     )
 
 
 def _qwen25_1_5b_24gb() -> TrainConfig:
     # The same fine-tune sized for 24 GB GPUs (g6's L4, g5's A10G): by the H200 runs of
     # docs/PERFORMANCE.md, activations take ~3.8 GiB per 2,048-token sample, and resharding after
-    # forward keeps only one layer's bf16 weights gathered at a time. Micro-batches of 2 rows,
-    # 8 micro-steps per optimizer step: on the default cluster (2 x 4 GPUs) a step trains
-    # 2 x 8 x 8 = 128 rows, as `qwen2.5-1.5b` does with 16 x 1 x 8, so both presets take the same
-    # learning rate and number of steps over the data (tests/test_loop_config.py ties them), and
-    # under HSDP only the last micro-step crosses the network.
-    return dataclasses.replace(
-        _qwen25_1_5b(), micro_batch=2, grad_accum_steps=8, reshard_after_forward=True,
-        peak_flops=121e12,  # L4 dense bf16, the default instance type's GPU
-    )
+    # forward keeps only one layer's bf16 weights gathered at a time. Micro-batches of 2 rows: on the
+    # default cluster (2 x 4 GPUs) 8 micro-steps make the 128 rows of a step, as `qwen2.5-1.5b`'s
+    # 16 x 1 x 8 do, so both presets take the same learning rate and number of steps over the data
+    # (tests/test_loop_config.py ties them), and under HSDP only the last micro-step crosses the
+    # network.
+    return dataclasses.replace(_qwen25_1_5b(), micro_batch=2, reshard_after_forward=True)
 
 
 QWEN25_7B_INSTRUCT = "Qwen/Qwen2.5-7B-Instruct"
 """What the 7B presets fine-tune (hub id; its shape with random weights is `qwen2.5-7b`)."""
-
-ROWS_PER_STEP = 128
-"""Rows (samples) per optimizer step of the GPU fine-tune presets at their planned world size:
-micro_batch x grad_accum_steps x ranks. Each preset's docstring gives its product."""
 
 
 def _qwen25_7b_lora_24gb() -> TrainConfig:
@@ -556,8 +625,7 @@ def _qwen25_7b_lora_24gb() -> TrainConfig:
     # 13 GiB per L4). 8 x 4 micro-steps x 4 ranks = 128 rows per step, as the 1.5B presets.
     return dataclasses.replace(
         _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
-        method="lora", lora=LoraSettings(rank=16, alpha=32.0), micro_batch=8, grad_accum_steps=4,
-        lr=2e-4, reshard_after_forward=True, peak_flops=121e12,
+        method="lora", lora=LoraSettings(rank=16, alpha=32.0), micro_batch=8, lr=2e-4, reshard_after_forward=True,
     )
 
 
@@ -569,7 +637,7 @@ def _qwen25_7b_24gb() -> TrainConfig:
     # 8 ranks = 128 rows per step.
     return dataclasses.replace(
         _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
-        micro_batch=1, grad_accum_steps=16, lr=1e-5, reshard_after_forward=True, peak_flops=121e12,
+        micro_batch=1, lr=1e-5, reshard_after_forward=True,
     )
 
 
@@ -578,8 +646,8 @@ def _qwen25_7b() -> TrainConfig:
     # of the model state is 14 GiB, so 4 rows of activations per micro-step fit without checkpointing.
     # 4 x 4 micro-steps x 8 ranks = 128 rows per step.
     return dataclasses.replace(
-        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT), micro_batch=4, grad_accum_steps=4,
-        lr=1e-5, reshard_after_forward=True,
+        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT), micro_batch=4, lr=1e-5,
+        reshard_after_forward=True,
     )
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from workloads.train.encode import encode_records, end_of_turn_id, load_tokenize
 from workloads.train.loss import IGNORE_INDEX
 from workloads.train.packing import PackedRows, pack
 from workloads.train.paths import resolve_path
-from workloads.train.records import read_records
+from workloads.train.records import hold_out, read_records  # noqa: F401  (hold_out: this module's too)
 
 EVAL_STREAM = 7_919
 """Offset of the seed of the synthetic held-out stream: samples drawn apart from the training ones."""
@@ -205,14 +204,6 @@ class Data:
     """Records, examples, rows, label tokens, fill... for the `[data]` line."""
 
 
-def hold_out(count: int, *, fraction: float, seed: int) -> set[int]:
-    """A seeded choice of round(count * fraction) record numbers (at least one if fraction > 0)."""
-    if fraction <= 0 or count < 2:
-        return set()
-    n = min(count - 1, max(1, round(count * fraction)))
-    return set(random.Random(seed).sample(range(count), n))
-
-
 def data_files(cfg: DataConfig, *, cache_dir: str) -> list[Path]:
     if cfg.kind == "hub":
         return fetch_hub_dataset(cfg.path, split=cfg.split, revision=cfg.revision, cache_dir=cache_dir)
@@ -228,7 +219,7 @@ def load_records_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: i
             f"{vocab_size}: use the model's own tokenizer"
         )
     records = read_records(data_files(cfg, cache_dir=cache_dir), text_field=cfg.text_field,
-                           messages_field=cfg.messages_field, limit=cfg.max_examples)
+                           messages_field=cfg.messages_field, limit=cfg.max_examples, data_format=cfg.format)
     examples = encode_records(tokenizer, records)
     held = hold_out(len(records), fraction=cfg.eval_fraction, seed=seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
@@ -239,7 +230,7 @@ def load_records_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: i
 
     train_rows, train_stats = packed([i for i in range(len(records)) if i not in held])
     stats = {"records": len(records), "chats": sum(r.is_chat for r in records), "held_out": len(held),
-             **asdict(train_stats)}
+             "seq_len": seq_len, **asdict(train_stats)}
     eval_source, eval_rows = None, 0
     if held:
         rows, eval_stats = packed(sorted(held))
@@ -263,3 +254,20 @@ def build_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: int, mod
         )
     return load_records_data(cfg, seq_len=seq_len, seed=seed, vocab_size=vocab_size,
                              tokenizer_name=cfg.tokenizer or model_name_or_path, cache_dir=cache_dir)
+
+
+def reading_of_data(stats: dict, *, steps: int, rows_per_step: int) -> dict:
+    """How the run's steps read its training rows: the rows per step and, for records, the passes
+    over them, with a note when that is more than one (the `[data]` line carries both)."""
+    reading: dict = {"rows_per_step": rows_per_step}
+    rows = stats.get("rows")
+    if not rows:  # synthetic tokens: an endless stream
+        return reading
+    passes = steps * rows_per_step / rows
+    reading["passes"] = round(passes, 2)
+    if passes > 1:
+        one_pass = max(1, rows // rows_per_step)
+        reading["note"] = (f"{steps} steps of {rows_per_step} rows read the {rows:,} training rows {passes:.2f} "
+                           f"times: each row is trained on that often; {one_pass} steps make one pass "
+                           "(--set steps=...), or give more data (data.max_examples)")
+    return reading

@@ -15,6 +15,10 @@ The same holds for any resumed run: each checkpoint records the planned world si
 resumed from it keeps that, not the world size it was launched on (a run that is not elastic,
 resumed on another number of ranks, would otherwise train on another number of samples per step
 with the same learning-rate schedule and step count).
+
+A config with `rows_per_step` states the rows of a step outright (the GPU presets do): the
+micro-steps then follow from the world size the run has, elastic, resumed or neither
+(`micro_steps_for_rows`), and no planned world size is needed.
 """
 
 from __future__ import annotations
@@ -60,3 +64,19 @@ def accumulation_for(world_size: int, *, grad_accum_steps: int, planned_world_si
             "that every allowed world size is one of them, or a grad_accum_steps that a multiple "
             "of the node count divides")
     return micro_batches // world_size
+
+
+def micro_steps_for_rows(world_size: int, *, micro_batch: int, rows_per_step: int) -> tuple[int, int]:
+    """(micro-batch, micro-steps per optimizer step) with which `world_size` ranks train
+    `rows_per_step` rows a step (TrainConfig.rows_per_step): the largest micro-batch up to
+    `micro_batch` that divides each rank's rows. ValueError where the rows do not divide among the
+    ranks, naming the world sizes that would do."""
+    if world_size < 1 or rows_per_step % world_size:
+        fits = [n for n in range(1, rows_per_step + 1) if rows_per_step % n == 0]
+        raise ValueError(
+            f"{world_size} ranks cannot share rows_per_step={rows_per_step} evenly; world sizes that can: "
+            f"{', '.join(map(str, fits))}. Choose the nodes (or --min-nodes) so the run's GPUs are one of them, "
+            "or a rows_per_step they divide")
+    per_rank = rows_per_step // world_size
+    chosen = next(m for m in range(min(micro_batch, per_rank), 0, -1) if per_rank % m == 0)
+    return chosen, per_rank // chosen

@@ -29,7 +29,7 @@ from workloads.model_io.export import MODEL_DIR, ModelMetadata, generation_confi
 from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig
-from workloads.train.data import Batch, Data, batches, build_data, eval_batches, samples_per_step
+from workloads.train.data import Batch, Data, batches, build_data, eval_batches, reading_of_data, samples_per_step
 from workloads.train.encode import load_tokenizer
 from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy, choose_implementation
 from workloads.train.model import (
@@ -219,6 +219,7 @@ def save_checkpoint(
     method: Optional[FineTuneMethod] = None,
     planned_world_size: int = 0,
     hub_revisions: Optional[dict[str, str]] = None,
+    eval_loss: Optional[float] = None,
 ) -> Path:
     """Save the sharded state (what the method keeps); rank 0 adds `model/` (config, generation
     config, tokenizer) and, with `export_weights`, the method's export of the weights there."""
@@ -226,7 +227,8 @@ def save_checkpoint(
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
                                    tracking_run_id=tracking_run_id, method=method.name,
-                                   planned_world_size=planned_world_size, hub_revisions=hub_revisions or {})
+                                   planned_world_size=planned_world_size, hub_revisions=hub_revisions or {},
+                                   eval_loss=eval_loss)
     checkpoint.save(folder, model=model, optimizer=optimizer, progress=progress, frozen=method.saves_frozen)
     if ctx.rank == 0:
         metadata.write(folder / MODEL_DIR)
@@ -362,9 +364,12 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     saved = resumed.saved_progress(ctx)
     planned_world_size = elastic.planned_world_size(world_size=ctx.world_size, elastic_planned=ctx.planned_world_size,
                                                     saved=saved)
-    cfg = dataclasses.replace(cfg, grad_accum_steps=accumulation_for(
-        ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size,
-        cause="elastic" if ctx.planned_world_size else "resume"))
+    # With rows_per_step (the GPU presets) the rows of a step are stated outright: the micro-steps
+    # follow from the world size the run has, whatever it was planned or saved on.
+    cfg = cfg.for_world_size(ctx.world_size) if cfg.rows_per_step else dataclasses.replace(
+        cfg, grad_accum_steps=accumulation_for(
+            ctx.world_size, grad_accum_steps=cfg.grad_accum_steps, planned_world_size=planned_world_size,
+            cause="elastic" if ctx.planned_world_size else "resume"))
     cfg, kept = resumed.keep_hub_revisions(cfg, saved)
     if ctx.rank == 0 and kept:
         print("\n".join(kept), flush=True)
@@ -379,7 +384,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     data = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
                       model_name_or_path=str(pretrained or cfg.model.name_or_path), eval_rows=eval_rows,
                       cache_dir=cfg.cache_dir)
-    print_rank0(ctx, DATA_PREFIX, data.stats)
+    print_rank0(ctx, DATA_PREFIX, {**data.stats, **reading_of_data(
+        data.stats, steps=cfg.steps,
+        rows_per_step=samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size))})
     if cfg.eval_every and data.eval is None:
         raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
     held_out = [] if data.eval is None else eval_batches(
@@ -428,12 +435,14 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         seq_len=cfg.seq_len,
     )
     per_step = samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size)
+    peak_flops = metrics.device_peak_flops(device, configured=cfg.peak_flops)
     watch = PreemptionWatch(ctx.preemption_notice, every=cfg.preemption_check_every)
     throughput = Throughput()
     first_loss: torch.Tensor | None = None
     first_value: float | None = None
     last: dict = {}
     eval_loss: float | None = None
+    best_eval = float("inf")  # of this attempt: a resumed run's best checkpoint keeps its export
     for step in range(progress.step + 1, cfg.steps + 1):
         lr = schedule(cfg, step)
         micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
@@ -446,6 +455,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         notice_seen = time.time()
         save_now = notice is not None or cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or final)
         eval_now = cfg.eval_every > 0 and (step % cfg.eval_every == 0 or final)
+        if cfg.checkpoint.keep_best:  # every checkpoint scored, every evaluation kept
+            save_now = eval_now = save_now or eval_now
         if not (save_now or eval_now or step % cfg.log_every == 0 or final):
             continue
 
@@ -458,22 +469,26 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "lr": lr,
             "tokens_per_s_per_device": round(rate, 1),
             "mfu": metrics.device_mfu(
-                device, tokens_per_s=rate, flops_per_token=flops, peak_flops=cfg.peak_flops
+                device, tokens_per_s=rate, flops_per_token=flops, peak_flops=peak_flops
             ),
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "grad_norm": grad_norm.item(),
         }
+        best = False
         if eval_now:
             eval_loss = evaluate(model, held_out, device=device)
             last["eval_loss"] = eval_loss
+            best = cfg.checkpoint.keep_best and eval_loss < best_eval
+            best_eval = min(best_eval, eval_loss)
         print_rank0(ctx, TRAIN_PREFIX, last)
         tracker.log_step(last)
         if save_now:
             position = progress.data_position + (step - progress.step) * per_step
             folder = save_checkpoint(ctx, model=model, optimizer=optimizer, step=step, data_position=position,
-                                     metadata=metadata, export_weights=final and cfg.export_model,
+                                     metadata=metadata, export_weights=(final or best) and cfg.export_model,
                                      tracking_run_id=tracker.run_id, method=method,
-                                     planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg))
+                                     planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg),
+                                     eval_loss=eval_loss if eval_now else None)
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,
@@ -494,8 +509,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "mfu": None
         if mean_rate is None
         else metrics.device_mfu(
-            device, tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=cfg.peak_flops
+            device, tokens_per_s=mean_rate, flops_per_token=flops, peak_flops=peak_flops
         ),
+        "peak_flops": peak_flops,
         "example_tokens_per_step": round(example_tokens / steps_done, 1) if steps_done else None,
         "padding_share": throughput.padding_share(),
         "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
@@ -506,6 +522,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "nodes": nodes,
         "parallelism": {"kind": plan.kind, "mesh": list(plan.shape), "reason": plan.reason},
         "grad_accum_steps": cfg.grad_accum_steps,
+        "micro_batch": cfg.micro_batch,
+        "rows_per_step": per_step,
         "loss_implementation": model.loss.implementation,
         **method.describe(),
         "trained_params": trained_params,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import resource
 import sys
+from typing import Optional
 
 import torch
+
+from workloads.gpus import peak_bf16_flops
 
 H100_BF16_DENSE_FLOPS = 989e12
 
@@ -25,11 +28,21 @@ def mfu(*, tokens_per_s: float, flops_per_token: float, peak_flops: float) -> fl
     return tokens_per_s * flops_per_token / peak_flops
 
 
-def device_mfu(
-    device: torch.device, *, tokens_per_s: float, flops_per_token: float, peak_flops: float
-) -> float | None:
-    """MFU rounded for reporting on CUDA; None on CPU, which has no meaningful bf16 peak."""
+def device_peak_flops(device: torch.device, *, configured: Optional[float] = None) -> Optional[float]:
+    """The dense bf16 peak MFU is reported against: `configured` (TrainConfig.peak_flops) when set,
+    else the CUDA device's own by its name (workloads/gpus.py); None on CPU and on a GPU the table
+    does not know."""
     if device.type != "cuda":
+        return None
+    return configured or peak_bf16_flops(torch.cuda.get_device_name(device))
+
+
+def device_mfu(
+    device: torch.device, *, tokens_per_s: float, flops_per_token: float, peak_flops: Optional[float]
+) -> float | None:
+    """MFU rounded for reporting on CUDA; None on CPU, which has no meaningful bf16 peak, and
+    without a peak (a GPU workloads/gpus.py does not know)."""
+    if device.type != "cuda" or peak_flops is None:
         return None
     return round(mfu(tokens_per_s=tokens_per_s, flops_per_token=flops_per_token, peak_flops=peak_flops), 4)
 

@@ -60,6 +60,9 @@ class PackingStats:
     """Conversations longer than seq_len + 1 tokens, cut to their first seq_len + 1."""
     dropped: int
     """Examples without any label left (too short, or truncated before any assistant token)."""
+    longest_cut: int = 0
+    """Positions the longest truncated conversation needs whole (its tokens but one): a seq_len of
+    at least this keeps every conversation; 0 when none was cut."""
 
 
 def fit_to_length(example: Example, *, seq_len: int, split: bool) -> list[Example]:
@@ -98,9 +101,11 @@ def pack(
 ) -> tuple[PackedRows, PackingStats]:
     """Pack `examples` (split_long[i]: cut example i into windows rather than truncate it)."""
     pieces: list[tuple[list[int], list[int]]] = []  # (input tokens, labels)
-    truncated = dropped = 0
+    truncated = dropped = longest_cut = 0
     for example, split in zip(examples, split_long, strict=True):
-        truncated += int(not split and len(example.tokens) > seq_len + 1)
+        if not split and len(example.tokens) > seq_len + 1:
+            truncated += 1
+            longest_cut = max(longest_cut, len(example.tokens) - 1)
         for piece in fit_to_length(example, seq_len=seq_len, split=split):
             labels = [t if target else IGNORE_INDEX
                       for t, target in zip(piece.tokens[1:], piece.targets[1:], strict=True)]
@@ -133,5 +138,6 @@ def pack(
     )
     label_tokens = sum(label != IGNORE_INDEX for _, labels in pieces for label in labels)
     stats = PackingStats(examples=len(pieces), rows=len(rows_in), label_tokens=label_tokens,
-                         fill=round(sum(lengths) / (len(rows_in) * seq_len), 4), truncated=truncated, dropped=dropped)
+                         fill=round(sum(lengths) / (len(rows_in) * seq_len), 4), truncated=truncated, dropped=dropped,
+                         longest_cut=longest_cut)
     return rows, stats

@@ -7,10 +7,16 @@ judges the connections it made. The verdicts are all-gathered so that every rank
 with one message naming ranks, hosts, transports and the measured GB/s.
 
 Default bandwidth floors (`min_busbw_gbps=None`) only catch gross degradation, so that they never
-stop a healthy run on the slowest supported hardware; the transport check is what catches a fallback
-to TCP sockets (which measured 3.8 GB/s between two H200s of one host, against 330 GB/s over NVLink):
+stop a healthy run; the transport check is what catches a fallback to TCP sockets (which measured
+3.8 GB/s between two H200s of one host, against 330 GB/s over NVLink):
 - all ranks on one node: 2 GB/s, under what PCIe-only GPUs (g6's L4s) reach over P2P or SHM;
-- ranks on several nodes: 1 GB/s, under the ~5 GB/s of g6.12xlarge's single 40 Gbps EFA interface.
+- ranks on several nodes: a fifth of the nodes' EFA line rate (INTER_NODE_FLOOR_SHARE), which the
+  Ray worker pods are told (`node_network_env`, set by infra/raycluster.py): 1 GB/s on g6.12xlarge's
+  one 40 Gbps interface, 80 GB/s on p5.48xlarge's 32 x 100 Gbps, so a p5 whose NCCL uses a few of its
+  interfaces fails as one that uses none would. The all-reduce is then sized to take a few
+  milliseconds at that rate (`message_bytes_for`): a 64 MiB one is over in 0.2 ms at 400 GB/s, too
+  short to tell bandwidth from latency. Where the network is not known (a local run, a cluster
+  this stack did not build), the floor is a generic 1 GB/s, and the gate's line says so.
 For a tight gate, set the floor to about 70% of a healthy run's figure from
 `python -m workloads.bench nccl` on the same instance type.
 """
@@ -23,7 +29,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional
 
 from workloads.context import PreflightError
 
@@ -37,6 +43,19 @@ NOT_NCCL_RE = re.compile(r"transport gate does not apply to the (\w+) backend")
 
 INTRA_NODE_FLOOR_GBPS = 2.0
 INTER_NODE_FLOOR_GBPS = 1.0
+"""Between nodes whose network is not known: under what one 40 Gbps EFA interface carries."""
+INTER_NODE_FLOOR_SHARE = 0.2
+"""The default floor between nodes as a share of their EFA line rate: the share 1 GB/s is of
+g6.12xlarge's 40 Gbps, the slowest type the stack deploys."""
+DEFAULT_MESSAGE_BYTES = 64 * 2**20
+"""The gate's all-reduce without a known node network."""
+MESSAGE_SECONDS_AT_LINE_RATE = 0.008
+"""How long the gate's all-reduce should take at the nodes' line rate (`message_bytes_for`)."""
+MAX_MESSAGE_BYTES = 512 * 2**20
+EFA_INTERFACES_ENV = "RAY_EKS_EFA_INTERFACES"
+NETWORK_GBPS_ENV = "RAY_EKS_NETWORK_GBPS"
+"""The EFA interfaces and the network line rate (Gbps, all interfaces) of a Ray worker's node, set
+on the pods by infra/raycluster.py from the instance table (`node_network_env`)."""
 NCCL_LOG_NAME = "nccl.%h.%p.log"
 POD_INTERFACE = "eth0"
 """The EKS pod's VPC CNI interface."""
@@ -71,9 +90,11 @@ class GateConfig:
     expect: Literal["efa", "any"] = "efa"
     """Network required between nodes: "efa" (EFA through aws-ofi-nccl) or "any" NCCL network."""
     min_busbw_gbps: Optional[float] = None
-    """All-reduce bus-bandwidth floor in GB/s; None picks one by topology (see the module doc)."""
-    message_bytes: int = 64 * 1024 * 1024
-    """Size of the all-reduce that opens the connections and measures bandwidth."""
+    """All-reduce bus-bandwidth floor in GB/s; None picks one by topology and the nodes' EFA network
+    (see the module doc)."""
+    message_bytes: Optional[int] = None
+    """Size of the all-reduce that opens the connections and measures bandwidth; None: sized to the
+    nodes' network (`message_bytes_for`; 64 MiB where it is not known)."""
     enabled: bool = True
     """False skips the gate (the loop logs that it was skipped)."""
     log_wait_s: float = 5.0
@@ -84,10 +105,58 @@ class GateConfig:
             raise ValueError(f"transport gate: expect must be 'efa' or 'any', got {self.expect!r}")
         if self.min_busbw_gbps is not None and self.min_busbw_gbps < 0:
             raise ValueError(f"transport gate: min_busbw_gbps must be >= 0, got {self.min_busbw_gbps}")
-        if self.message_bytes < 4096:
+        if self.message_bytes is not None and self.message_bytes < 4096:
             raise ValueError(f"transport gate: message_bytes must be >= 4096, got {self.message_bytes}")
         if self.log_wait_s < 0:
             raise ValueError(f"transport gate: log_wait_s must be >= 0, got {self.log_wait_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeNetwork:
+    """The EFA network of the nodes the ranks run on, as the Ray worker pods are told it."""
+
+    efa_interfaces: int
+    line_gbps: float
+    """All interfaces together, Gbps."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Optional["NodeNetwork"]:
+        """The network the pod's environment names; None where it names none (or nonsense)."""
+        try:
+            network = cls(efa_interfaces=int(environ[EFA_INTERFACES_ENV]),
+                          line_gbps=float(environ[NETWORK_GBPS_ENV]))
+        except (KeyError, ValueError):
+            return None
+        return network if network.efa_interfaces > 0 and network.line_gbps > 0 else None
+
+    @property
+    def floor_gbps(self) -> float:
+        """The default bus-bandwidth floor between nodes, GB/s."""
+        return INTER_NODE_FLOOR_SHARE * self.line_gbps / 8
+
+    def describe(self) -> str:
+        share = f"{INTER_NODE_FLOOR_SHARE:.0%}"
+        return (f"{share} of the {self.line_gbps:g} Gbps of {self.efa_interfaces} EFA "
+                f"interface{'s' if self.efa_interfaces > 1 else ''}")
+
+
+def node_network_env(*, efa_interfaces: int, line_gbps: float) -> dict[str, str]:
+    """What the Ray worker pods carry so the gate knows their nodes' network."""
+    return {EFA_INTERFACES_ENV: str(efa_interfaces), NETWORK_GBPS_ENV: f"{line_gbps:g}"}
+
+
+def message_bytes_for(cfg: GateConfig, network: Optional[NodeNetwork]) -> int:
+    """The gate's all-reduce size: the config's, else what takes MESSAGE_SECONDS_AT_LINE_RATE at
+    the nodes' line rate (a power of two from 64 MiB to MAX_MESSAGE_BYTES)."""
+    if cfg.message_bytes is not None:
+        return cfg.message_bytes
+    if network is None:
+        return DEFAULT_MESSAGE_BYTES
+    wanted = network.line_gbps / 8 * 1e9 * MESSAGE_SECONDS_AT_LINE_RATE
+    size = DEFAULT_MESSAGE_BYTES
+    while size < wanted and size < MAX_MESSAGE_BYTES:
+        size *= 2
+    return size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +191,8 @@ class GateResult:
     """One line when passed or not applicable; on failure, a header line and one line per problem."""
     busbw_gbps: Optional[float] = None
     floor_gbps: Optional[float] = None
+    floor_source: str = ""
+    """Where a default floor between nodes came from (the nodes' network, or none known)."""
     nodes: int = 0
     verdicts: tuple[RankVerdict, ...] = field(default=())
     drain: tuple[str, ...] = ()
@@ -160,8 +231,14 @@ def node_label(hostname: str, *, host_id: Optional[str] = None) -> str:
     return f"{host}/{host_id}" if host_id else host
 
 
-def default_floor_gbps(*, nodes: int) -> float:
-    return INTRA_NODE_FLOOR_GBPS if nodes <= 1 else INTER_NODE_FLOOR_GBPS
+def default_floor_gbps(*, nodes: int, network: Optional[NodeNetwork] = None) -> tuple[float, str]:
+    """The floor without `min_busbw_gbps`, and where it comes from (empty within one node)."""
+    if nodes <= 1:
+        return INTRA_NODE_FLOOR_GBPS, ""
+    if network is None:
+        return INTER_NODE_FLOOR_GBPS, (f"generic: the nodes' EFA network is unknown ({NETWORK_GBPS_ENV} "
+                                       "is not set)")
+    return network.floor_gbps, network.describe()
 
 
 def judge_rank(
@@ -224,16 +301,18 @@ def nodes_to_drain(verdicts: list[RankVerdict]) -> tuple[tuple[str, ...], str]:
 
 
 def combine_verdicts(
-    cfg: GateConfig, *, verdicts: list[RankVerdict], busbw_gbps: float, message_bytes: int
+    cfg: GateConfig, *, verdicts: list[RankVerdict], busbw_gbps: float, message_bytes: int,
+    network: Optional[NodeNetwork] = None,
 ) -> GateResult:
     """One result for all ranks: every rank computes the same one from the same gathered verdicts."""
     verdicts = sorted(verdicts, key=lambda v: v.rank)
     nodes = len({v.host for v in verdicts})
-    floor = cfg.min_busbw_gbps if cfg.min_busbw_gbps is not None else default_floor_gbps(nodes=nodes)
+    floor, source = ((cfg.min_busbw_gbps, "") if cfg.min_busbw_gbps is not None
+                     else default_floor_gbps(nodes=nodes, network=network))
     placement = ", ".join(f"{v.rank}@{v.host}" for v in verdicts)
     used = ", ".join(sorted({t for v in verdicts for t in v.transports})) or "none seen"
     bw = (
-        f"all-reduce bus bandwidth {busbw_gbps:.2f} GB/s (floor {floor:.2f} GB/s, "
+        f"all-reduce bus bandwidth {busbw_gbps:.2f} GB/s (floor {floor:.2f} GB/s{': ' + source if source else ''}, "
         f"{message_bytes / 2**20:g} MiB, {len(verdicts)} ranks on {nodes} node(s))"
     )
     # Both ends of a link log it, so the same problem can come from two ranks.
@@ -242,7 +321,8 @@ def combine_verdicts(
         failures.append(f"ranks run on {nodes} nodes but no rank logged a connection between nodes")
     if busbw_gbps < floor:
         failures.append(f"bus bandwidth {busbw_gbps:.2f} GB/s is under the floor of {floor:.2f} GB/s")
-    common = dict(busbw_gbps=busbw_gbps, floor_gbps=floor, nodes=nodes, verdicts=tuple(verdicts))
+    common = dict(busbw_gbps=busbw_gbps, floor_gbps=floor, floor_source=source, nodes=nodes,
+                  verdicts=tuple(verdicts))
     if failures:
         drain, advice = nodes_to_drain(verdicts)
         message = (
@@ -277,11 +357,14 @@ def check_transport(
     hostname: str,
     host_id: Optional[str] = None,
     node: str = "",
+    network: Optional[NodeNetwork] = None,
 ) -> GateResult:
     """The gate proper, with its collaborators passed in: `measure(device=, message_bytes=)` runs the
     all-reduces and returns bus GB/s (the same figure on every rank), `all_gather(obj)` returns every
-    rank's obj in rank order. Raises TransportGateError on every rank when any rank fails."""
-    busbw = measure(device=device, message_bytes=cfg.message_bytes)
+    rank's obj in rank order; `network` is the nodes' EFA network where known. Raises
+    TransportGateError on every rank when any rank fails."""
+    message_bytes = message_bytes_for(cfg, network)
+    busbw = measure(device=device, message_bytes=message_bytes)
     rank_hosts = dict(enumerate(all_gather(node_label(hostname, host_id=host_id))))
     host = rank_hosts[ctx.rank]
     if log_path is None:
@@ -294,7 +377,8 @@ def check_transport(
         text = _read_when_connected(log_path, wait_s=cfg.log_wait_s)
         own = judge_rank(cfg, rank=ctx.rank, host=host, log_text=text, rank_hosts=rank_hosts, log_file=str(log_path),
                          node=node)
-    result = combine_verdicts(cfg, verdicts=list(all_gather(own)), busbw_gbps=busbw, message_bytes=cfg.message_bytes)
+    result = combine_verdicts(cfg, verdicts=list(all_gather(own)), busbw_gbps=busbw, message_bytes=message_bytes,
+                              network=network)
     if not result.passed:
         raise TransportGateError(result.message)
     return result
@@ -333,5 +417,5 @@ def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.d
     return check_transport(
         cfg, ctx=ctx, device=device, measure=measure_busbw, log_path=log_path,
         all_gather=all_gather, hostname=hostname, host_id=os.environ.get("NCCL_HOSTID"),
-        node=os.environ.get(NODE_NAME_ENV, ""),
+        node=os.environ.get(NODE_NAME_ENV, ""), network=NodeNetwork.from_env(os.environ),
     )

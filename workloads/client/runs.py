@@ -1,0 +1,158 @@
+"""Local runs (`run --local`) as folders of runs/, and `python -m workloads runs`, which lists them.
+
+Each run has a folder under the project's runs/ (or `run --local --out`), named after the run
+(`--run-name NAME`, else the start's UTC time). `run.json` there says what the run is from its
+start on: its name (Ray Train's and the tracker's), its preset and config, and its status (running,
+succeeded, failed, interrupted). The report, the loss plot, the job's log, the checkpoints and the
+exported model/ join it as the run goes. `run --local --run-name NAME` of a run that has a folder
+resumes it from its latest checkpoint, with its config (and any `--set` on top, e.g. more steps).
+
+    python -m workloads runs [--runs-dir DIR]
+
+lists each run: name, status, steps done, loss (first -> last, and eval), and the model to chat with.
+Folders of runs made before run.json existed are listed from their report.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from workloads.client.cluster import PROJECT_DIR
+from workloads.client.usage import Parser, UsageError
+
+RUNS_DIR = PROJECT_DIR / "runs"
+"""Where local runs go, wherever the command runs from (`run --local --out` names another)."""
+RUN_FILE = "run.json"
+REPORT_FILE = "report.json"
+NOT_RUNS = ("mlflow",)
+"""Folders of runs/ that are no run (the local tracking store)."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_file(run_dir: Path) -> Path:
+    return run_dir / RUN_FILE
+
+
+def read_run(run_dir: Path) -> Optional[dict]:
+    """The run's record (run.json), or None for a folder without one."""
+    try:
+        record = json.loads(run_file(run_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_run(run_dir: Path, record: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_file(run_dir)
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    scratch.replace(path)  # a reader never sees half a file
+
+
+def update_run(run_dir: Path, **changes) -> None:
+    """Change fields of the run's record (no-op for a folder without one)."""
+    record = read_run(run_dir)
+    if record is not None:
+        write_run(run_dir, {**record, **changes})
+
+
+def latest_checkpoint_step(run_dir: Path) -> Optional[int]:
+    """The step of the run's newest checkpoint (its progress.json), or None."""
+    steps = []
+    for progress in (run_dir / "checkpoints").glob("*/checkpoint*/progress.json"):
+        try:
+            steps.append(int(json.loads(progress.read_text())["step"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(steps, default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalRun:
+    folder: Path
+    name: str
+    status: str
+    steps: str
+    """Steps done of the run's steps ("200/200"; "100/400" for one that stopped at a checkpoint)."""
+    loss: str
+    """"first -> last (eval E)" from the report; "-" without one."""
+    model: Optional[Path]
+    """The exported Hugging Face folder, or None."""
+
+
+def describe(run_dir: Path) -> Optional[LocalRun]:
+    """A folder of runs/ as a run, or None when it is none (no run.json and no report)."""
+    record = read_run(run_dir)
+    try:
+        report = json.loads((run_dir / REPORT_FILE).read_text())
+    except (OSError, ValueError):
+        report = None
+    if record is None and report is None:
+        return None
+    record = record or {}
+    config = record.get("train") or (report or {}).get("config") or {}
+    summary = (report or {}).get("summary") or {}
+    done = summary.get("steps") if record.get("status") in (None, "succeeded", "failed") and summary else None
+    done = done if done is not None else latest_checkpoint_step(run_dir)
+    total = config.get("steps")
+    steps = f"{done if done is not None else 0}/{total}" if total else str(done or "-")
+    loss = "-"
+    if summary.get("first_loss") is not None:
+        loss = f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}"
+        if summary.get("eval_loss") is not None:
+            loss += f" (eval {summary['eval_loss']:.4f})"
+    status = record.get("status") or str((report or {}).get("status", "?")).lower()
+    model = run_dir / "model"
+    return LocalRun(folder=run_dir, name=run_dir.name, status=status, steps=steps, loss=loss,
+                    model=model if (model / "config.json").is_file() else None)
+
+
+def local_runs(runs_dir: Path) -> list[LocalRun]:
+    """The runs of `runs_dir`, oldest first (by the folder's time of change)."""
+    if not runs_dir.is_dir():
+        return []
+    folders = sorted((p for p in runs_dir.iterdir() if p.is_dir() and p.name not in NOT_RUNS),
+                     key=lambda p: (p.stat().st_mtime, p.name))
+    return [run for run in map(describe, folders) if run is not None]
+
+
+def format_runs(runs: list[LocalRun], *, cwd: Path) -> str:
+    def shown(path: Optional[Path]) -> str:
+        if path is None:
+            return "-"
+        try:
+            return str(path.relative_to(cwd))
+        except ValueError:
+            return str(path)
+
+    rows = [("NAME", "STATUS", "STEPS", "LOSS", "MODEL")]
+    rows += [(r.name, r.status, r.steps, r.loss, shown(r.model)) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4]
+                     for row in rows)
+
+
+def main(command: str, argv: list[str]) -> int:
+    parser = Parser(prog="python -m workloads runs", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR, help=f"where the runs are (default: {RUNS_DIR})")
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
+    runs = local_runs(args.runs_dir)
+    if not runs:
+        print(f"no local runs in {args.runs_dir} (python -m workloads run --local makes one)")
+        return 0
+    print(format_runs(runs, cwd=Path.cwd()))
+    print("\npython -m workloads chat NAME talks to a run's model; run --local --run-name NAME resumes a run")
+    return 0
