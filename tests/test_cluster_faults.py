@@ -201,11 +201,14 @@ def test_a_head_lost_before_it_registered_a_complete_checkpoint_costs_no_step_of
           f"wall {ended - started:.1f} s")
 
 
-SOAK = SoakSettings(steps=450, faults=6, seed=11, tracker_down_s=5, storage_down_s=20, drain_timeout_s=DRAIN_S,
+SOAK = SoakSettings(steps=400, faults=6, seed=22, tracker_down_s=10, storage_down_s=20, drain_timeout_s=DRAIN_S,
                     sample_every_s=2, memory_warmup_s=20, memory_judged_after_s=30)
-"""The soak's 3-minute version: each of its six faults once, in the seeded order (seed 11 restarts the
-head in a checkpoint's registration window); the tracker down 5 s, the storage 20 s (long enough
-that the checkpoint it meets is skipped, not stored late)."""
+"""The soak's 3-minute version: each of its six faults once, in the seeded order. Seed 22 brings the
+faults that restart the run first (a node drained, a save interrupted, a worker killed, then the head
+restarted in a checkpoint's registration window) and the outages last, so that the last attempt
+trains long enough for its workers' memory to be judged; the tracker is down 10 s, the storage 20 s
+(long enough that the checkpoint it meets is skipped, not stored late). The 30-minute soak of
+docs/RELIABILITY.md keeps each down a minute."""
 
 
 def test_a_soak_meets_each_fault_once_and_the_run_loses_no_more_than_each_allows(faults, tmp_path, capsys):

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from workloads.bench.cluster_processes import (Process, alive, cluster_processes, shared_memory_left,
+from workloads.bench.cluster_processes import (ROLES, Process, alive, cluster_processes, shared_memory_left,
                                                train_worker_pids)
 from workloads.client.report import WORKER_PID, completed_losses, parse_prefixed, parse_train_line
 
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 FAULT_KINDS = ("worker-kill", "node-drain", "head-restart", "tracker-down", "storage-down", "save-interrupted")
 OUTAGES = ("tracker-down", "storage-down")
+"""Faults that restart nothing: the run must train through them."""
 STORAGE_PAUSE_S = 2.0
 """Rank 0 waits this long after the step before a checkpoint while the storage goes down."""
 NODE_WAIT = "waiting for a lost node"
@@ -64,7 +65,6 @@ TRACKING_BACK = "answers again after"
 """Rank 0's tracker line once the tracker takes records again (workloads/train/tracking.py)."""
 BUCKET, PREFIX = "soak", "runs"
 """The run's checkpoints are under s3://BUCKET/PREFIX/<run name>/ (the CLI's bucket)."""
-"""Faults that restart nothing: the run must train through them."""
 
 CLUSTER_ENV = {
     # A lost raylet is declared dead after 5 failed checks of its health, 0.5 s apart (Ray's default: ~30 s).
@@ -115,11 +115,14 @@ class SoakSettings:
     run_name: str = "soak"
     sample_every_s: float = 5.0
     """How often memory and the bucket are read."""
+    progress_every_s: float = 30.0
+    """How often a progress line is printed (the step, the memory per role, the bucket)."""
     drain_timeout_s: float = 20.0
     """The worker nodes' drain on SIGTERM (CLUSTER_ENV)."""
     memory_warmup_s: float = 60.0
     """A process's first seconds (imports, the model, the first steps, the allocator's pools) are
-    left out of its memory growth."""
+    left out of its memory growth; a train worker's count from its attempt's first step, since
+    starting a worker group can take a minute when the cluster was just restarted."""
     memory_judged_after_s: float = 90.0
     """A process's memory is judged when it lived this long after its warm-up (shorter lives show no
     trend)."""
@@ -219,6 +222,15 @@ class JobLogs:
     def latest_step(self) -> int:
         return self.steps[self.attempt_pids[-1]][-1] if self.attempt_pids else 0
 
+    def last_trained(self, pid: int) -> int:
+        """The last step attempt `pid` logged, read from its rank 0's own output file on its node
+        (worker-<id>-<job>-<pid>.out in the session's logs), which keeps the lines that the head's
+        log monitor had not yet forwarded into the job log when a fault took the head down."""
+        found = [int(record["step"]) for path in self.temp_dir.glob(f"session_*/logs/worker-*-{pid}.out")
+                 for line in path.read_text(errors="replace").splitlines()
+                 if (record := parse_train_line(line)) is not None]
+        return max([*found, *self.steps.get(pid, [0])])
+
     def records(self, prefix: str) -> list[dict]:
         """The JSON records after `prefix` in the lines, once each (Ray forwards a worker line twice)."""
         seen, found = set(), []
@@ -250,6 +262,8 @@ class FaultEvent:
     """How many attempts had trained a step when it came."""
     attempt_after: Optional[int] = None
     """The attempt that followed (None for an outage the run trained through)."""
+    trained_to: Optional[int] = None
+    """The last step the attempt it hit trained (JobLogs.last_trained), read once the next one trains."""
     detail: str = ""
 
 
@@ -276,16 +290,19 @@ class Soak:
         """The user's command, `python -m workloads submit`, while it runs."""
         self.reference: dict[int, float] = {}
         """The uninterrupted run's loss at each step, once `judge` had it."""
+        self.attempts_trained_s: list[float] = []
+        """When each attempt's first step showed in the job logs."""
 
     def now(self) -> float:
         return round(time.monotonic() - self.started, 1)
 
     def _read(self) -> None:
         """Read what the job logs say since the last read, and note when a new step showed."""
-        latest = self.logs.latest_step()
+        latest, attempts = self.logs.latest_step(), len(self.logs.attempt_pids)
         self.logs.read()
         if self.logs.latest_step() != latest:
             self.last_step_s = self.now()
+        self.attempts_trained_s += [self.now()] * (len(self.logs.attempt_pids) - attempts)
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -336,7 +353,8 @@ class Soak:
         left = self._job_processes_left()
         job = [p for p in self.seen.values() if p.role in JOB_ROLES]
         record = {"seed": self.settings.seed, "settings": asdict(self.settings), "exit_code": exit_code,
-                  "wall_s": self.now(), "trained_until_s": self.last_step_s, "planned": [asdict(p) for p in planned],
+                  "wall_s": self.now(), "trained_until_s": self.last_step_s,
+                  "attempts_trained_s": self.attempts_trained_s, "planned": [asdict(p) for p in planned],
                   "faults": [asdict(e) for e in self.events],
                   "processes_left": [asdict(p) for p in left], "shared_memory_left": shared_memory_left(job)}
         (self.out / "job.log").write_text("\n".join(self.logs.lines) + "\n")
@@ -375,6 +393,8 @@ class Soak:
             return self.logs.latest_step() >= after
         if len(self.logs.attempt_pids) > event.attempts_seen:
             event.attempt_after = self.logs.attempt_pids[event.attempts_seen]
+            if event.attempt_before is not None:
+                event.trained_to = self.logs.last_trained(event.attempt_before)
             return True
         return False
 
@@ -540,9 +560,11 @@ class Soak:
     # -- samples ---------------------------------------------------------------------------------
 
     def _sample(self) -> None:
+        said_at = 0.0
         while not self.done.is_set():
             at = self.now()
-            for process in cluster_processes(self.cluster.nodes):
+            processes = cluster_processes(self.cluster.nodes)
+            for process in processes:
                 self.seen[(process.pid, process.started)] = process
                 self.memory.append({"t": at, "pid": process.pid, "role": process.role, "rss_mib": process.rss_mib})
             if self.storage.up:
@@ -552,6 +574,11 @@ class Soak:
                     self.storage_samples.append({"t": at, **storage_figures(objects, prefix=prefix)})
                 except Exception:  # the server went down between the check and the call
                     pass
+            if at - said_at >= self.settings.progress_every_s:
+                said_at = at
+                self.say(progress_line(at_s=at, step=self.logs.latest_step(), steps=self.settings.steps,
+                                       attempts=len(self.logs.attempt_pids), processes=processes,
+                                       storage=self.storage_samples[-1] if self.storage_samples else None))
             self.done.wait(self.settings.sample_every_s)
 
     def _job_processes_left(self, grace_s: float = 60.0) -> list[Process]:
@@ -573,6 +600,19 @@ class Soak:
 
 
 JOB_ROLES = ("driver", "controller", "train worker")
+
+
+def progress_line(*, at_s: float, step: int, steps: int, attempts: int, processes: list[Process],
+                  storage: Optional[dict]) -> str:
+    """One line of where the soak is: the step, the attempts so far, the resident memory summed
+    per role, the bucket."""
+    totals: dict[str, float] = {}
+    for process in processes:
+        totals[process.role] = totals.get(process.role, 0.0) + process.rss_mib
+    memory = ", ".join(f"{role} {totals[role]:.0f}" for role in ROLES if role in totals)
+    bucket = (f"{storage['bytes'] / 2**20:.1f} MiB in {storage['checkpoint_folders']} checkpoint folder(s)"
+              if storage else "not read yet")
+    return f"{at_s / 60:5.1f} min  step {step}/{steps}, attempt {attempts}; RSS MiB: {memory}; bucket {bucket}"
 
 
 def bucket_objects(client, bucket: str, prefix: str) -> list[dict]:
@@ -613,7 +653,7 @@ def fault_rows(record: dict, logs: JobLogs, *, checkpoint_every: int) -> list[di
             restarted = event["attempt_after"] is not None
             row.update(resumed_from=None, lost=0, allowance="no restart, no step lost", within=not restarted)
         else:
-            before = max(logs.steps.get(event["attempt_before"], [0]))
+            before = max([event.get("trained_to") or 0, *logs.steps.get(event["attempt_before"], [0])])
             resumed = min(logs.steps[event["attempt_after"]]) - 1 if event["attempt_after"] else None
             row.update(resumed_from=resumed, lost=None if resumed is None else before - resumed)
             row["allowance"] = f"at most {checkpoint_every} (the checkpoint interval)"
@@ -645,11 +685,15 @@ def loss_gaps(losses: dict[int, float], reference: dict[int, float]) -> dict:
             "within": bool(gaps) and len(gaps) == len(steps) and max(gaps.values()) <= REFERENCE_TOLERANCE}
 
 
-def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float) -> dict[str, dict]:
-    """Per role: the largest growth of a process's resident memory after its warm-up, while the run
+def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float,
+                  attempts_trained_s: list[float]) -> dict[str, dict]:
+    """Per role: the largest growth of a process's resident memory after its warm-up (from its
+    start; for a train worker, from the first of `attempts_trained_s`, when an attempt first
+    trained, after its start: a worker that never trained is not judged), while the run
     trained (until `until_s`: the driver's work after training, its report to the tracker, is not
     growth), among the processes that lived long enough beyond their warm-up to judge (`settings`):
-    the mean of its last three samples against the mean of its first three after warm-up."""
+    the mean of its last three samples against the mean of its first three after warm-up. `longest`
+    is the judged process that lived longest: its pid, life, and those two means (start, end)."""
     by_process: dict[tuple[str, int], list[dict]] = {}
     for sample in samples:
         if sample["t"] <= until_s:
@@ -657,13 +701,21 @@ def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float
     roles: dict[str, dict] = {}
     for (role, pid), series in by_process.items():
         entry = roles.setdefault(role, {"processes": 0, "judged": 0, "max_growth_mib": None, "pid": None,
-                                        "peak_rss_mib": 0.0})
+                                        "peak_rss_mib": 0.0, "longest": None})
         entry["processes"] += 1
         entry["peak_rss_mib"] = max(entry["peak_rss_mib"], max(s["rss_mib"] for s in series))
-        settled = [s for s in series if s["t"] >= series[0]["t"] + settings.memory_warmup_s]
+        warm_from = series[0]["t"]
+        if role == "train worker":
+            warm_from = min((t for t in attempts_trained_s if t >= series[0]["t"]), default=float("inf"))
+        settled = [s for s in series if s["t"] >= warm_from + settings.memory_warmup_s]
         if len(settled) < 6 or settled[-1]["t"] - settled[0]["t"] < settings.memory_judged_after_s:
             continue
-        growth = (sum(s["rss_mib"] for s in settled[-3:]) - sum(s["rss_mib"] for s in settled[:3])) / 3
+        start, end = (sum(s["rss_mib"] for s in part) / 3 for part in (settled[:3], settled[-3:]))
+        growth = end - start
+        lived = series[-1]["t"] - series[0]["t"]
+        if entry["longest"] is None or lived > entry["longest"]["lived_s"]:
+            entry["longest"] = {"pid": pid, "lived_s": round(lived, 1), "start_mib": round(start, 1),
+                                "end_mib": round(end, 1)}
         entry["judged"] += 1
         if entry["max_growth_mib"] is None or growth > entry["max_growth_mib"]:
             entry["max_growth_mib"], entry["pid"] = round(growth, 1), pid
@@ -775,12 +827,15 @@ def judge(soak: Soak, *, reference: dict[int, float]) -> dict:
     soak.reference = reference
     losses = completed_losses(logs.lines)
     rows = fault_rows(record, logs, checkpoint_every=settings.checkpoint_every)
-    memory = memory_growth(soak.memory, settings=settings, until_s=record["trained_until_s"])
+    memory = memory_growth(soak.memory, settings=settings, until_s=record["trained_until_s"],
+                           attempts_trained_s=record["attempts_trained_s"])
     unplanned = unplanned_restarts(record, logs)
     checks = {
         "run_succeeded": {"exit_code": record["exit_code"], "within": record["exit_code"] == 0},
-        "every_fault_brought": {"brought": len(record["faults"]), "within": len(record["faults"]) == settings.faults},
-        "faults_within_allowance": {"within": all(r["within"] for r in rows)},
+        "every_fault_brought": {"brought": len(record["faults"]), "planned": settings.faults,
+                                "within": len(record["faults"]) == settings.faults},
+        "faults_within_allowance": {"beyond": [r for r in rows if not r["within"]],
+                                    "within": all(r["within"] for r in rows)},
         "no_unplanned_restart": {"attempts": unplanned, "within": not unplanned},
         "losses_match_uninterrupted": loss_gaps(losses, reference),
         "memory": {"roles": memory, "within": all(r["within"] for r in memory.values())
@@ -795,6 +850,51 @@ def judge(soak: Soak, *, reference: dict[int, float]) -> dict:
                                            if "[checkpoints] warning: " in line}))
     record["passed"] = all(check["within"] for check in checks.values())
     return record
+
+
+def _failed_memory(check: dict) -> str:
+    parts = []
+    for role, entry in check["roles"].items():
+        if not entry["within"]:
+            parts.append(f"{role} pid {entry['pid']} grew {entry['max_growth_mib']} MiB after its warm-up")
+    for role in ("driver", "head", "train worker"):
+        if not check["roles"].get(role, {}).get("judged"):
+            parts.append(f"no {role} process lived long enough after its warm-up to be judged (a longer soak)")
+    return "; ".join(parts)
+
+
+def _failed_mlflow(check: dict) -> str:
+    if check["runs"] != 1:
+        return f"{check['runs']} MLflow runs of the run's name, not 1"
+    return (f"run {check['run_id']} {check['status']}, {len(check['missing_steps'])} step(s) without a loss (first: "
+            f"{check['missing_steps'][:5]}), {len(check['steps_with_another_loss'])} with another loss than the "
+            f"job logged (first: {check['steps_with_another_loss'][:5]})")
+
+
+FAILED = {
+    "run_succeeded": lambda c: f"`python -m workloads submit` exited {c['exit_code']}",
+    "every_fault_brought": lambda c: f"{c['brought']} of {c['planned']} faults brought: the run ended first",
+    "faults_within_allowance": lambda c: "; ".join(
+        f"{r['kind']} after step {r['step']} lost {r['lost']} step(s), resumed from {r['resumed_from']} "
+        f"(allowance: {r['allowance']})" for r in c["beyond"]),
+    "no_unplanned_restart": lambda c: f"attempts no fault explains (rank 0 pids): {c['attempts']}",
+    "losses_match_uninterrupted": lambda c: (
+        f"{len(c['missing_steps'])} step(s) never completed (first: {c['missing_steps'][:5]}), largest relative gap "
+        f"{c['max_relative_gap']} against the uninterrupted run (allowed: {REFERENCE_TOLERANCE})"),
+    "memory": _failed_memory,
+    "retention": lambda c: ("no sample of the bucket" if not c["samples"] else
+                            f"up to {c['max_bytes']} bytes in {c['max_checkpoint_folders']} checkpoint folders, "
+                            f"bound {c['bound_bytes']} bytes"),
+    "mlflow": _failed_mlflow,
+    "no_process_left": lambda c: "still running: " + ", ".join(f"{p['role']} pid {p['pid']}" for p in c["left"]),
+    "no_shared_memory_left": lambda c: "left: " + ", ".join(c["left"]),
+}
+"""One line per failed check, saying what failed."""
+
+
+def failed_lines(checks: dict[str, dict]) -> list[str]:
+    """`FAILED <check>: <what>` for each check that did not hold."""
+    return [f"FAILED {name}: {FAILED[name](check)}" for name, check in checks.items() if not check["within"]]
 
 
 def plot(soak: Soak, *, path: Path) -> None:
@@ -854,7 +954,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     return soak_on_a_local_cluster(settings, out=args.out.resolve())
 
 
-STEPS_PER_MINUTE = 60
+STEPS_PER_MINUTE = 100
 """How many steps of the soak's run a minute holds on the 2-core machine of docs/RELIABILITY.md, faults
 and their recovery included."""
 
@@ -892,7 +992,10 @@ def soak_on_a_local_cluster(settings: SoakSettings, *, out: Path) -> int:
         tracker.kill()
         storage.stop()
     write_record(soak, out=out)
-    say(json.dumps({"passed": record["passed"], "checks": {k: v["within"] for k, v in record["checks"].items()}}))
+    for line in failed_lines(record["checks"]):
+        print(line, flush=True)
+    passed = [name for name, check in record["checks"].items() if check["within"]]
+    say(f"{len(passed)} of {len(record['checks'])} checks passed ({', '.join(passed)}); record in {out}")
     return 0 if record["passed"] else 1
 
 
