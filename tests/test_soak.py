@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.bench.cluster_processes import Process
+from workloads.bench.cluster_processes import Process, role_of
 from workloads.bench.soak import (FAILED, FAULT_KINDS, JobLogs, SoakSettings, failed_lines, fault_rows, loss_gaps,
                                   memory_growth, plan_faults, progress_line, retention, storage_figures)
 
@@ -206,3 +206,12 @@ def test_each_failed_check_gets_one_line_that_says_what_failed():
         "FAILED no_shared_memory_left: left: /dev/shm/torch_1"]
     assert set(FAILED) >= {"run_succeeded", "every_fault_brought", "no_unplanned_restart", "losses_match_uninterrupted",
                            "retention", "mlflow", "no_process_left"}
+
+
+def test_the_driver_is_the_python_process_not_the_shell_that_runs_it():
+    entry = "python -m workloads.launch.driver --config-json {}"
+    assert role_of(entry, node=0) == "driver"
+    assert role_of(f"/bin/sh -c {entry}", node=0) == "head"  # Ray's JobSupervisor starts it through a shell
+    assert role_of("ray::RayTrainWorker.run", node=1) == "train worker"
+    assert role_of("ray::TrainController.run", node=0) == "controller"
+    assert role_of("/venv/bin/raylet --node_ip_address=127.0.0.2", node=2) == "worker node"

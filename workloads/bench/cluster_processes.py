@@ -46,8 +46,13 @@ def train_worker_pids(*, address: str, token: str) -> list[int]:
     return sorted(int(actor.pid) for actor in actors if actor.pid)
 
 
+SHELLS = ("/bin/sh", "sh", "/bin/bash", "bash")
+"""A job's entrypoint runs under a shell (Ray's JobSupervisor), whose command line names the driver too."""
+
+
 def role_of(cmdline: str, *, node: int) -> str:
-    if "workloads.launch.driver" in cmdline:
+    """The role of a process from its command line (arguments joined by spaces) and node."""
+    if "workloads.launch.driver" in cmdline and cmdline.split(" ", 1)[0] not in SHELLS:
         return "driver"
     if "TrainController" in cmdline:
         return "controller"
