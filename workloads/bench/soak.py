@@ -951,13 +951,17 @@ def plot(soak: Soak, *, path: Path) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.bench.soak",
+                                     description=__doc__.split(": `", 1)[0] + ".")
     parser.add_argument("--minutes", type=float, required=True,
                         help="about how long the run trains: sets --steps and --faults (a fault every 3 minutes)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the record's folder: summary.json, soak.png, the samples, the job log")
     parser.add_argument("--seed", type=int, help="default: a random one (printed)")
     parser.add_argument("--steps", type=int, help=f"override the steps (default: {STEPS_PER_MINUTE} a minute)")
-    parser.add_argument("--faults", type=int, help="override the number of faults (at least 6: one of each kind)")
+    parser.add_argument("--faults", type=int,
+                        help="override the number of faults (default: one every 3 minutes and at least 6, so that "
+                        "each kind comes; fewer bring the first kinds of the seeded order)")
     parser.add_argument("--outage-s", type=float, default=60.0, help="how long the tracker and the storage are down")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
