@@ -5,20 +5,17 @@ the checkpoints in the bucket."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import boto3
 import pytest
 import torch.distributed.checkpoint as dcp
-from moto.server import ThreadedMotoServer
 
+from workloads.bench.services import UNSET_FOR_S3, S3Server, s3_environment
 from workloads.client.cluster import free_port
-from workloads.client import report
 from workloads.client.report import parse_train_line
 
 BUCKET = "checkpoints"
@@ -29,28 +26,24 @@ class FakeS3:
     endpoint: str
     client: object
     """boto3 S3 client on the moto server."""
+    server: S3Server
+    """The server itself: stopped and started again, it keeps the bucket (a storage outage)."""
 
 
 @contextmanager
 def fake_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
     """A moto S3 server on 127.0.0.1 with one bucket, and the standard AWS environment pointing at it
     (set before the Ray nodes start, so every Ray process inherits it as pods inherit theirs)."""
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server = S3Server(port=free_port())
     server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
+    for name, value in s3_environment(server.endpoint).items():
         monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+    for name in UNSET_FOR_S3:
         monkeypatch.delenv(name, raising=False)
-    client = boto3.client("s3", endpoint_url=endpoint)
+    client = server.client()
     client.create_bucket(Bucket=BUCKET)
     try:
-        yield FakeS3(endpoint=endpoint, client=client)
+        yield FakeS3(endpoint=server.endpoint, client=client, server=server)
     finally:
         server.stop()
 
@@ -91,11 +84,6 @@ def steps_logged(logs: str) -> list[int]:
     return [int(record["step"]) for record in map(parse_train_line, logs.splitlines()) if record]
 
 
-def attempts(logs: str) -> list[list[dict]]:
-    """The step records of each attempt in a job's log (workloads.client.report.attempts)."""
-    return report.attempts(logs.splitlines())
-
-
 def job_log_tail(client, job_id: str, lines: int = 60) -> str:
     return "\n".join(client.get_job_logs(job_id).splitlines()[-lines:])
 
@@ -122,14 +110,3 @@ def paused(plan: Path, *, run: str, timeout_s: float, job: tuple | None = None) 
         return json.loads(found[0].read_text()) if found else None
 
     return wait_for(marker, timeout_s=timeout_s, what=f"a process of run {run} to pause as {plan} says", job=job)
-
-
-def train_worker_pids(*, address: str, token: str) -> list[int]:
-    """The processes of the cluster's live Ray Train workers, as the State API lists them."""
-    from ray.util.state.api import StateApiClient
-    from ray.util.state.common import ListApiOptions, StateResource
-
-    client = StateApiClient(address=address, headers={"Authorization": f"Bearer {token}"})
-    filters = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
-    actors = client.list(StateResource.ACTORS, options=ListApiOptions(filters=filters), raise_on_missing_output=True)
-    return sorted(int(actor.pid) for actor in actors if actor.pid)

@@ -308,3 +308,48 @@ def test_the_7b_lora_figure_is_the_recorded_run():
     assert (f"the loop trained {figures['tokens_per_s_per_gpu']:,.0f}\ntokens/s ({figures['mfu_vs_peak']:.1%} MFU"
             in section)
     assert f"peak {figures['peak_mem_gib']:.1f} GiB" in section
+
+
+SOAK_RECORD = DOCS / "cpu" / "2026-12-04-soak"
+
+
+def soak_fault_rows(summary: dict) -> list[tuple[str, ...]]:
+    """Section 8's fault table as the soak recorded it: (#, fault, after step, resumed from, steps
+    lost, allowance, training again after)."""
+    return [(str(i), r["kind"], str(r["step"]), "-" if r["resumed_from"] is None else str(r["resumed_from"]),
+             str(r["lost"]), r["allowance"], "-" if r["recovery_s"] is None else f"{r['recovery_s']} s")
+            for i, r in enumerate(summary["fault_table"], start=1)]
+
+
+def soak_memory_rows(summary: dict) -> list[tuple[str, ...]]:
+    """Section 8's memory table: (role, processes, judged, the longest-lived judged one's pid and
+    life, its RSS after warm-up and at the end, the largest growth of any, the peak of any)."""
+    rows = []
+    for role, entry in summary["checks"]["memory"]["roles"].items():
+        longest = entry["longest"]
+        rows.append((role, str(entry["processes"]), str(entry["judged"]),
+                     "-" if longest is None else f"{longest['pid']}, {longest['lived_s'] / 60:.1f} min",
+                     "-" if longest is None else f"{longest['start_mib']} → {longest['end_mib']}",
+                     "-" if entry["max_growth_mib"] is None else str(entry["max_growth_mib"]),
+                     str(entry["peak_rss_mib"])))
+    return rows
+
+
+def test_the_soak_tables_are_the_recorded_run():
+    transcript = (SOAK_RECORD / "run.txt").read_text()
+    summary = json.loads((SOAK_RECORD / "summary.json").read_text())
+    section = _section("RELIABILITY.md", "## 8. ")
+    command = transcript.splitlines()[0]
+    assert command.startswith("$ nice -n 10 .venv/bin/python -m workloads.bench.soak --minutes ") and command in section
+    assert f"seed {summary['seed']}" in section and f"--seed {summary['seed']}" in transcript
+    assert transcript.rstrip().endswith("exit 0" if summary["passed"] else "exit 1")
+    assert _table_rows(section, r"\| \d+ \| [a-z]+-[a-z]+ \|") == soak_fault_rows(summary)
+    assert _table_rows(section, r"\| (driver|controller|train worker|head|worker node) \|") == soak_memory_rows(summary)
+    checks = summary["checks"]
+    retention, mlflow, losses = checks["retention"], checks["mlflow"], checks["losses_match_uninterrupted"]
+    for figure in (f"{retention['max_bytes']:,} bytes", f"{retention['bound_bytes']:,} bytes",
+                   f"{losses['steps_compared']:,} steps", f"largest relative gap {losses['max_relative_gap']}",
+                   f"{mlflow['steps_logged']:,} steps", f"{mlflow['values']:,} values", mlflow["status"],
+                   f"{summary['skipped_checkpoints']} checkpoint(s) skipped", f"{summary['wall_s'] / 60:.1f} minutes"):
+        assert figure in " ".join(section.split()), figure  # the prose wraps lines anywhere
+    assert (SOAK_RECORD / "soak.png").stat().st_size > 10_000

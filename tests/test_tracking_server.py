@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from mlflow_server import MlflowServer, kill_group
 from ranks import run_ranks
 
+from workloads.bench.services import MlflowServer, kill_group
 from workloads.client.cluster import free_port
 from workloads.context import SUMMARY_PREFIX, TRACKING_PREFIX, TrainContext
 from workloads.train import tracking

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import signal
@@ -38,6 +37,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
+
+from workloads.bench.cluster_processes import train_worker_pids
+from workloads.bench.services import S3Server, s3_environment
 
 BUCKET, PREFIX = "rehearsal", "runs"
 # A small model keeps checkpoints to moto quick; the job path is the point, not the throughput.
@@ -70,18 +72,10 @@ def _say(message: str) -> None:
 
 def start_s3(port: int):
     """moto's S3 server on 127.0.0.1 with the bucket; the environment every Ray process inherits."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = S3Server(port=port)
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update({"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true"})
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint)
+    os.environ.update(s3_environment(server.endpoint))
+    client = server.client()
     client.create_bucket(Bucket=BUCKET)
     return server, client
 
@@ -105,16 +99,6 @@ def run_logged(argv: list[str], log: Path, *, on_line: Optional[Callable[[str], 
         code = proc.wait()
         out.write(f"exit code: {code}\n")
     return code
-
-
-def train_worker_pids(*, address: str, token: str) -> list[int]:
-    from ray.util.state.api import StateApiClient
-    from ray.util.state.common import ListApiOptions, StateResource
-
-    client = StateApiClient(address=address, headers={"Authorization": f"Bearer {token}"})
-    filters = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
-    actors = client.list(StateResource.ACTORS, options=ListApiOptions(filters=filters), raise_on_missing_output=True)
-    return sorted(int(actor.pid) for actor in actors if actor.pid)
 
 
 def sockets_allowed(base: list[str], *, s3, out: Path) -> dict:

@@ -238,6 +238,11 @@ class LocalNodes:
                 pass
             _kill_group(proc)
 
+    def pids(self, index: int) -> list[int]:
+        """Every process of node `index` now: its `ray start` and what descends from it."""
+        proc = self.procs[index]
+        return [proc.pid, *_descendants(proc.pid)]
+
     def node_of(self, pid: int) -> Optional[int]:
         """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
         nodes = {proc.pid: index for index, proc in self.procs.items()}

@@ -2,7 +2,9 @@
 
 Ray Train has already formed the process group (gloo or NCCL) when `train_worker` starts; this
 module maps the loop's TrainContext onto Ray: `report` becomes `ray.train.report` (with the loop's
-checkpoint folder wrapped as a Checkpoint and deleted locally once persisted), `latest_checkpoint`
+checkpoint folder uploaded by every rank, reported once every rank's part is stored, skipped on
+every rank when some part could not be: workloads/launch/uploads.py; deleted locally either way),
+`latest_checkpoint`
 becomes a local folder of `ray.train.get_checkpoint()`, which Ray Train sets after a worker-group
 restart or when a run of the same name is started again on the same storage. Before training, every
 worker proves it can write to the run's storage; a check that fails before step 1 (that one or the
@@ -16,6 +18,7 @@ unless its environment variable is set).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -35,6 +38,7 @@ from workloads.launch.checkpoints import settle
 from workloads.launch.credentials import load_credentials
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
+from workloads.launch.uploads import DEFAULT_POLICY, SkippedFolders, UploadPolicy, upload_patiently
 from workloads.transport.gate import nccl_log_env
 
 if TYPE_CHECKING:
@@ -44,25 +48,81 @@ SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 """Where each worker keeps checkpoints in flight, restored checkpoints and its NCCL log."""
 
 
-def report(metrics: dict, checkpoint_dir: Optional[Path] = None) -> None:
+SKIPPED = SkippedFolders()
+"""Rank 0's skipped checkpoints whose folders are still to be deleted from storage."""
+
+
+def report(metrics: dict, checkpoint_dir: Optional[Path] = None, *, final_step: int = 0,
+           policy: UploadPolicy = DEFAULT_POLICY) -> None:
+    """The loop's report (every rank calls it at the same steps). `final_step`: the run's last step,
+    whose checkpoint must be stored."""
     ray_ctx = ray.train.get_context()
     where = dict(run=ray_ctx.get_experiment_name(), step=metrics.get("step"), rank=ray_ctx.get_world_rank())
-    if checkpoint_dir is None:
+    stored = None
+    if checkpoint_dir is not None:
+        stored = store_checkpoint(checkpoint_dir, where=where, final=bool(final_step) and where["step"] == final_step,
+                                  policy=policy)
+    if stored is None:
         ray.train.report(metrics)
     else:
-        def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
-            # Ray's own upload, between the points where a test can stop this rank with its shard
-            # unsent, and sent but not yet reported to the controller.
-            pause_point("checkpoint-upload", **where)
-            persisted = ray_ctx.get_storage().persist_current_checkpoint(checkpoint, dir_name)
-            pause_point("checkpoint-uploaded", **where)
-            return persisted
-
-        # Ray 2.58 keeps the local copy after a synchronous upload unless told otherwise: tens of GB
-        # per checkpoint on a node's root volume would end in disk-pressure eviction.
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
-                         delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
+        # Uploaded here, not by Ray: its upload raises after three quick tries (Ray 2.58's
+        # `_upload_checkpoint`), which ends the attempt, and a rank that reports a checkpoint gets
+        # it registered even when another rank's part is missing (its ReportCallbackHandler takes
+        # the first rank's checkpoint).
+        ray.train.report(metrics, checkpoint=stored, checkpoint_dir_name=Path(stored.path).name,
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
     pause_point("after-report", **where)
+
+
+def store_checkpoint(checkpoint_dir: Path, *, where: dict, final: bool,
+                     policy: UploadPolicy) -> Optional[ray.train.Checkpoint]:
+    """Upload this rank's part of the checkpoint into the folder rank 0 names; the persisted
+    checkpoint once every rank's part is stored, else None on every rank (a warning from rank 0;
+    for the final checkpoint, CheckpointNotStoredError). The local folder is deleted either way: tens
+    of GB per checkpoint on a node's root volume would end in disk-pressure eviction."""
+    import torch.distributed as dist
+
+    storage = ray.train.get_context().get_storage()
+    name = [storage.make_default_checkpoint_dir_name()]
+    dist.broadcast_object_list(name, src=0)
+    local = ray.train.Checkpoint.from_directory(str(checkpoint_dir))
+
+    def upload() -> ray.train.Checkpoint:
+        # Ray's own copy, between the points where a test can stop this rank with its part unsent,
+        # and sent but not yet reported to the controller.
+        pause_point("checkpoint-upload", **where)
+        persisted = storage.persist_current_checkpoint(local, name[0])
+        pause_point("checkpoint-uploaded", **where)
+        return persisted
+
+    outcome = upload_patiently(upload, final=final, policy=policy)
+    errors: list[Optional[str]] = [None] * dist.get_world_size()
+    mine = f"rank {where['rank']} after {outcome.tries} tries: {outcome.error}" if outcome.stored is None else None
+    dist.all_gather_object(errors, mine)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    failed = [error for error in errors if error]
+    rank0 = where["rank"] == 0
+    if not failed:
+        if rank0 and SKIPPED.names:
+            deleted = SKIPPED.remove(storage.storage_filesystem, storage.experiment_fs_path)
+            if deleted:
+                print(f"[checkpoints] storage answers again: removed the folder(s) of {len(deleted)} skipped "
+                      f"checkpoint(s): {', '.join(deleted)}", flush=True)
+        return outcome.stored
+    problem = (f"the checkpoint of step {where['step']} could not be stored in {storage_uri(storage)} "
+               f"({len(failed)} of {len(errors)} ranks; {failed[0]})")
+    if final:
+        raise CheckpointNotStoredError(f"{problem}; the final checkpoint holds the trained model, so this attempt "
+                                       "fails and the run is retried from its last stored checkpoint")
+    if rank0:
+        SKIPPED.add(name[0])
+        print(f"[checkpoints] warning: {problem}; skipped: training goes on, and a restart resumes from the last "
+              "checkpoint stored", flush=True)
+    return None
+
+
+class CheckpointNotStoredError(RuntimeError):
+    """The final checkpoint could not be stored within UploadPolicy.final_wait_s."""
 
 
 def preemption_notice() -> Optional["Notice"]:
@@ -123,8 +183,9 @@ def checkpoint_loader(*, restore_root: Path, rank: int = 0,
     return latest_checkpoint
 
 
-def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT, planned_world_size: int = 0) -> TrainContext:
-    """The TrainContext of the calling Ray Train worker."""
+def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT, planned_world_size: int = 0,
+                      final_step: int = 0) -> TrainContext:
+    """The TrainContext of the calling Ray Train worker; `final_step` is the run's last step."""
     ray_ctx = ray.train.get_context()
     rank = ray_ctx.get_world_rank()
     run_dir = scratch_root / ray_ctx.get_experiment_name()
@@ -136,7 +197,7 @@ def ray_train_context(*, scratch_root: Path = SCRATCH_ROOT, planned_world_size: 
         local_rank=ray_ctx.get_local_rank(),
         local_world_size=ray_ctx.get_local_world_size(),
         node_rank=ray_ctx.get_node_rank(),
-        report=report,
+        report=functools.partial(report, final_step=final_step),
         latest_checkpoint=checkpoint_loader(restore_root=run_dir / "restored", rank=rank),
         scratch_dir=scratch_dir,
         preemption_notice=preemption_notice,
@@ -336,7 +397,7 @@ def train_worker(config: dict) -> None:
     load_credentials()  # MLflow's and the hub's, from the pod's Secret (workloads/launch/credentials.py)
     cfg = TrainConfig.from_dict(config["train"])
     # An elastic run: the world size grad_accum_steps is meant for (workloads/train/elastic.py).
-    ctx = ray_train_context(planned_world_size=int(config.get("planned_world_size", 0)))
+    ctx = ray_train_context(planned_world_size=int(config.get("planned_world_size", 0)), final_step=cfg.steps)
     # Ray Train creates the process group without a device, so NCCL starts (and reads its
     # environment) only at the first collective: setting the log file here works. This is the one
     # place that sets it (the worker pods do not), so each rank's log lands in its scratch folder.

@@ -1,0 +1,1033 @@
+"""A soak: one long run on the local cluster in the EKS shape that meets a fault every few minutes,
+at random points: `python -m workloads.bench.soak --minutes 30 --out DIR [--seed N]`.
+
+The cluster is `workloads.client.local`'s (a head that runs no training worker, two worker nodes of
+one CPU), checkpoints go to moto's S3 server and the run is tracked in a real `mlflow server`
+(workloads/bench/services.py). The run is the user's command, `python -m workloads submit`, with the
+demo-cpu preset on two gloo workers; the faults come in a seeded random order, each at a seeded
+random step (the seed is printed):
+
+  worker-kill       a Ray Train worker SIGKILLed, a random moment after the step
+  node-drain        a worker node's `ray start --block` SIGTERMed, as the kubelet does on EKS's drain
+                    of a Spot node: the loop checkpoints on the notice; once the node is gone it is
+                    started again, as the node group replaces it (the run is not elastic: it waits)
+  head-restart      every process of the head (and, without GCS fault tolerance, of the worker
+                    nodes) killed and started again: `submit` submits the run again
+  tracker-down      the MLflow server killed, and started again after the outage
+  storage-down      the S3 server stopped, and started again after the outage; it stops as the run
+                    reaches a checkpoint, so that the outage always meets one
+  save-interrupted  a rank SIGKILLed while it uploads its part of a checkpoint (the pause point
+                    `checkpoint-upload`, workloads/launch/faults.py)
+
+A fault comes once the run trains again after the one before. Checked and recorded in DIR: each
+step's loss against an uninterrupted run of the same settings (torchrun, the same loop without Ray);
+the steps each fault cost against its allowance; the resident memory of the driver, the head and the
+workers every few seconds, which must not grow beyond warm-up; no process of the job left once it
+ended, nor of the cluster once it stopped, nor a new shared-memory segment; the bytes in the bucket,
+bounded by the checkpoints kept; the run's MLflow record (every step's loss, the end status).
+A progress line every 30 s gives the step, the attempt, the memory per role and the bucket.
+DIR/summary.json holds it all, DIR/soak.png plots the loss with the faults marked and the memory.
+Exit 0 when every check passed; otherwise 1, after a line `FAILED <check>: <what>` for each check
+that did not hold. docs/RELIABILITY.md, section 8, records a 30-minute soak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from workloads.bench.cluster_processes import (ROLES, Process, alive, cluster_processes, shared_memory_left,
+                                               train_worker_pids)
+from workloads.client.report import WORKER_PID, completed_losses, parse_prefixed, parse_train_line
+
+if TYPE_CHECKING:
+    from workloads.bench.services import MlflowServer, S3Server
+    from workloads.client.local import LocalCluster
+
+FAULT_KINDS = ("worker-kill", "node-drain", "head-restart", "tracker-down", "storage-down", "save-interrupted")
+OUTAGES = ("tracker-down", "storage-down")
+"""Faults that restart nothing: the run must train through them."""
+STORAGE_PAUSE_S = 2.0
+"""Rank 0 waits this long after the step before a checkpoint while the storage goes down."""
+NODE_WAIT = "waiting for a lost node"
+"""The job's line while its workers cannot be placed (workloads/launch/ray_train.py WorkerGroupWait)."""
+WAIT_NODES_S = 60.0
+"""The run's --wait-nodes-s: its first wait line comes after a sixth of it (one start of the group)."""
+TRACKING_BACK = "answers again after"
+"""Rank 0's tracker line once the tracker takes records again (workloads/train/tracking.py)."""
+BUCKET, PREFIX = "soak", "runs"
+"""The run's checkpoints are under s3://BUCKET/PREFIX/<run name>/ (the CLI's bucket)."""
+
+CLUSTER_ENV = {
+    # A lost raylet is declared dead after 5 failed checks of its health, 0.5 s apart (Ray's default: ~30 s).
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_initial_delay_ms": "1000",
+    # A SIGTERMed worker node drains for this long (95 s on EKS Spot nodes, infra/spot.py; Ray's
+    # default 30 s), and Ray Train's watcher looks for a drain every second (5 s by default).
+    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "20",
+    "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+}
+"""The Ray settings of a local cluster that meets faults (tests/test_cluster_faults.py's too): set in
+the environment before its nodes start."""
+POLL_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+"""Ray Train's controller takes a worker's report when it polls, every 2 s by default, and a worker
+holds one report: a run that reports every step, as this one does, would train a step per 2 s."""
+
+REFERENCE_TOLERANCE = 0.0
+"""Relative gap allowed between a step's loss and the uninterrupted run's: none. The same loop on the
+same samples, ranks and mesh adds the same numbers in the same order, and a step redone after a
+restart from a checkpoint repeats its loss bit for bit."""
+
+
+class RunEnded(Exception):
+    """The run ended before a fault could be brought."""
+
+
+def say(message: str) -> None:
+    print(f"[soak] {message}", flush=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoakSettings:
+    steps: int
+    """Training steps of the run."""
+    faults: int
+    """Faults it meets, spread over its steps; the first six are one of each kind."""
+    seed: int
+    """Chooses the faults' order, steps, targets and moments."""
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    tracker_down_s: float = 60.0
+    """How long the tracker is down."""
+    storage_down_s: float = 60.0
+    """How long the storage is down: beyond about 15 s (two tries of each rank's part, each with
+    pyarrow's own retries) the checkpoint it meets is skipped rather than stored late."""
+    warmup_steps: int = 20
+    """Steps trained before the first fault."""
+    run_name: str = "soak"
+    sample_every_s: float = 5.0
+    """How often memory and the bucket are read."""
+    progress_every_s: float = 30.0
+    """How often a progress line is printed (the step, the memory per role, the bucket)."""
+    drain_timeout_s: float = 20.0
+    """The worker nodes' drain on SIGTERM (CLUSTER_ENV)."""
+    memory_warmup_s: float = 60.0
+    """A process's first seconds (imports, the model, the first steps, the allocator's pools) are
+    left out of its memory growth; a train worker's count from its attempt's first step, since
+    starting a worker group can take a minute when the cluster was just restarted."""
+    memory_judged_after_s: float = 90.0
+    """A process's memory is judged when it lived this long after its warm-up (shorter lives show no
+    trend)."""
+    memory_growth_limit_mib: float = 64.0
+    """Growth allowed to a process's resident memory after its warm-up, over its life."""
+
+    def __post_init__(self) -> None:
+        if self.steps < self.warmup_steps + 2 * max(self.faults, 1):
+            raise ValueError(f"steps={self.steps} leaves too few steps for {self.faults} faults after "
+                             f"{self.warmup_steps} warm-up steps: give more steps or fewer faults")
+        if self.faults < 1:
+            raise ValueError(f"faults must be at least 1, got {self.faults}")
+
+    def overrides(self) -> list[str]:
+        """The run's config over the demo-cpu preset (the reference's too)."""
+        return [f"steps={self.steps}", f"checkpoint_every={self.checkpoint_every}", "log_every=1",
+                "preemption_check_every=1", "eval_every=0", "transport.expect=any"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedFault:
+    kind: str
+    step: int
+    """It comes once the run has trained this step (or at once, if it is past it by then)."""
+    target: int
+    """The worker (by its place in the State API's list), node (1 or 2) or rank it hits."""
+    delay_s: float
+    """How long after the step it comes, for the faults that land at any moment."""
+    in_window: bool = False
+    """A head restart in the registration window of a checkpoint: every rank's part uploaded, the
+    head not yet told (a rank waits at the pause point `checkpoint-uploaded`), rather than at any
+    moment."""
+
+
+def plan_faults(settings: SoakSettings) -> list[PlannedFault]:
+    """Each kind once, in a random order, then random kinds; each in its own stretch of the steps
+    after warm-up (the last tenth left fault-free), at a random step of it."""
+    rng = random.Random(settings.seed)
+    kinds = rng.sample(FAULT_KINDS, len(FAULT_KINDS))[:settings.faults]
+    kinds += [rng.choice(FAULT_KINDS) for _ in range(settings.faults - len(kinds))]
+    first, last = settings.warmup_steps, int(settings.steps * 0.9)
+    width = (last - first) / settings.faults
+    planned = []
+    for index, kind in enumerate(kinds):
+        start = int(first + index * width)
+        step = rng.randint(start, max(start, int(first + (index + 1) * width) - 1))
+        target = rng.randint(1, 2) if kind == "node-drain" else rng.randint(0, 1)
+        planned.append(PlannedFault(kind=kind, step=step, target=target, delay_s=round(rng.uniform(0.0, 2.0), 2),
+                                    in_window=kind == "head-restart" and rng.random() < 0.5))
+    return planned
+
+
+class JobLogs:
+    """The run's job logs as Ray writes them on the head (job-driver-<submission id>.log in each
+    session's logs folder; a restarted head starts a new session, and the files of the old one
+    stay on this machine's disk), read as they grow. Each training attempt is known by its rank 0's
+    process (workloads.client.report.attempts)."""
+
+    def __init__(self, temp_dir: Path, run: str) -> None:
+        self.temp_dir, self.run = temp_dir, run
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, str] = {}
+        self.lines: list[str] = []
+        self.attempt_pids: list[int] = []
+        """Rank 0's process of each attempt that trained a step, in order."""
+        self.steps: dict[int, list[int]] = {}
+        """The steps each attempt (by its pid) logged, in order."""
+
+    def files(self) -> list[Path]:
+        found = self.temp_dir.glob(f"session_*/logs/job-driver-{self.run}-job*.log")
+        return sorted(found, key=lambda p: int(p.stem.rsplit("-job", 1)[1]))
+
+    def read(self) -> None:
+        for path in self.files():
+            with path.open("rb") as stream:
+                stream.seek(self.offsets.get(path, 0))
+                chunk = stream.read()
+            self.offsets[path] = self.offsets.get(path, 0) + len(chunk)
+            *complete, rest = (self.partial.get(path, "") + chunk.decode(errors="replace")).split("\n")
+            self.partial[path] = rest
+            for line in complete:
+                self._add(line)
+
+    def _add(self, line: str) -> None:
+        self.lines.append(line)
+        record = parse_train_line(line)
+        process = WORKER_PID.search(line)
+        if record is None or process is None:
+            return
+        pid = int(process.group(1))
+        if pid not in self.steps:
+            self.attempt_pids.append(pid)
+            self.steps[pid] = []
+        if int(record["step"]) not in self.steps[pid]:
+            self.steps[pid].append(int(record["step"]))
+
+    def latest_step(self) -> int:
+        return self.steps[self.attempt_pids[-1]][-1] if self.attempt_pids else 0
+
+    def last_trained(self, pid: int) -> int:
+        """The last step attempt `pid` logged, read from its rank 0's own output file on its node
+        (worker-<id>-<job>-<pid>.out in the session's logs), which keeps the lines that the head's
+        log monitor had not yet forwarded into the job log when a fault took the head down."""
+        found = [int(record["step"]) for path in self.temp_dir.glob(f"session_*/logs/worker-*-{pid}.out")
+                 for line in path.read_text(errors="replace").splitlines()
+                 if (record := parse_train_line(line)) is not None]
+        return max([*found, *self.steps.get(pid, [0])])
+
+    def records(self, prefix: str) -> list[dict]:
+        """The JSON records after `prefix` in the lines, once each (Ray forwards a worker line twice)."""
+        seen, found = set(), []
+        for line in self.lines:
+            record = parse_prefixed(line, prefix)
+            key = json.dumps(record, sort_keys=True)
+            if record is not None and key not in seen:
+                seen.add(key)
+                found.append(record)
+        return found
+
+
+@dataclass
+class FaultEvent:
+    kind: str
+    planned_step: int
+    target: int
+    step: int = 0
+    """The latest step the run had logged when the fault came."""
+    at_s: float = 0.0
+    """When it came, seconds from the start of the run."""
+    back_s: Optional[float] = None
+    """When what it took away was back (a service, a node, the head)."""
+    trained_again_s: Optional[float] = None
+    """When the run logged a step again after it."""
+    attempt_before: Optional[int] = None
+    """The attempt it hit (its rank 0's pid)."""
+    attempts_seen: int = 0
+    """How many attempts had trained a step when it came."""
+    attempt_after: Optional[int] = None
+    """The attempt that followed (None for an outage the run trained through)."""
+    trained_to: Optional[int] = None
+    """The last step the attempt it hit trained (JobLogs.last_trained), read once the next one trains."""
+    detail: str = ""
+
+
+class Soak:
+    """One soak on a running cluster, with its S3 server (bucket `bucket`) and MLflow server."""
+
+    def __init__(self, cluster: "LocalCluster", *, storage: "S3Server", bucket: str, tracker: "MlflowServer",
+                 plan: Path, out: Path, settings: SoakSettings, say: Callable[[str], None] = say) -> None:
+        self.cluster, self.storage, self.bucket, self.tracker = cluster, storage, bucket, tracker
+        self.plan, self.out, self.settings, self.say = plan, out, settings, say
+        self.logs = JobLogs(cluster.temp_dir, settings.run_name)
+        self.started = time.monotonic()
+        self.events: list[FaultEvent] = []
+        self.memory: list[dict] = []
+        self.storage_samples: list[dict] = []
+        self.seen: dict[tuple[int, int], Process] = {}
+        """Every process of the cluster sampled, by (pid, start time)."""
+        self.done = threading.Event()
+        self.s3 = storage.client()
+        self.record: dict = {}
+        self.last_step_s = 0.0
+        """When the job logs last showed a new step: training ended then."""
+        self.submitter: Optional[subprocess.Popen] = None
+        """The user's command, `python -m workloads submit`, while it runs."""
+        self.reference: dict[int, float] = {}
+        """The uninterrupted run's loss at each step, once `judge` had it."""
+        self.attempts_trained_s: list[float] = []
+        """When each attempt's first step showed in the job logs."""
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+    def _read(self) -> None:
+        """Read what the job logs say since the last read, and note when a new step showed."""
+        latest, attempts = self.logs.latest_step(), len(self.logs.attempt_pids)
+        self.logs.read()
+        if self.logs.latest_step() != latest:
+            self.last_step_s = self.now()
+        self.attempts_trained_s += [self.now()] * (len(self.logs.attempt_pids) - attempts)
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def submit_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "workloads", "submit", "--address", self.cluster.address,
+                "--storage-path", f"s3://{self.bucket}/{PREFIX}", "--offline",
+                "--run-name", self.settings.run_name, "--preset", "demo-cpu",
+                "--max-failures", str(4 * self.settings.faults), "--resubmits", str(self.settings.faults),
+                "--wait-nodes-s", f"{WAIT_NODES_S:g}", "--set", f"tracking.uri={self.tracker.uri}"]
+        return argv + [arg for override in self.settings.overrides() for arg in ("--set", override)]
+
+    def run(self) -> dict:
+        """Run the soak; its record (also DIR/summary.json without the samples)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        planned = plan_faults(self.settings)
+        self.say(f"seed {self.settings.seed}: {len(planned)} faults: "
+                 + ", ".join(f"{p.kind} at step {p.step}" for p in planned))
+        sampler = threading.Thread(target=self._sample, name="soak-sampler", daemon=True)
+        sampler.start()
+        env = {**os.environ, "RAY_AUTH_TOKEN": self.cluster.token}
+        with (self.out / "submit.txt").open("w") as output:
+            submitter = subprocess.Popen(self.submit_argv(), stdout=output, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL)
+            try:
+                self.submitter = submitter
+                for fault in planned:
+                    if not self._await_step(fault.step, submitter):
+                        self.say(f"the run ended before step {fault.step}: {fault.kind} not brought")
+                        break
+                    try:
+                        self._bring(fault, submitter)
+                    except RunEnded as ended:
+                        self.events.pop()
+                        self.say(f"{ended}: {fault.kind} not brought")
+                        break
+                while submitter.poll() is None:
+                    self._read()
+                    time.sleep(0.5)
+                exit_code = submitter.wait()
+            finally:
+                if submitter.poll() is None:
+                    submitter.kill()
+                    submitter.wait()
+                self.done.set()
+                sampler.join()
+        self._read()
+        self.say(f"submit exited {exit_code}")
+        left = self._job_processes_left()
+        job = [p for p in self.seen.values() if p.role in JOB_ROLES]
+        record = {"seed": self.settings.seed, "settings": asdict(self.settings), "exit_code": exit_code,
+                  "wall_s": self.now(), "trained_until_s": self.last_step_s,
+                  "attempts_trained_s": self.attempts_trained_s, "planned": [asdict(p) for p in planned],
+                  "faults": [asdict(e) for e in self.events],
+                  "processes_left": [asdict(p) for p in left], "shared_memory_left": shared_memory_left(job)}
+        (self.out / "job.log").write_text("\n".join(self.logs.lines) + "\n")
+        self.record = record
+        return record
+
+    def _await_step(self, step: int, submitter: subprocess.Popen) -> bool:
+        """Wait until the run has logged `step` or later; False when the run ended first."""
+        while submitter.poll() is None:
+            self._read()
+            if self.logs.latest_step() >= step:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _await_training(self, event: FaultEvent, submitter: subprocess.Popen, timeout_s: float = 900.0) -> None:
+        """Wait until the run is past the fault, not beyond the run's end: after a restart, a step of
+        the next attempt; after the tracker's outage, rank 0 saying that the tracker answers again;
+        after the storage's, a checkpoint stored since."""
+        deadline = time.monotonic() + timeout_s
+        lines = len(self.logs.lines)
+        after = self.logs.latest_step() + self.settings.checkpoint_every + 1
+        while time.monotonic() < deadline and submitter.poll() is None:
+            self._read()
+            if self._past(event, new_lines=self.logs.lines[lines:], after=after):
+                event.trained_again_s = self.now()
+                return
+            time.sleep(0.5)
+        self._read()
+        self._past(event, new_lines=self.logs.lines[lines:], after=after)  # the run ended meanwhile
+
+    def _past(self, event: FaultEvent, *, new_lines: list[str], after: int) -> bool:
+        if event.kind == "tracker-down":
+            return any(TRACKING_BACK in line for line in new_lines)
+        if event.kind == "storage-down":
+            return self.logs.latest_step() >= after
+        if len(self.logs.attempt_pids) > event.attempts_seen:
+            event.attempt_after = self.logs.attempt_pids[event.attempts_seen]
+            if event.attempt_before is not None:
+                event.trained_to = self.logs.last_trained(event.attempt_before)
+            return True
+        return False
+
+    # -- the faults ------------------------------------------------------------------------------
+
+    def _await_the_tracker(self, submitter: subprocess.Popen, timeout_s: float = 300.0) -> None:
+        """Wait until the tracker holds every step the run logged but the last two. Rank 0 keeps the
+        records the tracker has not taken in its memory: a fault that restarts it would take them
+        along (and with them the steps of an outage before its last checkpoint), which is a fault
+        on top of another; each fault of the soak comes on its own."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and submitter.poll() is None:
+            self._read()
+            tracked = tracked_losses(self.tracker.uri, run_name=self.settings.run_name)
+            if set(range(1, self.logs.latest_step() - 1)) <= tracked.keys():
+                return
+            time.sleep(1.0)
+
+    def _bring(self, fault: PlannedFault, submitter: subprocess.Popen) -> None:
+        if fault.kind not in OUTAGES:
+            self._await_the_tracker(submitter)
+        event = FaultEvent(kind=fault.kind, planned_step=fault.step, target=fault.target)
+        self.events.append(event)
+        if fault.kind == "save-interrupted":
+            self._interrupt_a_save(fault, event)
+        elif fault.kind == "storage-down":
+            self._pause_at_the_next_checkpoint(fault, point="after-report", rank=0, before=1, max_s=STORAGE_PAUSE_S)
+            self._mark(event)
+            self._storage_down(fault, event)
+        elif fault.in_window:
+            self._restart_the_head_in_the_window(fault, event)
+        else:
+            time.sleep(fault.delay_s if fault.kind in ("worker-kill", "head-restart") else 0.0)
+            self._read()
+            self._mark(event)
+            getattr(self, "_" + fault.kind.replace("-", "_"))(fault, event)
+        self.say(f"{fault.kind} after step {event.step} ({event.detail}); waiting for the run to train again")
+        self._await_training(event, submitter)
+        if event.trained_again_s is not None:
+            self.say(f"training again {event.trained_again_s - event.at_s:.1f} s after the {fault.kind}")
+
+    def _read_for(self, seconds: float, *, until: Callable[[], bool] = lambda: False) -> None:
+        """Wait `seconds` (or until `until()`), reading the job logs meanwhile: the progress lines
+        and the time of the last step come from them."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not until():
+            self._read()
+            time.sleep(0.5)
+
+    def _mark(self, event: FaultEvent) -> None:
+        """Where the run is as the fault comes."""
+        self._read()
+        event.step, event.at_s = self.logs.latest_step(), self.now()
+        event.attempt_before = self.logs.attempt_pids[-1] if self.logs.attempt_pids else None
+        event.attempts_seen = len(self.logs.attempt_pids)
+
+    def _worker_kill(self, fault: PlannedFault, event: FaultEvent) -> None:
+        pids = train_worker_pids(address=self.cluster.address, token=self.cluster.token)
+        victim = pids[fault.target % len(pids)]
+        os.kill(victim, signal.SIGKILL)
+        event.detail = f"SIGKILL to Ray Train worker pid {victim}"
+
+    def _node_drain(self, fault: PlannedFault, event: FaultEvent) -> None:
+        """SIGTERM to the node's `ray start`; once the node is gone and the job says that it waits
+        for it, the node is started again, as the node group's replacement joins."""
+        node = fault.target
+        seen = len(self.logs.lines)
+        gone = self.cluster.nodes.procs.pop(node)
+        gone.send_signal(signal.SIGTERM)  # the kubelet, on EKS's drain of a Spot node
+        self._read_for(self.settings.drain_timeout_s + 90, until=lambda: gone.poll() is not None)
+        if gone.poll() is None:
+            raise RuntimeError(f"worker node {node} did not stop within {self.settings.drain_timeout_s + 90:g} s of "
+                               "its SIGTERM")
+        gone_s = self.now()
+        deadline = time.monotonic() + 4 * WAIT_NODES_S
+        while not any(NODE_WAIT in line for line in self.logs.lines[seen:]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            self._read()
+        said_s = self.now()
+        self.cluster.nodes.start(node)
+        event.back_s = self.now()
+        event.detail = (f"SIGTERM to worker node {node}: gone after {gone_s - event.at_s:.1f} s, the job said it "
+                        f"waits for it {said_s - gone_s:.1f} s later, back {event.back_s - event.at_s:.1f} s after "
+                        "the SIGTERM")
+
+    def _head_restart(self, fault: PlannedFault, event: FaultEvent) -> None:
+        self.cluster.nodes.restart_head()
+        event.back_s = self.now()
+        event.detail = f"head and worker nodes killed and started again in {event.back_s - event.at_s:.1f} s"
+
+    def _tracker_down(self, fault: PlannedFault, event: FaultEvent) -> None:
+        self.tracker.kill()
+        self._read_for(self.settings.tracker_down_s)
+        self.tracker.start()
+        event.back_s = self.now()
+        event.detail = f"MLflow server down {event.back_s - event.at_s:.1f} s"
+
+    def _storage_down(self, fault: PlannedFault, event: FaultEvent) -> None:
+        self.storage.stop()  # rank 0 waits after the step before a checkpoint: the outage meets it
+        self._read_for(self.settings.storage_down_s)
+        self.storage.start()
+        event.back_s = self.now()
+        event.detail = f"S3 server down {event.back_s - event.at_s:.1f} s"
+
+    def _pause_at_the_next_checkpoint(self, fault: PlannedFault, *, point: str, rank: Optional[int] = None,
+                                      before: int = 0, max_s: float = 600.0) -> tuple[int, int]:
+        """Rank `rank` (default: the fault's target) pauses at `point` of a checkpoint's step at or
+        after the fault's step, or `before` steps before it, for at most `max_s`; (that step, the
+        paused process's pid) once it has. The job logs run behind the run: a step it passed
+        before the pause was planned is given up for the next checkpoint's."""
+        from workloads.launch.faults import Pause, read_plan
+
+        every = self.settings.checkpoint_every
+        deadline = time.monotonic() + 600
+        start = max(fault.step, self.logs.latest_step() + 2)
+        rank = fault.target if rank is None else rank
+        while time.monotonic() < deadline:
+            step = (start + before + every - 1) // every * every - before
+            pause = Pause(point=point, run=self.settings.run_name, step=step, rank=rank, max_s=max_s)
+            others = [p for p in read_plan(self.plan) if p != pause]
+            self.plan.write_text(json.dumps({"pauses": [asdict(p) for p in [*others, pause]]}))
+            marker = self.plan.parent / pause.marker_name()
+            while not marker.exists() and self.logs.latest_step() <= step and time.monotonic() < deadline:
+                if self.submitter is not None and self.submitter.poll() is not None:
+                    raise RunEnded(f"the run ended before rank {rank} paused at {point} of step {step}")
+                time.sleep(0.2)
+                self._read()
+            if marker.exists():
+                return step, json.loads(marker.read_text())["pid"]
+            # Passed: a restart that trains that step again must not pause there later.
+            self.plan.write_text(json.dumps({"pauses": [asdict(p) for p in others]}))
+            start = self.logs.latest_step() + every
+        raise RuntimeError(f"rank {rank} did not pause at {point} within 600 s")
+
+    def _interrupt_a_save(self, fault: PlannedFault, event: FaultEvent) -> None:
+        """Rank `target` pauses as it starts to upload its part of the next checkpoint, and is killed there."""
+        step, pid = self._pause_at_the_next_checkpoint(fault, point="checkpoint-upload")
+        time.sleep(fault.delay_s)  # the other rank's part goes on uploading meanwhile
+        self._mark(event)
+        os.kill(pid, signal.SIGKILL)
+        event.detail = f"rank {fault.target} SIGKILLed uploading its part of the step-{step} checkpoint (pid {pid})"
+
+    def _restart_the_head_in_the_window(self, fault: PlannedFault, event: FaultEvent) -> None:
+        """Rank `target` has uploaded its part of the next checkpoint and waits before it reports it;
+        once every part is in storage (complete, not registered), the head restarts."""
+        step, _ = self._pause_at_the_next_checkpoint(fault, point="checkpoint-uploaded")
+        deadline = time.monotonic() + 120
+        while not (complete := self._complete_unregistered()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the step-{step} checkpoint was not complete in storage within 120 s")
+            time.sleep(0.2)
+        self._mark(event)
+        self._head_restart(fault, event)
+        event.detail += f", with {complete[0]} (step {step}) complete in storage and not registered"
+
+    def _complete_unregistered(self) -> list[str]:
+        """The run's checkpoint folders that are complete in storage but not registered by Ray Train."""
+        import pyarrow.fs
+
+        from workloads.launch.checkpoints import SNAPSHOT_NAME, complete_step, registered_names, unregistered
+
+        filesystem = self.storage.filesystem()
+        run = f"{self.bucket}/{PREFIX}/{self.settings.run_name}"
+        listing = filesystem.get_file_info(pyarrow.fs.FileSelector(run, allow_not_found=True))
+        folders = [info.base_name for info in listing if info.type == pyarrow.fs.FileType.Directory]
+        snapshot = filesystem.get_file_info(f"{run}/{SNAPSHOT_NAME}")
+        text = None
+        if snapshot.type == pyarrow.fs.FileType.File:
+            with filesystem.open_input_stream(f"{run}/{SNAPSHOT_NAME}") as stream:
+                text = stream.read().decode()
+        registered = registered_names(text) or set()
+        return [name for name in unregistered(folders, registered) if complete_step(filesystem, f"{run}/{name}")]
+
+    # -- samples ---------------------------------------------------------------------------------
+
+    def _sample(self) -> None:
+        said_at = 0.0
+        while not self.done.is_set():
+            at = self.now()
+            processes = cluster_processes(self.cluster.nodes)
+            for process in processes:
+                self.seen[(process.pid, process.started)] = process
+                self.memory.append({"t": at, "pid": process.pid, "role": process.role, "rss_mib": process.rss_mib})
+            if self.storage.up:
+                try:
+                    prefix = f"{PREFIX}/{self.settings.run_name}/"
+                    objects = bucket_objects(self.s3, self.bucket, prefix)
+                    self.storage_samples.append({"t": at, **storage_figures(objects, prefix=prefix)})
+                except Exception:  # the server went down between the check and the call
+                    pass
+            if at - said_at >= self.settings.progress_every_s:
+                said_at = at
+                self.say(progress_line(at_s=at, step=self.logs.latest_step(), steps=self.settings.steps,
+                                       attempts=len(self.logs.attempt_pids), processes=processes,
+                                       storage=self.storage_samples[-1] if self.storage_samples else None))
+            self.done.wait(self.settings.sample_every_s)
+
+    def _job_processes_left(self, grace_s: float = 60.0) -> list[Process]:
+        """The job's processes (driver, controller, train workers) still alive `grace_s` after it ended."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            left = [p for p in cluster_processes(self.cluster.nodes) if p.role in JOB_ROLES]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(1.0)
+
+    def after_the_cluster(self) -> None:
+        """Once the cluster has stopped: add to the record any process of it, and any shared memory
+        they made or mapped, that is still there."""
+        seen = list(self.seen.values())
+        self.record["processes_left"] += [asdict(p) for p in seen if alive(p)]
+        self.record["shared_memory_left"] = sorted({*self.record["shared_memory_left"], *shared_memory_left(seen)})
+        self.record["cluster_stopped"] = True
+
+
+JOB_ROLES = ("driver", "controller", "train worker")
+
+
+def progress_line(*, at_s: float, step: int, steps: int, attempts: int, processes: list[Process],
+                  storage: Optional[dict]) -> str:
+    """One line of where the soak is: the step, the attempts so far, the resident memory summed
+    per role, the bucket."""
+    totals: dict[str, float] = {}
+    for process in processes:
+        totals[process.role] = totals.get(process.role, 0.0) + process.rss_mib
+    memory = ", ".join(f"{role} {totals[role]:.0f}" for role in ROLES if role in totals)
+    bucket = (f"{storage['bytes'] / 2**20:.1f} MiB in {storage['checkpoint_folders']} checkpoint folder(s)"
+              if storage else "not read yet")
+    return f"{at_s / 60:5.1f} min  step {step}/{steps}, attempt {attempts}; RSS MiB: {memory}; bucket {bucket}"
+
+
+def bucket_objects(client, bucket: str, prefix: str) -> list[dict]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [{"key": obj["Key"], "bytes": obj["Size"]} for page in pages for obj in page.get("Contents", [])]
+
+
+def storage_figures(objects: list[dict], *, prefix: str) -> dict:
+    """Bytes under the run's `prefix`, and in each checkpoint folder there."""
+    folders: dict[str, int] = {}
+    for obj in objects:
+        parts = obj["key"][len(prefix):].split("/")
+        if len(parts) == 2 and parts[0].startswith("checkpoint_"):
+            folders[parts[0]] = folders.get(parts[0], 0) + obj["bytes"]
+    return {"bytes": sum(obj["bytes"] for obj in objects), "checkpoint_folders": len(folders),
+            "checkpoint_bytes": sorted(folders.values())}
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+
+LOG_LAG_STEPS = 20
+"""How far behind the run the job log may be when a fault comes (Ray forwards worker lines in batches)."""
+
+
+def fault_rows(record: dict, logs: JobLogs, *, checkpoint_every: int) -> list[dict]:
+    """Each fault with what it cost and whether that was within its allowance: no restart and no
+    step lost through an outage; otherwise at most the steps since the last checkpoint (the newest
+    complete checkpoint in storage is resumed from), and for a drained node a checkpoint saved on
+    the notice too. The steps lost are those the attempt the fault hit trained beyond the step the
+    next attempt resumed from."""
+    notices = logs.records("[preemption] ")
+    rows = []
+    for event in record["faults"]:
+        row = {"kind": event["kind"], "step": event["step"], "at_s": event["at_s"],
+               "recovery_s": round(event["trained_again_s"] - event["at_s"], 1) if event["trained_again_s"] else None}
+        if event["kind"] in OUTAGES:
+            restarted = event["attempt_after"] is not None
+            row.update(resumed_from=None, lost=0, allowance="no restart, no step lost", within=not restarted)
+        else:
+            before = max([event.get("trained_to") or 0, *logs.steps.get(event["attempt_before"], [0])])
+            resumed = min(logs.steps[event["attempt_after"]]) - 1 if event["attempt_after"] else None
+            row.update(resumed_from=resumed, lost=None if resumed is None else before - resumed)
+            row["allowance"] = f"at most {checkpoint_every} (the checkpoint interval)"
+            row["within"] = resumed is not None and 0 <= before - resumed <= checkpoint_every
+            if "complete in storage and not registered" in event["detail"]:  # that checkpoint is resumed from
+                row["allowance"] = "none: the complete checkpoint the head never registered is resumed from"
+                row["within"] = resumed is not None and before == resumed
+            if event["kind"] == "node-drain":  # and the loop saved a checkpoint on the notice
+                notice = next((n for n in notices if n.get("event") == "checkpoint-on-notice"
+                               and n.get("step", 0) >= event["step"] - LOG_LAG_STEPS), None)
+                row["allowance"] += ", and a checkpoint on the notice"
+                row["notice_step"] = None if notice is None else notice["step"]
+                row["within"] = row["within"] and notice is not None
+        rows.append(row)
+    return rows
+
+
+def unplanned_restarts(record: dict, logs: JobLogs) -> list[int]:
+    """Attempts that no fault explains (rank 0's pids)."""
+    explained = {e["attempt_after"] for e in record["faults"]}
+    return [pid for pid in logs.attempt_pids[1:] if pid not in explained]
+
+
+def loss_gaps(losses: dict[int, float], reference: dict[int, float]) -> dict:
+    steps = sorted(reference)
+    gaps = {s: abs(losses[s] - reference[s]) / abs(reference[s]) for s in steps if s in losses}
+    return {"steps_compared": len(gaps), "missing_steps": [s for s in steps if s not in losses],
+            "max_relative_gap": max(gaps.values()) if gaps else None,
+            "within": bool(gaps) and len(gaps) == len(steps) and max(gaps.values()) <= REFERENCE_TOLERANCE}
+
+
+def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float,
+                  attempts_trained_s: list[float]) -> dict[str, dict]:
+    """Per role: the largest growth of a process's resident memory after its warm-up (from its
+    start; for a train worker, from the first of `attempts_trained_s`, when an attempt first
+    trained, after its start: a worker that never trained is not judged), while the run
+    trained (until `until_s`: the driver's work after training, its report to the tracker, is not
+    growth), among the processes that lived long enough beyond their warm-up to judge (`settings`):
+    the mean of its last three samples against the mean of its first three after warm-up. `longest`
+    is the judged process that lived longest: its pid, life, and those two means (start, end)."""
+    by_process: dict[tuple[str, int], list[dict]] = {}
+    for sample in samples:
+        if sample["t"] <= until_s:
+            by_process.setdefault((sample["role"], sample["pid"]), []).append(sample)
+    roles: dict[str, dict] = {}
+    for (role, pid), series in by_process.items():
+        entry = roles.setdefault(role, {"processes": 0, "judged": 0, "max_growth_mib": None, "pid": None,
+                                        "peak_rss_mib": 0.0, "longest": None})
+        entry["processes"] += 1
+        entry["peak_rss_mib"] = max(entry["peak_rss_mib"], max(s["rss_mib"] for s in series))
+        warm_from = series[0]["t"]
+        if role == "train worker":
+            warm_from = min((t for t in attempts_trained_s if t >= series[0]["t"]), default=float("inf"))
+        settled = [s for s in series if s["t"] >= warm_from + settings.memory_warmup_s]
+        if len(settled) < 6 or settled[-1]["t"] - settled[0]["t"] < settings.memory_judged_after_s:
+            continue
+        start, end = (sum(s["rss_mib"] for s in part) / 3 for part in (settled[:3], settled[-3:]))
+        growth = end - start
+        lived = series[-1]["t"] - series[0]["t"]
+        if entry["longest"] is None or lived > entry["longest"]["lived_s"]:
+            entry["longest"] = {"pid": pid, "lived_s": round(lived, 1), "start_mib": round(start, 1),
+                                "end_mib": round(end, 1)}
+        entry["judged"] += 1
+        if entry["max_growth_mib"] is None or growth > entry["max_growth_mib"]:
+            entry["max_growth_mib"], entry["pid"] = round(growth, 1), pid
+    for entry in roles.values():
+        entry["within"] = entry["max_growth_mib"] is None or entry["max_growth_mib"] <= settings.memory_growth_limit_mib
+    return roles
+
+
+def retention(samples: list[dict], *, keep: int) -> dict:
+    """The bucket's bytes stay bounded: at every sample at most `keep` checkpoints plus one being
+    written and one a skip or a killed save left (deleted at the next stored checkpoint or attempt),
+    each no bigger than the largest complete one, plus 1 MiB of Ray's and the loop's small files."""
+    if not samples:
+        return {"samples": 0, "within": False}
+    largest = max((max(s["checkpoint_bytes"]) for s in samples if s["checkpoint_bytes"]), default=0)
+    bound = (keep + 2) * largest + 2**20
+    most = max(s["bytes"] for s in samples)
+    return {"samples": len(samples), "max_bytes": most, "bound_bytes": bound, "checkpoint_bytes": largest,
+            "max_checkpoint_folders": max(s["checkpoint_folders"] for s in samples),
+            "final_checkpoint_folders": samples[-1]["checkpoint_folders"],
+            "within": most <= bound and max(s["checkpoint_folders"] for s in samples) <= keep + 2}
+
+
+def tracked_runs(uri: str, *, run_name: str) -> list:
+    """The MLflow runs of the run name (workloads.train.tracking tags each with it)."""
+    from mlflow import MlflowClient
+
+    from workloads.train.tracking import RUN_NAME_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(experiments, filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'")
+
+
+def tracked_losses(uri: str, *, run_name: str, run_id: str = "") -> dict[int, list[float]]:
+    """Every training loss the run's MLflow run holds, by step (a redone step is logged again)."""
+    from mlflow import MlflowClient
+
+    if not run_id:
+        runs = tracked_runs(uri, run_name=run_name)
+        if not runs:
+            return {}
+        run_id = runs[0].info.run_id
+    losses: dict[int, list[float]] = {}
+    for metric in MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train_loss"):
+        losses.setdefault(metric.step, []).append(metric.value)
+    return losses
+
+
+def mlflow_record(uri: str, *, run_name: str, losses: dict[int, float], steps: int) -> dict:
+    """The run's MLflow record: one run of that name, FINISHED, with every step's training loss, each
+    value logged (a redone step is logged again) equal to the step's loss."""
+    runs = tracked_runs(uri, run_name=run_name)
+    if len(runs) != 1:
+        return {"runs": len(runs), "within": False}
+    run = runs[0]
+    tracked = tracked_losses(uri, run_name=run_name, run_id=run.info.run_id)
+    wrong = sorted(step for step, values in tracked.items() if step in losses
+                   and any(abs(v - losses[step]) > REFERENCE_TOLERANCE * abs(losses[step]) for v in values))
+    missing = [s for s in range(1, steps + 1) if s not in tracked]
+    return {"runs": 1, "run_id": run.info.run_id, "status": run.info.status,
+            "values": sum(len(v) for v in tracked.values()), "steps_logged": len(tracked),
+            "missing_steps": missing, "steps_with_another_loss": wrong,
+            "within": run.info.status == "FINISHED" and not missing and not wrong}
+
+
+class Reference:
+    """The same run uninterrupted, through the torchrun adapter: the same loop on two gloo ranks
+    without Ray, each its own "node" (GROUP_RANK, as `torchrun --nnodes 2` sets it), so that the loop
+    plans the mesh the local cluster's two nodes get (HSDP, one rank per node) and reduces gradients
+    the same way. Started at once, in the background at `niceness` (a soak's waits leave CPU idle);
+    `losses()` waits for it and gives each step's loss."""
+
+    def __init__(self, settings: SoakSettings, *, out: Path, niceness: int = 0) -> None:
+        from workloads.client.cluster import free_port
+
+        self.out = out
+        argv = [sys.executable, "-m", "workloads.launch.torchrun", "--preset", "demo-cpu", "--out", str(out),
+                *(arg for override in [*settings.overrides(), "tracking.uri=off"] for arg in ("--set", override))]
+        port = free_port()
+        self.ranks = []
+        for rank in range(2):
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                   "GROUP_RANK": str(rank)}
+            with (out.parent / f"{out.name}-rank-{rank}.txt").open("w") as log:
+                self.ranks.append(subprocess.Popen(["nice", "-n", str(niceness), *argv], stdout=log,
+                                                   stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL))
+
+    def losses(self) -> dict[int, float]:
+        codes = [rank.wait() for rank in self.ranks]
+        if any(codes):
+            raise RuntimeError(f"the uninterrupted reference run failed (exit codes {codes}); see "
+                               f"{self.out.parent}/{self.out.name}-rank-*.txt")
+        reports = [json.loads(line)["metrics"] for line in
+                   (self.out / "metrics" / "rank-0.jsonl").read_text().splitlines() if line.strip()]
+        # The torchrun adapter keeps every checkpoint it writes (160 KiB each here; a 30-minute
+        # soak's reference writes hundreds): only the losses are wanted.
+        for folder in self.out.glob("checkpoint-*"):
+            shutil.rmtree(folder)
+        return {int(r["step"]): float(r["loss"]) for r in reports if "loss" in r}
+
+    def stop(self) -> None:
+        for rank in self.ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait()
+
+
+def judge(soak: Soak, *, reference: dict[int, float]) -> dict:
+    """The checks of a finished soak, added to its record; record["passed"] says whether all passed."""
+    record, settings, logs = soak.record, soak.settings, soak.logs
+    soak.reference = reference
+    losses = completed_losses(logs.lines)
+    rows = fault_rows(record, logs, checkpoint_every=settings.checkpoint_every)
+    memory = memory_growth(soak.memory, settings=settings, until_s=record["trained_until_s"],
+                           attempts_trained_s=record["attempts_trained_s"])
+    unplanned = unplanned_restarts(record, logs)
+    checks = {
+        "run_succeeded": {"exit_code": record["exit_code"], "within": record["exit_code"] == 0},
+        "every_fault_brought": {"brought": len(record["faults"]), "planned": settings.faults,
+                                "within": len(record["faults"]) == settings.faults},
+        "faults_within_allowance": {"beyond": [r for r in rows if not r["within"]],
+                                    "within": all(r["within"] for r in rows)},
+        "no_unplanned_restart": {"attempts": unplanned, "within": not unplanned},
+        "losses_match_uninterrupted": loss_gaps(losses, reference),
+        "memory": {"roles": memory, "within": all(r["within"] for r in memory.values())
+                   and all(memory.get(role, {}).get("judged") for role in ("driver", "head", "train worker"))},
+        "retention": retention(soak.storage_samples, keep=settings.keep_checkpoints),
+        "mlflow": mlflow_record(soak.tracker.uri, run_name=settings.run_name, losses=losses, steps=settings.steps),
+        "no_process_left": {"left": record["processes_left"], "within": not record["processes_left"]},
+        "no_shared_memory_left": {"left": record["shared_memory_left"], "within": not record["shared_memory_left"]},
+    }
+    record.update(fault_table=rows, checks=checks,
+                  skipped_checkpoints=len({line.split("[checkpoints] warning: ", 1)[1] for line in logs.lines
+                                           if "[checkpoints] warning: " in line}))
+    record["passed"] = all(check["within"] for check in checks.values())
+    return record
+
+
+def _failed_memory(check: dict) -> str:
+    parts = []
+    for role, entry in check["roles"].items():
+        if not entry["within"]:
+            parts.append(f"{role} pid {entry['pid']} grew {entry['max_growth_mib']} MiB after its warm-up")
+    for role in ("driver", "head", "train worker"):
+        if not check["roles"].get(role, {}).get("judged"):
+            parts.append(f"no {role} process lived long enough after its warm-up to be judged (a longer soak)")
+    return "; ".join(parts)
+
+
+def _failed_mlflow(check: dict) -> str:
+    if check["runs"] != 1:
+        return f"{check['runs']} MLflow runs of the run's name, not 1"
+    return (f"run {check['run_id']} {check['status']}, {len(check['missing_steps'])} step(s) without a loss (first: "
+            f"{check['missing_steps'][:5]}), {len(check['steps_with_another_loss'])} with another loss than the "
+            f"job logged (first: {check['steps_with_another_loss'][:5]})")
+
+
+FAILED = {
+    "run_succeeded": lambda c: f"`python -m workloads submit` exited {c['exit_code']}",
+    "every_fault_brought": lambda c: f"{c['brought']} of {c['planned']} faults brought: the run ended first",
+    "faults_within_allowance": lambda c: "; ".join(
+        f"{r['kind']} after step {r['step']} lost {r['lost']} step(s), resumed from {r['resumed_from']} "
+        f"(allowance: {r['allowance']})" for r in c["beyond"]),
+    "no_unplanned_restart": lambda c: f"attempts no fault explains (rank 0 pids): {c['attempts']}",
+    "losses_match_uninterrupted": lambda c: (
+        f"{len(c['missing_steps'])} step(s) never completed (first: {c['missing_steps'][:5]}), largest relative gap "
+        f"{c['max_relative_gap']} against the uninterrupted run (allowed: {REFERENCE_TOLERANCE})"),
+    "memory": _failed_memory,
+    "retention": lambda c: ("no sample of the bucket" if not c["samples"] else
+                            f"up to {c['max_bytes']} bytes in {c['max_checkpoint_folders']} checkpoint folders, "
+                            f"bound {c['bound_bytes']} bytes"),
+    "mlflow": _failed_mlflow,
+    "no_process_left": lambda c: "still running: " + ", ".join(f"{p['role']} pid {p['pid']}" for p in c["left"]),
+    "no_shared_memory_left": lambda c: "left: " + ", ".join(c["left"]),
+}
+"""One line per failed check, saying what failed."""
+
+
+def failed_lines(checks: dict[str, dict]) -> list[str]:
+    """`FAILED <check>: <what>` for each check that did not hold."""
+    return [f"FAILED {name}: {FAILED[name](check)}" for name, check in checks.items() if not check["within"]]
+
+
+def plot(soak: Soak, *, path: Path) -> None:
+    """The loss by step with each fault marked, and each role's resident memory over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record, reference = soak.record, soak.reference
+    losses = completed_losses(soak.logs.lines)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), gridspec_kw={"height_ratios": [3, 2]})
+    top.plot(sorted(losses), [losses[s] for s in sorted(losses)], label="soak (each step as completed)", lw=1)
+    top.plot(sorted(reference), [reference[s] for s in sorted(reference)], "--", label="uninterrupted", lw=1)
+    colors = dict(zip(FAULT_KINDS, plt.rcParams["axes.prop_cycle"].by_key()["color"][2:]))
+    for row in record["fault_table"]:
+        top.axvline(row["step"], color=colors[row["kind"]], lw=1, alpha=0.8)
+        top.annotate(row["kind"], (row["step"], 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                     va="top", ha="right", fontsize=8, color=colors[row["kind"]])
+    top.set(xlabel="step", ylabel="training loss", title=f"soak: {len(record['fault_table'])} faults, seed "
+            f"{record['seed']}, {record['wall_s'] / 60:.0f} min")
+    top.legend(loc="center right")
+    totals: dict[str, dict[float, float]] = {}
+    for sample in soak.memory:
+        totals.setdefault(sample["role"], {}).setdefault(sample["t"], 0.0)
+        totals[sample["role"]][sample["t"]] += sample["rss_mib"]
+    for role, series in sorted(totals.items()):
+        bottom.plot([t / 60 for t in series], list(series.values()), label=role, lw=1)
+    for row in record["fault_table"]:
+        bottom.axvline(row["at_s"] / 60, color=colors[row["kind"]], lw=1, alpha=0.6)
+    bottom.set(xlabel="minutes", ylabel="resident memory, MiB (sum per role)")
+    bottom.legend(loc="upper left", fontsize=8, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workloads.bench.soak",
+                                     description=__doc__.split(": `", 1)[0] + ".")
+    parser.add_argument("--minutes", type=float, required=True,
+                        help="about how long the run trains: sets --steps and --faults (a fault every 3 minutes)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the record's folder: summary.json, soak.png, the samples, the job log")
+    parser.add_argument("--seed", type=int, help="default: a random one (printed)")
+    parser.add_argument("--steps", type=int, help=f"override the steps (default: {STEPS_PER_MINUTE} a minute)")
+    parser.add_argument("--faults", type=int,
+                        help="override the number of faults (default: one every 3 minutes and at least 6, so that "
+                        "each kind comes; fewer bring the first kinds of the seeded order)")
+    parser.add_argument("--outage-s", type=float, default=60.0, help="how long the tracker and the storage are down")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    try:
+        settings = SoakSettings(steps=args.steps or int(args.minutes * STEPS_PER_MINUTE),
+                                faults=args.faults or max(len(FAULT_KINDS), round(args.minutes / 3)), seed=seed,
+                                tracker_down_s=args.outage_s, storage_down_s=args.outage_s)
+    except ValueError as exc:
+        parser.error(str(exc))
+    # SIGTERM ends the soak as Ctrl-C does: through the cleanup that stops the cluster and the servers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    return soak_on_a_local_cluster(settings, out=args.out.resolve())
+
+
+STEPS_PER_MINUTE = 200
+"""How many steps of the soak's run a minute holds on the 2-core machine of docs/RELIABILITY.md, faults
+and their recovery included."""
+
+
+def soak_on_a_local_cluster(settings: SoakSettings, *, out: Path) -> int:
+    """Start the services and the cluster, run the soak, stop them, check and record."""
+    from workloads.bench.services import UNSET_FOR_S3, MlflowServer, S3Server, s3_environment
+    from workloads.client.cluster import free_port
+    from workloads.client.local import LocalClusterSpec, local_ray_cluster
+    from workloads.launch.faults import PAUSE_PLAN_ENV
+
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"seed {settings.seed} (python -m workloads.bench.soak ... --seed {settings.seed} brings the same faults)")
+    storage = S3Server(port=free_port())
+    storage.start()
+    for name in UNSET_FOR_S3:
+        os.environ.pop(name, None)
+    plan = out / "pause-plan.json"
+    plan.unlink(missing_ok=True)
+    os.environ.update({**s3_environment(storage.endpoint), **CLUSTER_ENV, **POLL_ENV, PAUSE_PLAN_ENV: str(plan),
+                       "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": f"{settings.drain_timeout_s:g}"})
+    storage.client().create_bucket(Bucket=BUCKET)
+    tracker = MlflowServer(root=out / "mlflow", port=free_port())
+    tracker.start()
+    try:
+        with local_ray_cluster(LocalClusterSpec(nodes=2, cpus_per_node=1), log_dir=out / "ray", say=say) as cluster:
+            soak = Soak(cluster, storage=storage, bucket=BUCKET, tracker=tracker, plan=plan, out=out,
+                        settings=settings)
+            soak.run()
+        time.sleep(5)  # the last `ray start` processes reap their children
+        soak.after_the_cluster()
+        say("the uninterrupted reference run")
+        record = judge(soak, reference=Reference(settings, out=out / "reference").losses())
+    finally:
+        tracker.kill()
+        storage.stop()
+    write_record(soak, out=out)
+    for line in failed_lines(record["checks"]):
+        print(line, flush=True)
+    passed = [name for name, check in record["checks"].items() if check["within"]]
+    say(f"{len(passed)} of {len(record['checks'])} checks passed ({', '.join(passed)}); record in {out}")
+    return 0 if record["passed"] else 1
+
+
+def write_record(soak: Soak, *, out: Path) -> None:
+    """summary.json (the record), memory.json and storage.json (the samples), soak.png."""
+    plot(soak, path=out / "soak.png")
+    (out / "memory.json").write_text(json.dumps(soak.memory) + "\n")
+    (out / "storage.json").write_text(json.dumps(soak.storage_samples) + "\n")
+    (out / "summary.json").write_text(json.dumps(soak.record, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
