@@ -193,6 +193,46 @@ def test_the_demo_without_overrides_makes_its_model_and_chats(tmp_path):
     assert demo.plan_demo_inputs(tmp_path, preset_name="qwen2.5-1.5b", overrides=[]).fields == frozenset()
 
 
+# --- a worker node whose raylet missed Ray's registration wait is started once more ----------------
+
+_RAY_START = """
+import pathlib, sys, time
+tries = pathlib.Path(sys.argv[1])
+tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+if len(tries.read_text()) <= int(sys.argv[2]):
+    print("Exception: " + sys.argv[3], flush=True)
+    sys.exit(1)
+print("Ray runtime started.", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("index, failures, error, starts", [
+    (1, 1, local.REGISTRATION_TIMEOUT_MARK, 2),  # a worker node: once more, then it is up
+    (1, 2, local.REGISTRATION_TIMEOUT_MARK, None),  # not a third time
+    (0, 1, local.REGISTRATION_TIMEOUT_MARK, None),  # the head: never again
+    (1, 1, "some other failure", None),  # another failure: never again
+])
+def test_a_worker_node_that_missed_rays_registration_wait_is_started_once_more(tmp_path, monkeypatch, index,
+                                                                                failures, error, starts):
+    tries = tmp_path / "tries"
+    monkeypatch.setattr(local, "_node_argv", lambda **kw: [sys.executable, "-c", _RAY_START, str(tries),
+                                                           str(failures), error])
+    monkeypatch.setattr(local, "_wait_http", lambda *a, **kw: None)
+    nodes = local.LocalNodes(local.LocalClusterSpec(nodes=1, start_timeout_s=20), token="t", log_dir=tmp_path,
+                             temp_dir=tmp_path)
+    try:
+        if starts is None:
+            with pytest.raises(RuntimeError, match=f"exited with 1 while starting:\n.*{error}"):
+                nodes.start(index)
+        else:
+            nodes.start(index)
+            assert nodes.procs[index].poll() is None
+        assert len(tries.read_text()) == (starts or min(failures, 1 if index == 0 or "other" in error else 2))
+    finally:
+        nodes.stop_all()
+
+
 # --- the local cluster's start is told node by node ------------------------------------------------
 
 

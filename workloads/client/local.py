@@ -47,6 +47,10 @@ from workloads.client.report import (clean_log, eval_warnings, format_summary, l
                                      write_report)
 
 STARTED_MARK = "Ray runtime started"
+REGISTRATION_TIMEOUT_MARK = "The current node timed out during startup"
+"""`ray start`'s error when its raylet has not registered with the GCS 30 s after it started: a
+fixed wait in Ray 2.58 (ray/_private/node.py), which a worker node can miss on a loaded machine
+(seen with the head itself taking 34 s to start). Such a node is started once more."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,13 +203,21 @@ class LocalNodes:
                           gpus=0 if head else self.spec.gpus_per_node) + (self.head_args if head else [])
         extra = self.head_env if head else (self.spec.worker_env[index - 1] if self.spec.worker_env else None)
         log = self.log(index)
-        offset = len(log.read_text(errors="replace")) if log.exists() else 0
-        with log.open("a") as out:
-            self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
-                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 start_new_session=True)
-        _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
-                      what="the Ray head" if head else f"Ray node {index}")
+        for attempt in (1, 2):
+            offset = len(log.read_text(errors="replace")) if log.exists() else 0
+            with log.open("a") as out:
+                self.procs[index] = subprocess.Popen(argv, env=_node_env(self.token, extra), stdout=out,
+                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                     start_new_session=True)
+            try:
+                _wait_started(self.procs[index], log, timeout_s=self.spec.start_timeout_s, offset=offset,
+                              what="the Ray head" if head else f"Ray node {index}")
+                break
+            except RuntimeError as error:
+                # The head's ports and session are the cluster's own: a head that fails fails the start.
+                if head or attempt == 2 or REGISTRATION_TIMEOUT_MARK not in str(error):
+                    raise
+                self.kill(index)  # its raylet may still be starting
         if head:
             _wait_http(f"http://127.0.0.1:{self.dashboard_port}/api/version", timeout_s=self.spec.start_timeout_s)
             # Jobs go through the head's job agent, which comes up after the dashboard (the submission
