@@ -50,6 +50,11 @@ def time_ms(fn: Callable[[], object], *, repeats: int = 10, warmup: int = 3) -> 
     return round(sorted(times)[len(times) // 2], 3)
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest absolute difference over the reference's largest magnitude."""
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
 def packed_positions(*, seed: int = 0) -> torch.Tensor:
     """[ROWS, SEQ] position ids of generated chats packed best-fit, as the loop packs them."""
     lengths = [min(n - 1, SEQ) for n in conversation_lengths(ROWS * 4, seed=seed)]
@@ -97,12 +102,9 @@ def attention_figures(device: torch.device) -> dict:
         for i, t in enumerate((rq, rk, rv)):
             ref_grads[i].append(t.grad)
 
-    def rel(got: torch.Tensor, want: torch.Tensor) -> float:
-        return float((got.float() - want).abs().max() / want.abs().max())
-
-    errors = {"output": rel(fast_out, torch.cat(ref_out))}
+    errors = {"output": relative_error(fast_out, torch.cat(ref_out))}
     for name, got, want in zip(("grad_q", "grad_k", "grad_v"), fast_grads, ref_grads):
-        errors[name] = rel(got, torch.cat(want))
+        errors[name] = relative_error(got, torch.cat(want))
     sequences = cu.numel() - 1
     return {
         "varlen_kernel": VARLEN_ATTN is not None,
@@ -166,8 +168,8 @@ def liger_errors(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
 
     got = loss_and_grads(liger, hidden, weight)
     want = loss_and_grads(LinearCrossEntropy(implementation="plain"), hidden.float(), weight.float())
-    rel = lambda a, b: round(float((a - b).abs().max() / b.abs().max()), 6)  # noqa: E731
-    return {name: rel(a, b) for name, a, b in zip(("loss", "grad_hidden", "grad_weight"), got, want)}
+    names = ("loss", "grad_hidden", "grad_weight")
+    return {name: round(relative_error(a, b), 6) for name, a, b in zip(names, got, want)}
 
 
 def main(argv: list[str] | None = None) -> int:
