@@ -21,6 +21,7 @@ from infra.scale_to_zero import SAFE_TO_EVICT_ANNOTATION, enabled as scales_to_z
 from infra.sizing import HUGEPAGES_RESOURCE, head_pod_size, worker_pod_size
 from infra.spot import worker_shutdown
 from workloads.launch.credentials import CREDENTIALS_DIR, CREDENTIALS_SECRET
+from workloads.launch.task_history import TASK_HISTORY_ENV
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NODE_NAME_ENV, node_network_env
 
 RAY_CLUSTER_NAME = "ray-train"
@@ -155,6 +156,8 @@ def _head_template(cfg: StackConfig) -> dict[str, Any]:
                     # The DLC image sets NVIDIA_VISIBLE_DEVICES=all; the head has no GPU.
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
                     region_env(cfg),
+                    # The GCS's task history bounded, so that a run of days does not grow the head.
+                    *({"name": name, "value": value} for name, value in TASK_HISTORY_ENV.items()),
                 ],
                 "ports": [
                     {"name": "gcs-server", "containerPort": GCS_PORT},

@@ -19,6 +19,7 @@ from infra.config import StackConfig
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES
 from infra.raycluster import auth_secret_name, build_raycluster, head_service_name
 from infra.sizing import max_huge_pages_mib, node_allocatable, worker_pod_size
+from workloads.launch.task_history import TASK_HISTORY_ENV
 from workloads.transport.gate import EFA_TRANSPORT_ENV, NodeNetwork
 
 BASE = StackConfig(region="eu-west-1", gpu_availability_zone="eu-west-1b",
@@ -126,6 +127,8 @@ def test_head_has_no_gpu_runs_on_the_system_node_behind_clusterip_with_token_aut
     # Neither GPUs nor CPUs for tasks: no training worker can land on the head.
     assert head["rayStartParams"]["num-gpus"] == "0" and head["rayStartParams"]["num-cpus"] == "0"
     assert _env(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # The GCS's task history bounded (workloads/launch/task_history.py), on the head, where the GCS runs.
+    assert TASK_HISTORY_ENV.items() <= _env(container).items()
     assert head["template"]["spec"]["nodeSelector"] == {"role": "system"}
     assert head["serviceType"] == "ClusterIP"
     assert m["spec"]["authOptions"] == {"mode": "token"}

@@ -348,6 +348,25 @@ def test_a_lost_connection_exits_4_with_how_to_reattach(monkeypatch, capsys):
     assert "python -m workloads logs --follow raysubmit_9 --address http://127.0.0.1:1" in out
 
 
+
+@pytest.mark.parametrize("min_nodes, max_failures, warned", [("1", "0", True), ("1", "1", False), ("0", "0", False)])
+def test_an_elastic_run_without_retries_is_warned_about_before_it_is_submitted(min_nodes, max_failures, warned,
+                                                                              monkeypatch, capsys):
+    requests = []
+
+    def submitted(conn, request, *, console, on_submitted):
+        requests.append(request)
+        on_submitted("raysubmit_1")
+        raise submit.FollowLostError("stopped here: the test needs the request only")
+
+    monkeypatch.setattr(submit, "submit_and_follow", submitted)
+    submit.main("submit", ["--address", "http://127.0.0.1:1", "--storage-path", "/tmp/x", "--preset", "demo-cpu",
+                           "--min-nodes", min_nodes, "--max-failures", max_failures])
+    out = " ".join(capsys.readouterr().out.split())
+    assert (submit.ELASTIC_WITHOUT_RETRIES in out) is warned
+    # A warning, not a refusal: the run is submitted as asked.
+    assert [(r.min_nodes, r.max_failures) for r in requests] == [(int(min_nodes), int(max_failures))]
+
 def test_the_driver_is_told_how_many_gpus_to_wait_for_and_offline_installs_nothing(tmp_path):
     sub = submit.build_submission(train={}, run_name="r", storage_path="s3://b/p", max_failures=1,
                                   working_dir=str(tmp_path), expect="efa", gpus=8, install=False)

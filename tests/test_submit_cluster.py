@@ -23,6 +23,7 @@ from test_data_jsonl import write_corpus
 from workloads.client import submit
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.launch.ray_train import SCRATCH_ROOT
+from workloads.launch.task_history import TASK_HISTORY_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -231,6 +232,17 @@ def test_a_wrong_token_is_refused(ray_cluster, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "refused the Ray token: Authentication failed" in err and err.count("\n") == 1
 
+
+
+def test_the_heads_gcs_runs_with_the_bounded_task_history(ray_cluster):
+    # The caps reach the process that keeps the task events (workloads/launch/task_history.py):
+    # the head's GCS server, started by `ray start --head` with the node's environment.
+    gcs = [pid for pid in ray_cluster.nodes.pids(0)
+           if "gcs_server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")]
+    assert len(gcs) == 1, gcs
+    environ = dict(entry.split("=", 1) for entry in
+                   Path(f"/proc/{gcs[0]}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in entry)
+    assert {name: environ.get(name) for name in TASK_HISTORY_ENV} == TASK_HISTORY_ENV
 
 # --- the stack path -----------------------------------------------------------------------------
 

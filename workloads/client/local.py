@@ -45,6 +45,7 @@ from workloads.client.overrides import user_overrides
 from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
                                      write_report)
+from workloads.launch.task_history import TASK_HISTORY_ENV
 
 STARTED_MARK = "Ray runtime started"
 REGISTRATION_TIMEOUT_MARK = "The current node timed out during startup"
@@ -127,6 +128,8 @@ LOCAL_NODE_ENV = {
     # worker node (Ray binds a node's servers to loopback only for 127.0.0.1 itself, and the worker
     # nodes have 127.0.0.2 and up); nothing of the demo reads Ray's metrics.
     "RAY_enable_metrics_collection": "0",
+    # The head's task history bounded as on EKS (infra/raycluster.py).
+    **TASK_HISTORY_ENV,
 }
 """The environment every local node runs with, besides the token (docs/SECURITY.md lists what still
 listens beyond loopback, and why)."""

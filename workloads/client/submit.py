@@ -92,6 +92,11 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
 TOKEN_ON_COMMAND_LINE = ("--token puts the Ray token where every user of this machine sees it (ps) and in your shell "
                          "history: set RAY_AUTH_TOKEN or use --token-file FILE")
 
+ELASTIC_WITHOUT_RETRIES = (
+    "--min-nodes with --max-failures 0: the run ends at the first node lost without notice, and Ray Train "
+    "charges a Spot node's drain to --max-failures when it sees its worker's failed health check before the "
+    "drain (docs/RELIABILITY.md section 2b): keep --max-failures at 1 or more for an elastic run")
+
 
 def _connect(args: argparse.Namespace):
     """The cluster the options name, with the Ray token from --token-file or RAY_AUTH_TOKEN (a
@@ -249,6 +254,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--wait-gpus-s must be > 0, got {args.wait_gpus_s:g}")
     if args.resubmits < 0:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
+    if args.min_nodes > 0 and args.max_failures == 0:
+        console.print(f"[bold yellow]warning[/] {ELASTIC_WITHOUT_RETRIES}", highlight=False)
     with _connect(args) as conn:
         preset_name = planned_preset if target is not None else (
             args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
