@@ -94,6 +94,10 @@ def test_generated_chats_run_beside_synthetic_tokens_and_count_only_example_toke
     rates = [f["tokens_per_s_per_gpu"] for f in written["figures"]]
     assert ratio == pytest.approx(rates[2] / rates[1])
     assert written["chats"]["answer_share"] > 0.7 and any("generated chats" in line for line in lines)
+    # Each run says when each of its first steps was queued, so a run that stalls shows where.
+    progress = [line.split(" queued ")[0] for line in lines if " queued " in line]
+    assert progress == [f"[bench] {name} step {step}" for name in ("reference", "tuned", "tuned-chats")
+                        for step in (1, 2, 3)]
 
 
 def test_chats_alone_on_a_hub_preset_with_another_model(one_rank, tmp_path):

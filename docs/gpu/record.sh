@@ -149,8 +149,10 @@ peers)
   # The padded Trainer runs out of memory at micro-batch 16 here (2026-12-04); one micro-step per step.
   run torchrun --nproc-per-node 1 -m workloads.bench --preset qwen2.5-1.5b-synthetic --data chats --micro-batches 16 \
       --strategies tuned,hf-trainer --steps 30 --warmup 5 --out "$out/peers-1.5b" "$@" 2>&1 | tee "$out/peers-1.5b.txt"
+  # The padded Trainer before the padding-free one: on 2026-12-04 the padding-free Trainer + peft gave no 7B
+  # step in 7.5 minutes, and bench.json keeps each run as it ends (the [bench] step lines show where a run is).
   run torchrun --nproc-per-node 1 -m workloads.bench --preset qwen2.5-7b-lora-24gb --data chats --micro-batches 8 \
-      --strategies tuned,hf-trainer,hf-trainer-padded --steps 12 --warmup 4 --matmul-size 0 \
+      --strategies tuned,hf-trainer-padded,hf-trainer --steps 12 --warmup 4 --matmul-size 0 \
       --set model.name_or_path=qwen2.5-7b --set model.activation_checkpointing=false --set rows_per_step=0 \
       --set grad_accum_steps=1 --set peak_flops=989e12 --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
   ;;

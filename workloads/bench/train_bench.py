@@ -20,6 +20,7 @@ import os
 import platform
 import statistics
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -150,6 +151,10 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+PROGRESS_FIRST_STEPS, PROGRESS_EVERY = 3, 10
+"""run_job's progress lines: after each of the first steps, then every tenth."""
+
+
 def run_job(
     name: str,
     strategy: Strategy,
@@ -159,11 +164,15 @@ def run_job(
     ctx: TrainContext,
     profile_steps: Optional[tuple[int, int]] = None,
     profile_out: Optional[Path] = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> RunResult:
-    """One strategy at one micro-batch; an out-of-memory on any rank makes it an OOM result."""
+    """One strategy at one micro-batch; an out-of-memory on any rank makes it an OOM result. `say`
+    gets a line at the end of the first steps and of every tenth one, on the host's clock from the
+    run's start: a peer that compiles or stalls shows where, even if the run never ends."""
     release_memory(runtime.device)
     dist.barrier()
     clock = StepClock(device=runtime.device)
+    started = time.perf_counter()
     counter = itertools.count(1)
     profiler = None
     if profile_steps is not None:
@@ -175,6 +184,8 @@ def run_job(
     def after_step(optimizer, args, kwargs) -> None:
         step = next(counter)
         clock.mark(step)
+        if step <= PROGRESS_FIRST_STEPS or step % PROGRESS_EVERY == 0:
+            say(f"[bench] {name} step {step} queued {time.perf_counter() - started:.1f} s after the run began")
         if profiler is not None:
             profiler.after_step(step)
 
@@ -362,7 +373,7 @@ def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: B
     """One run, with a line before and one after it."""
     micro_batch = cfg.micro_batch
     say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
-    run = run_job(name, strategy, cfg, runtime=runtime, ctx=ctx,
+    run = run_job(name, strategy, cfg, runtime=runtime, ctx=ctx, say=say,
                   profile_steps=settings.profile_steps, profile_out=settings.out if runtime.rank == 0 else None)
     if run.status == OK:
         figures = run_figures(run, warmup=settings.warmup, flops_per_token=document.flops,
