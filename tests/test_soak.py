@@ -1,4 +1,4 @@
-"""The soak's plan and its checks as data (workloads/bench/soak.py): the seeded faults, the job logs
+"""The soak's plan and its checks as data (workloads/bench/soak.py, soak_checks.py): the seeded faults, the job logs
 read as they grow across restarted heads, what each fault cost against its allowance, memory growth,
 the bucket's bound and the loss comparison. The soak itself runs in tests/test_cluster_faults.py."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from workloads.bench.cluster_processes import Process, role_of
-from workloads.bench.soak import (FAILED, FAULT_KINDS, JobLogs, SoakSettings, failed_lines, fault_rows, loss_gaps,
-                                  memory_growth, plan_faults, progress_line, retention, storage_figures)
+from workloads.bench.soak import FAULT_KINDS, JobLogs, SoakSettings, plan_faults, progress_line, storage_figures
+from workloads.bench.soak_checks import FAILED, failed_lines, fault_rows, loss_gaps, memory_growth, retention
 
 SETTINGS = SoakSettings(steps=1000, faults=9, seed=5)
 
