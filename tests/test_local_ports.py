@@ -1,10 +1,13 @@
 """The local cluster's ports: every `ray start` gets one distinct port per component, also where
 the kernel hands a just-freed port out again (which is what it does; a node once failed to start
 in a full test run with "metrics_export is trying to use a port number 41929 that is used by other
-components", the same port as its dashboard agent's gRPC one)."""
+components", the same port as its dashboard agent's gRPC one), and none from the kernel's ephemeral
+range, which it hands out by itself (a worker node's runtime-env agent once failed with "Address
+already in use" in a full test run: its port, chosen free, was taken before the agent bound it)."""
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +16,16 @@ import pytest
 
 from workloads.client import cluster, local
 
+FLOOR = 32768
+"""The model kernel's ephemeral range starts here (Linux's default)."""
+
 
 class _Kernel:
-    """Hands out the lowest port not held by an open socket, as a kernel may for ephemeral ports."""
+    """Ports held by open sockets, and ports some other process listens on."""
 
-    def __init__(self) -> None:
+    def __init__(self, taken: set[int] = frozenset()) -> None:
         self.held: set[int] = set()
+        self.taken = set(taken)
 
     def socket(self) -> "_Socket":
         return _Socket(self)
@@ -29,12 +36,12 @@ class _Socket:
         self.kernel, self.port = kernel, None
 
     def bind(self, address: tuple[str, int]) -> None:
-        assert address == ("127.0.0.1", 0)
-        self.port = min(set(range(40000, 40100)) - self.kernel.held)
-        self.kernel.held.add(self.port)
-
-    def getsockname(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.port)
+        host, port = address
+        assert host == "" and cluster.PORT_FLOOR <= port  # every interface, a port named
+        if port in self.kernel.held or port in self.kernel.taken:
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        self.port = port
+        self.kernel.held.add(port)
 
     def close(self) -> None:
         self.kernel.held.discard(self.port)
@@ -50,14 +57,37 @@ class _Socket:
 def kernel(monkeypatch) -> _Kernel:
     kernel = _Kernel()
     monkeypatch.setattr(cluster, "socket", SimpleNamespace(socket=kernel.socket))
+    monkeypatch.setattr(cluster, "ephemeral_floor", lambda: FLOOR)
     return kernel
 
 
-def test_ports_asked_for_one_by_one_can_repeat_and_ports_asked_for_together_cannot(kernel):
-    assert cluster.free_port() == cluster.free_port()  # the hazard, as the model of the kernel has it
-    ports = cluster.free_ports(5)
-    assert len(set(ports)) == 5 and not kernel.held  # all released once chosen
-    assert 40000 not in cluster.free_ports(3, besides=(40000,))
+def test_ports_are_distinct_free_below_the_ephemeral_range_and_released_once_chosen(kernel):
+    kernel.taken = set(range(cluster.PORT_FLOOR, FLOOR, 2))  # every other port listened on elsewhere
+    ports = cluster.free_ports(50, besides=(cluster.PORT_FLOOR + 1,))
+    assert len(set(ports)) == 50 and not kernel.held
+    assert all(cluster.PORT_FLOOR <= p < FLOOR and p not in kernel.taken for p in ports)
+    assert cluster.PORT_FLOOR + 1 not in ports
+
+
+def test_a_range_too_full_is_an_error_that_says_so(kernel):
+    kernel.taken = set(range(cluster.PORT_FLOOR, FLOOR - 3))
+    assert sorted(cluster.free_ports(3)) == [FLOOR - 3, FLOOR - 2, FLOOR - 1]
+    range_ = f"{cluster.PORT_FLOOR}-{FLOOR - 1}"
+    with pytest.raises(RuntimeError, match=f"only 3 of the 4 ports asked for are free in {range_}"):
+        cluster.free_ports(4)
+
+
+def test_where_the_ephemeral_range_starts_low_any_port_above_the_floor_will_do(kernel, monkeypatch):
+    monkeypatch.setattr(cluster, "ephemeral_floor", lambda: 1024)
+    assert all(cluster.PORT_FLOOR <= p < 65536 for p in cluster.free_ports(20))
+
+
+def test_the_ephemeral_range_is_the_kernels(tmp_path, monkeypatch):
+    monkeypatch.setattr(cluster, "EPHEMERAL_RANGE", tmp_path / "ip_local_port_range")
+    (tmp_path / "ip_local_port_range").write_text("40000\t60999\n")
+    assert cluster.ephemeral_floor() == 40000
+    (tmp_path / "ip_local_port_range").unlink()  # not Linux
+    assert cluster.ephemeral_floor() == 32768
 
 
 @pytest.mark.parametrize("index", [0, 1])

@@ -16,6 +16,7 @@ import ipaddress
 import json
 import logging
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -157,22 +158,56 @@ def read_ray_token(*, kubeconfig: Path, namespace: str, secret: str, key: str) -
     return base64.b64decode(data[key]).decode().strip()
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Linux's range of ports it hands out itself: to a socket bound to port 0 and to outgoing connections."""
+PORT_FLOOR = 20_000
+"""The lowest port chosen: above the range Ray's nodes give their worker processes (10002-19999 by
+default, `--min-worker-port`, `--max-worker-port`)."""
+
+
+def ephemeral_floor() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default 32768 where it cannot be read,
+    which is below macOS's 49152 too)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
 
 def free_ports(count: int, *, besides: Collection[int] = ()) -> list[int]:
-    """`count` distinct ports free on 127.0.0.1 now, none of them in `besides` (ports chosen
-    earlier that nothing listens on yet). They are held open together while chosen: a port asked
-    for after the previous one's socket closed can be that same port again, and Ray refuses to start
-    a node whose components were given one port twice."""
+    """`count` distinct ports free on every interface now, none of them in `besides` (ports chosen
+    earlier that nothing listens on yet), at random below the kernel's ephemeral range.
+
+    Whoever asks binds them later, in another process (a `ray start` binds a node's agents seconds
+    after): a port of the ephemeral range can be handed out in between to any socket that binds port 0
+    or connects out, and then the bind fails (a worker node's runtime-env agent did, "Address already
+    in use", in a full test run; its raylet exited with it and the job waited for the node). Below the
+    range only a process that names the port itself can take it. The ports are held open together
+    while chosen, so none is given twice."""
+    floor = ephemeral_floor()
+    # A range that starts low leaves no port the kernel never hands out: any then does as well.
+    end = floor if floor - PORT_FLOOR >= 1_000 else 65_536
+    pool = [port for port in range(PORT_FLOOR, end) if port not in besides]
+    random.shuffle(pool)
     with contextlib.ExitStack() as held:
         ports: list[int] = []
-        while len(ports) < count:
-            sock = held.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] not in besides:
-                ports.append(sock.getsockname()[1])
+        for port in pool:
+            if len(ports) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind(("", port))
+            except OSError:  # in use
+                sock.close()
+                continue
+            held.enter_context(sock)
+            ports.append(port)
+        if len(ports) < count:
+            raise RuntimeError(f"only {len(ports)} of the {count} ports asked for are free in {PORT_FLOOR}-{end - 1}")
         return ports
 
 
