@@ -20,7 +20,6 @@ import json
 import signal
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,7 @@ from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.client.outcome import placement_check
 from workloads.client.report import WORKER_PID, completed_losses, loop_summary, resize_events
 from workloads.launch.driver import parse_driver_line
-from workloads.launch.faults import PAUSE_PLAN_ENV, Pause
+from workloads.launch.faults import PAUSE_PLAN_ENV, Pause, write_plan
 from workloads.train.config import preset, with_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
@@ -80,7 +79,7 @@ def whole_cluster(faults):
 def _plan(work: Path, **pause) -> Path:
     """The one pause of this test; markers of taken pauses are written beside the plan."""
     plan = work / "plan.json"
-    plan.write_text(json.dumps({"pauses": [pause]}))
+    write_plan(plan, [Pause(**pause)])
     return plan
 
 
@@ -298,7 +297,7 @@ def test_a_drained_node_checkpoints_at_once_the_run_goes_on_with_one_node_and_gr
     plan = work / "plan.json"
     pauses = [Pause(point="after-report", run=SPOT_RUN, step=step, rank=0, max_s=max_s)
               for step, max_s in ((4, 4), (6, DRAIN_S + 30), (9, 120), (13, 120))]
-    plan.write_text(json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
+    write_plan(plan, pauses)
     taken = {pause.step: work / pause.marker_name() for pause in pauses}  # each pause's marker, once taken
     with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
         client = job_client(conn)

@@ -15,7 +15,7 @@ from infra.config import load_stack_config
 from infra.raycluster import build_raycluster
 
 from workloads.client import submit
-from workloads.launch.faults import PAUSE_PLAN_ENV, POINTS, pause_point
+from workloads.launch.faults import PAUSE_PLAN_ENV, POINTS, Pause, pause_point, read_plan, write_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,3 +93,28 @@ def test_a_malformed_plan_is_an_error_naming_the_variable(text, message, tmp_pat
     plan.write_text(text)
     with pytest.raises(ValueError, match=f"{PAUSE_PLAN_ENV}.*{message}"):
         pause_point("after-report", run="r", step=1, rank=0, environ={PAUSE_PLAN_ENV: str(plan)})
+
+
+def test_a_plan_rewritten_while_ranks_read_it_is_never_read_half_written(tmp_path):
+    """A soak rewrites its plan before each fault while every rank reads it at each point; a reader
+    that met a truncated file once failed its rank ("not a readable JSON plan")."""
+    import threading
+
+    plan = tmp_path / "plan.json"
+    plans = [[Pause(point="after-report", run="r", step=step, rank=0) for step in range(size)] for size in (400, 1)]
+    write_plan(plan, plans[0])
+    done = threading.Event()
+
+    def rewrite() -> None:
+        for i in range(300):
+            write_plan(plan, plans[i % 2])
+        done.set()
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    reads = []
+    while not done.is_set():
+        reads.append(len(read_plan(plan)))  # raises ValueError on a half-written plan
+    writer.join()
+    assert set(reads) <= {400, 1} and len(reads) > 10
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no draft left beside it

@@ -34,12 +34,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
 from workloads.bench.cluster_processes import train_worker_pids
 from workloads.bench.services import S3Server, s3_environment
+from workloads.launch.faults import Pause, write_plan
 
 BUCKET, PREFIX = "rehearsal", "runs"
 # A small model keeps checkpoints to moto quick; the job path is the point, not the throughput.
@@ -157,8 +157,7 @@ def kill_a_worker(cluster, *, base: list[str], s3, out: Path, steps: int) -> dic
 def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, rank: int) -> dict:
     """(d): the last rank pauses after step NODE_LOSS_STEP; its whole node is killed; once the job says
     that it waits for the node, the node is started again. Returns what happened, with times."""
-    plan.write_text(json.dumps({"pauses": [{"point": "after-report", "run": run, "step": NODE_LOSS_STEP,
-                                            "rank": rank}]}))
+    write_plan(plan, [Pause(point="after-report", run=run, step=NODE_LOSS_STEP, rank=rank)])
     events: dict = {}
 
     def on_line(line: str) -> None:
@@ -217,11 +216,10 @@ def spot_notice(cluster, *, base: list[str], plan: Path, out: Path) -> dict:
     without notice; then the same settings uninterrupted. Returns the events, times (epoch s) and the
     loss curves' largest relative gap."""
     from workloads.client.report import completed_losses, loop_summary, resize_events
-    from workloads.launch.faults import Pause
 
     run, node = "e-spot", 2
     pauses = [Pause(point="after-report", run=run, step=step, rank=0, max_s=max_s) for step, max_s in SPOT_PAUSES]
-    plan.write_text(json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
+    write_plan(plan, pauses)
     marker = {pause.step: plan.parent / pause.marker_name() for pause in pauses}
     codes: dict = {}
     argv = [*base, "--expect", "any", "--run-name", run, "--min-nodes", "1", "--max-failures", "2", *SPOT_SETTINGS]

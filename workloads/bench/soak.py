@@ -502,7 +502,7 @@ class Soak:
         after the fault's step, or `before` steps before it, for at most `max_s`; (that step, the
         paused process's pid) once it has. The job logs run behind the run: a step it passed
         before the pause was planned is given up for the next checkpoint's."""
-        from workloads.launch.faults import Pause, read_plan
+        from workloads.launch.faults import Pause, read_plan, write_plan
 
         every = self.settings.checkpoint_every
         deadline = time.monotonic() + 600
@@ -512,7 +512,7 @@ class Soak:
             step = (start + before + every - 1) // every * every - before
             pause = Pause(point=point, run=self.settings.run_name, step=step, rank=rank, max_s=max_s)
             others = [p for p in read_plan(self.plan) if p != pause]
-            self.plan.write_text(json.dumps({"pauses": [asdict(p) for p in [*others, pause]]}))
+            write_plan(self.plan, [*others, pause])
             marker = self.plan.parent / pause.marker_name()
             while not marker.exists() and self.logs.latest_step() <= step and time.monotonic() < deadline:
                 if self.submitter is not None and self.submitter.poll() is not None:
@@ -522,7 +522,7 @@ class Soak:
             if marker.exists():
                 return step, json.loads(marker.read_text())["pid"]
             # Passed: a restart that trains that step again must not pause there later.
-            self.plan.write_text(json.dumps({"pauses": [asdict(p) for p in others]}))
+            write_plan(self.plan, others)
             start = self.logs.latest_step() + every
         raise RuntimeError(f"rank {rank} did not pause at {point} within 600 s")
 

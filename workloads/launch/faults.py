@@ -56,6 +56,15 @@ class Pause:
         return f"paused-{self.run}-{self.point}-step{self.step}-rank{self.rank}.json"
 
 
+def write_plan(path: Path, pauses: list[Pause]) -> None:
+    """Write the plan whole, in one rename: every rank reads it at each of its points, and a plan
+    rewritten in place can be read half-written (an empty file, once, in a soak inside a full test
+    run: the rank failed with "not a readable JSON plan" and the run restarted with no fault)."""
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    draft.write_text(json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
+    draft.replace(path)
+
+
 def read_plan(path: Path) -> list[Pause]:
     """The pauses a plan file lists; none when the file does not exist. ValueError for a malformed
     plan, naming the variable and the file: a plan that silently paused nothing would make its test
