@@ -42,14 +42,20 @@ def test_the_job_logs_are_read_as_they_grow_across_jobs_and_sessions(tmp_path):
     first.parent.mkdir(parents=True)
     second.parent.mkdir(parents=True)
     first.write_text(_train(11, 1) + "\n" + _train(11, 2) + "\n" + _train(11, 2) + "\n" + _train(11, 3)[:20])
+    latest = tmp_path / "session_latest"  # Ray's link to the newest session, moved when a head restarts
+    latest.symlink_to(first.parent.parent.name)
     logs = JobLogs(tmp_path, "soak")
     logs.read()
     assert logs.attempt_pids == [11] and logs.steps[11] == [1, 2] and logs.latest_step() == 2
     with first.open("a") as f:  # the rest of the half-written line, then a restarted attempt
         f.write(_train(11, 3)[20:] + "\n" + _train(12, 3) + "\n")
     second.write_text(_train(13, 3) + "\n" + _train(13, 4) + "\n")
+    latest.unlink()
+    latest.symlink_to(second.parent.parent.name)
     logs.read()
     assert logs.attempt_pids == [11, 12, 13] and logs.steps[11] == [1, 2, 3] and logs.latest_step() == 4
+    # Each line once: none read again through the link.
+    assert len(logs.lines) == 7 and logs.files() == [first, second]
     assert JobLogs(tmp_path, "other").files() == []
 
 

@@ -188,8 +188,16 @@ class JobLogs:
         self.steps: dict[int, list[int]] = {}
         """The steps each attempt (by its pid) logged, in order."""
 
+    def _session_logs(self, pattern: str) -> list[Path]:
+        """The files of each head's session that match, never through `session_latest`: that link
+        names the newest session, so a file would be read twice (under two paths), and a restarted
+        head moves it between a glob and an open (a soak in a full test run failed on that, reading
+        job1's log where the new session had none)."""
+        return [path for path in self.temp_dir.glob(f"session_*/logs/{pattern}")
+                if not path.parent.parent.is_symlink()]
+
     def files(self) -> list[Path]:
-        found = self.temp_dir.glob(f"session_*/logs/job-driver-{self.run}-job*.log")
+        found = self._session_logs(f"job-driver-{self.run}-job*.log")
         return sorted(found, key=lambda p: int(p.stem.rsplit("-job", 1)[1]))
 
     def read(self) -> None:
@@ -223,7 +231,7 @@ class JobLogs:
         """The last step attempt `pid` logged, read from its rank 0's own output file on its node
         (worker-<id>-<job>-<pid>.out in the session's logs), which keeps the lines that the head's
         log monitor had not yet forwarded into the job log when a fault took the head down."""
-        found = [int(record["step"]) for path in self.temp_dir.glob(f"session_*/logs/worker-*-{pid}.out")
+        found = [int(record["step"]) for path in self._session_logs(f"worker-*-{pid}.out")
                  for line in path.read_text(errors="replace").splitlines()
                  if (record := parse_train_line(line)) is not None]
         return max([*found, *self.steps.get(pid, [0])])
