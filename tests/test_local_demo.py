@@ -57,6 +57,19 @@ def _read_until(proc: subprocess.Popen, marker: str) -> list[str]:
     raise AssertionError(f"the demo ended before printing {marker!r}:\n{''.join(lines)}")
 
 
+def _rest_of_output(proc: subprocess.Popen, *, timeout_s: float, runs_dir: Path) -> str:
+    """The demo's output to its end; one that does not end in time fails with its last output and
+    the tail of each node's log (a failure of a full test run is found from what it printed)."""
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate()[0] or ""  # all of it: communicate keeps what it read before the timeout
+        logs = "".join(f"\n--- {log}, last 30 lines\n" + "".join(log.read_text(errors="replace").splitlines(True)[-30:])
+                       for log in sorted(runs_dir.glob("*/ray/*.log")))
+        raise AssertionError(f"the demo did not end in {timeout_s:g} s; its output:\n{out[-6000:]}{logs}") from None
+
+
 def _node_groups(proc: subprocess.Popen) -> set[int]:
     """The process groups of the demo's Ray nodes (the head and two workers): each `ray start` is a
     child leading its own group."""
@@ -76,7 +89,7 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     proc = _demo(tmp_path, "--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10")
     head = _read_until(proc, "Jobs API at")
     groups = _node_groups(proc)
-    out = "".join(head) + proc.communicate(timeout=300)[0]
+    out = "".join(head) + _rest_of_output(proc, timeout_s=300, runs_dir=tmp_path)
     assert proc.returncode == 0, out
     # The head joined the cluster but hosts no worker: the plan, the ranks and the check agree on 2.
     assert "2 CPU workers on 2 node(s)" in out and "train step 20/20" in " ".join(out.split())
@@ -142,7 +155,7 @@ def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path):
     opened = _read_until(proc, " in experiment local ")[-1]  # the job trains, and its tracker run is open
     run_id = re.search(r"tracking run (\S+) in experiment", opened).group(1)
     proc.send_signal(signal.SIGINT)  # Ctrl-C
-    out = proc.communicate(timeout=90)[0]
+    out = _rest_of_output(proc, timeout_s=90, runs_dir=tmp_path)
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
