@@ -21,6 +21,7 @@ from ray.runtime_env import RuntimeEnv
 from rich.console import Console
 
 from workloads.client import cluster, submit
+from workloads.client import follow as follow_mod
 from workloads.launch.driver import parse_args as parse_driver_args
 from workloads.context import DATA_PREFIX, GATE_PREFIX
 from workloads.train.data import reading_of_data
@@ -707,3 +708,31 @@ def test_export_offers_the_dtypes_the_exporter_takes():
     from workloads.model_io.export import EXPORT_DTYPES
 
     assert DTYPE_CHOICES == EXPORT_DTYPES
+
+
+def test_ctrl_c_while_following_is_never_lost_in_the_log_stream(monkeypatch):
+    """The first Ctrl-C under asyncio.run only cancels the streaming task; one whose cancellation is
+    swallowed ends normally and following went on. Here the stream swallows it: Ctrl-C must still end
+    the follow with KeyboardInterrupt, not wait for the job."""
+    import asyncio
+    import os
+    import signal
+    import threading
+
+    class Client:
+        def get_job_status(self, job_id):
+            return "RUNNING"
+
+        async def tail_job_logs(self, job_id):
+            threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                pass  # swallowed, as a library's cleanup may
+            yield "done\n"
+
+    waited = []
+    monkeypatch.setattr(follow_mod, "wait_terminal", lambda *a, **k: waited.append(1))
+    with pytest.raises(KeyboardInterrupt):
+        follow_mod.follow(Client, "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True))
+    assert not waited

@@ -148,6 +148,21 @@ async def _tail(client, job_id: str, printer: LogPrinter, shown: _Shown) -> None
             shown.chars = seen
 
 
+def _run_interruptibly(coro) -> None:
+    """Run `coro` to its end on an event loop of its own, where Ctrl-C raises KeyboardInterrupt at
+    once. `asyncio.run` would only cancel the task on a first Ctrl-C, and a task that ends without the
+    cancellation reaching it (swallowed in the SDK's or aiohttp's code) returns normally: the interrupt
+    is lost and following goes on (a Ctrl-C'd demo trained on for minutes, once, in a full test run)."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
 def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):
     while True:
         status = client.get_job_status(job_id)
@@ -183,7 +198,7 @@ def follow(client_factory: Callable[[], object], job_id: str, printer: LogPrinte
         try:
             if lost_at is not None:
                 client.get_job_status(job_id)  # the cluster answers: does it still have the job?
-            asyncio.run(_tail(client, job_id, printer, shown))
+            _run_interruptibly(_tail(client, job_id, printer, shown))
             status = wait_terminal(client, job_id)
             printer.flush()
             return status
