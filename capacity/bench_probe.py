@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import boto3
 from capacity.aws import AwsApi
 from capacity.probe import ProbeRequest
 from capacity.regions import probe_regions
+from workloads.client.cluster import free_port
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_SESSION_TOKEN": "testing", "AWS_REGION": "us-east-1",
@@ -39,12 +39,6 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
                     # implemented); without this, botocore's retry backoff on that one call would
                     # dominate both timings.
                     "AWS_MAX_ATTEMPTS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager

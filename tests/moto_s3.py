@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
+
+from workloads.client.cluster import free_port
 
 
 @pytest.fixture(scope="module")
@@ -16,9 +17,7 @@ def moto_s3():
     boto3 and processes started from the test reach it as they would reach S3); yields a boto3
     client on it. One server per test module."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"

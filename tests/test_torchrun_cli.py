@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from workloads.client.cluster import free_port
 from workloads.launch import torchrun
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(repo_root, out, *extra: str) -> subprocess.CompletedProcess:
