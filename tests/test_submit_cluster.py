@@ -284,6 +284,10 @@ async def pipe(reader, writer):
 
 async def relay(reader, writer):
     up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
+    request_line = await reader.readline()  # kept, so a test can tell when the log stream is open
+    with open(os.environ["FAKE_REQUESTS"], "a") as f:
+        f.write(f"{{os.getpid()}} {{request_line.decode(errors='replace').strip()}}\\n")
+    up_writer.write(request_line)
     await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
 
 async def main():
@@ -313,6 +317,7 @@ def fake_tools(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_OUTPUTS", json.dumps(outputs))
     monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
     monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("FAKE_REQUESTS", str(tmp_path / "requests"))
     monkeypatch.setenv("FAKE_TOKEN", ray_cluster.token)
     monkeypatch.setenv("FAKE_DASHBOARD_PORT", ray_cluster.address.rsplit(":", 1)[1])
     return tmp_path
@@ -357,15 +362,27 @@ def test_the_stack_path_port_forwards_authenticates_and_cleans_up(fake_tools, ra
 def test_a_dropped_port_forward_is_restored_while_following(fake_tools, ray_cluster, capsys):
     """The SDK's "WebSocket connection closed unexpectedly" is not the job failing: a new
     port-forward picks the log up where it broke, and no line is shown twice or lost."""
-    script = "import time\nfor i in range(12):\n    print(f'tick-{i}', flush=True)\n    time.sleep(0.5)"
+    # The job stops half-way until the port-forward is dropped, so the drop lands mid-stream however
+    # long `logs --follow` takes to start (under a full suite's load its port-forward once came up
+    # after the job had printed tick-3, and there was no pid to kill yet).
+    go = fake_tools / "go"
+    script = (f"import os, time\nfor i in range(12):\n    print(f'tick-{{i}}', flush=True)\n"
+              f"    while i == 5 and not os.path.exists({str(go)!r}):\n        time.sleep(0.1)")
     job_id = _client(ray_cluster).submit_job(entrypoint=f"python -c {shlex.quote(script)}")
-    pids_file = fake_tools / "pids"
+    pids_file, requests_file = fake_tools / "pids", fake_tools / "requests"
+
+    def log_stream_is_open() -> bool:
+        return requests_file.exists() and "/logs/tail" in requests_file.read_text()
 
     def drop_the_first_port_forward() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "tick-3" not in _client(ray_cluster).get_job_logs(job_id):
-            time.sleep(0.2)
-        os.kill(int(pids_file.read_text().split()[0]), signal.SIGKILL)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (
+                    log_stream_is_open() and "tick-5" in _client(ray_cluster).get_job_logs(job_id)):
+                time.sleep(0.2)
+            os.kill(int(pids_file.read_text().split()[0]), signal.SIGKILL)
+        finally:
+            go.touch()
 
     dropper = threading.Thread(target=drop_the_first_port_forward)
     dropper.start()
