@@ -227,11 +227,22 @@ def test_a_resumed_run_continues_its_run_logs_new_params_and_says_which_changed(
 def test_a_tracker_that_is_down_warns_once_keeps_the_records_and_sends_them_in_order():
     down = threading.Event()
     down.set()
-    sink, said = ScriptedSink(fail=lambda call: Down("connection refused") if down.is_set() else None), []
+    attempts = []
+
+    def refused(call):
+        if down.is_set():
+            attempts.append(call)
+            return Down("connection refused")
+        return None
+
+    sink, said = ScriptedSink(fail=refused), []
     tracker = start(tracked(), sink, said=said)
     for n in range(1, 6):
         tracker.log_step(step(n))
-    time.sleep(0.3)  # several failed attempts
+    deadline = time.monotonic() + 30  # several failed attempts, however slowly the sender's thread runs
+    while len(attempts) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(attempts) >= 2
     assert sink.calls == [] and [line for line in said if "did not answer" in line] == [
         "[tracking] warning: http://127.0.0.1:1 did not answer (connection refused); training goes on, records "
         "are kept (up to 10000) and sent when it answers"]
