@@ -28,7 +28,8 @@ from fault_support import (BUCKET, checkpoint_folders, download, fake_s3, paused
 from test_preemption_elastic import _run as run_loop
 
 from workloads.bench.services import MlflowServer
-from workloads.bench.soak import CLUSTER_ENV, Reference, Soak, SoakSettings, write_record
+from workloads.bench.soak import CLUSTER_ENV, Soak, SoakSettings
+from workloads.bench.soak_record import Reference, write_record
 from workloads.bench.soak_checks import judge
 from workloads.client import submit
 from workloads.client.cluster import free_port
