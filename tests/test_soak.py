@@ -1,6 +1,7 @@
-"""The soak's plan and its checks as data (workloads/bench/soak.py, soak_checks.py, soak_record.py): the seeded faults, the job logs
-read as they grow across restarted heads, what each fault cost against its allowance, memory growth,
-the bucket's bound and the loss comparison. The soak itself runs in tests/test_cluster_faults.py."""
+"""The soak's plan and its checks as data (workloads/bench/soak.py, soak_checks.py, soak_record.py): the
+seeded faults, the job logs read as they grow across restarted heads, what each fault cost against its
+allowance, memory growth, the bucket's bound and the loss comparison. The soak itself runs in
+tests/test_cluster_faults.py."""
 
 from __future__ import annotations
 
