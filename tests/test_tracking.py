@@ -262,10 +262,12 @@ def test_a_hanging_tracker_never_holds_up_a_step_and_the_end_waits_only_its_time
     started = time.perf_counter()
     for n in range(1, 1001):
         tracker.log_step(step(n))
-    assert time.perf_counter() - started < 0.5  # a thousand step records, with the tracker stuck
+    # A thousand step records with the tracker stuck for ever: well under a second (bounds loose
+    # enough for a loaded 2-core machine; a call that waited on the sink would never return).
+    assert time.perf_counter() - started < 3.0
     started = time.perf_counter()
     tracker.finish({})
-    assert 0.5 <= time.perf_counter() - started < 2.0
+    assert 0.5 <= time.perf_counter() - started < 5.0
     assert said[-1].startswith("[tracking] warning: http://127.0.0.1:1: 1003 record(s) not sent within 0.5 s")
     hang.set()
 
