@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import sigint_at_default
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +46,7 @@ def _demo(runs_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "workloads", "run", "--local", "--runs-dir", str(runs_dir), *extra],
         cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=sigint_at_default,  # so that the Ctrl-C test's SIGINT is not lost (tests/interrupts.py)
     )
 
 

@@ -32,6 +32,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from botocore.exceptions import ClientError
+from interrupts import sigint_at_default
 from moto.server import ThreadedMotoServer
 
 from capacity.aws import AwsApi
@@ -543,14 +544,12 @@ def test_the_cli_interrupted_mid_reservation_exits_130_and_leaves_nothing(proxy,
            "AWS_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            "AWS_MAX_ATTEMPTS": "1", "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(repo_root)}
-    # Started as from a terminal, whatever this process's SIGINT disposition is: a child inherits an
-    # ignored SIGINT (a run started in the background), and Python then installs no KeyboardInterrupt
-    # handler, so the signal would be lost.
+    # Started as from a terminal, whatever SIGINT disposition the suite inherited (tests/interrupts.py).
     shutil.copy(repo_root / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
     proc = subprocess.Popen([sys.executable, "-m", "capacity", "probe", "--regions", REGION,
                              "--reserve", "--dry-run"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_at_default)
     try:
         assert proxy.held.wait(timeout=60), "the CLI never reached the reservation call"
         proc.send_signal(SIGNALS[sig])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fake_clock import FakeClock
+from interrupts import sigint_raises
 from ray.runtime_env import RuntimeEnv
 from rich.console import Console
 
@@ -733,6 +734,6 @@ def test_ctrl_c_while_following_is_never_lost_in_the_log_stream(monkeypatch):
 
     waited = []
     monkeypatch.setattr(follow_mod, "wait_terminal", lambda *a, **k: waited.append(1))
-    with pytest.raises(KeyboardInterrupt):
+    with sigint_raises(), pytest.raises(KeyboardInterrupt):
         follow_mod.follow(Client, "raysubmit_1", submit.LogPrinter(console=Console(), quiet=True))
     assert not waited
