@@ -6,7 +6,9 @@ with Ctrl-C, which ends its tracker run KILLED."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -42,14 +44,6 @@ def _in_groups(groups: set[int]) -> set[int]:
     return {pid for pid in _pids() if _pgid(pid) in groups}
 
 
-def _demo(runs_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "workloads", "run", "--local", "--runs-dir", str(runs_dir), *extra],
-        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=sigint_at_default,  # so that the Ctrl-C test's SIGINT is not lost (tests/interrupts.py)
-    )
-
-
 def _read_until(proc: subprocess.Popen, marker: str) -> list[str]:
     lines = []
     for line in proc.stdout:
@@ -72,12 +66,49 @@ def _rest_of_output(proc: subprocess.Popen, *, timeout_s: float, runs_dir: Path)
         raise AssertionError(f"the demo did not end in {timeout_s:g} s; its output:\n{out[-6000:]}{logs}") from None
 
 
-def _node_groups(proc: subprocess.Popen) -> set[int]:
-    """The process groups of the demo's Ray nodes (the head and two workers): each `ray start` is a
-    child leading its own group."""
-    groups = {pid for pid in _pids() if _ppid(pid) == proc.pid and _pgid(pid) == pid}
-    assert len(groups) == 3, groups
-    return groups
+class Demos:
+    """The demos a test starts (`run --local` subprocesses) and their Ray nodes' process groups."""
+
+    def __init__(self, runs_dir: Path) -> None:
+        self.runs_dir = runs_dir
+        self.started: list[subprocess.Popen] = []
+        self.groups: set[int] = set()
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workloads", "run", "--local", "--runs-dir", str(self.runs_dir), *extra],
+            cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, preexec_fn=sigint_at_default,  # so that a Ctrl-C test's SIGINT is not lost
+        )
+        self.started.append(proc)
+        return proc
+
+    def node_groups(self, proc: subprocess.Popen) -> set[int]:
+        """The process groups of the demo's Ray nodes (the head and two workers): each `ray start`
+        is a child leading its own group."""
+        groups = {pid for pid in _pids() if _ppid(pid) == proc.pid and _pgid(pid) == pid}
+        assert len(groups) == 3, groups
+        self.groups |= groups
+        return groups
+
+    def kill_what_is_left(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for group in self.groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+
+
+@pytest.fixture()
+def demos(tmp_path):
+    """Whatever a test's outcome, nothing of its demos is left running: a demo killed because it did
+    not end leaves its nodes behind, and they trained on beside the rest of a full suite, which then
+    took 1,269 s instead of about 800."""
+    started = Demos(tmp_path)
+    yield started
+    started.kill_what_is_left()
 
 
 def _assert_all_stopped(groups: set[int]) -> None:
@@ -87,10 +118,10 @@ def _assert_all_stopped(groups: set[int]) -> None:
     assert not _in_groups(groups)  # the nodes, and every process they started in their groups
 
 
-def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path):
-    proc = _demo(tmp_path, "--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10")
+def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path, demos):
+    proc = demos.start("--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10")
     head = _read_until(proc, "Jobs API at")
-    groups = _node_groups(proc)
+    groups = demos.node_groups(proc)
     out = "".join(head) + _rest_of_output(proc, timeout_s=300, runs_dir=tmp_path)
     assert proc.returncode == 0, out
     # The head joined the cluster but hosts no worker: the plan, the ranks and the check agree on 2.
@@ -149,11 +180,11 @@ def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> No
     assert default.artifact_location == (runs_dir / "mlflow" / "artifacts" / "0").as_uri()
 
 
-def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path):
+def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path, demos):
     # Steps enough to be training still when the interruption comes (the demo's 200 take seconds).
-    proc = _demo(tmp_path, "--set", "steps=100000", "--set", "checkpoint_every=0")
+    proc = demos.start("--set", "steps=100000", "--set", "checkpoint_every=0")
     _read_until(proc, "Jobs API at")
-    groups = _node_groups(proc)
+    groups = demos.node_groups(proc)
     opened = _read_until(proc, " in experiment local ")[-1]  # the job trains, and its tracker run is open
     run_id = re.search(r"tracking run (\S+) in experiment", opened).group(1)
     proc.send_signal(signal.SIGINT)  # Ctrl-C
