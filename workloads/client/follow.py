@@ -151,8 +151,8 @@ async def _tail(client, job_id: str, printer: LogPrinter, shown: _Shown) -> None
 def _run_interruptibly(coro) -> None:
     """Run `coro` to its end on an event loop of its own, where Ctrl-C raises KeyboardInterrupt at
     once. `asyncio.run` would only cancel the task on a first Ctrl-C, and a task that ends without the
-    cancellation reaching it (swallowed in the SDK's or aiohttp's code) returns normally: the interrupt
-    is lost and following goes on (a Ctrl-C'd demo trained on for minutes, once, in a full test run)."""
+    cancellation reaching it (a library's cleanup that swallows it) returns normally: the interrupt
+    would be lost and following would go on (tests/test_submit.py has such a stream)."""
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(coro)
