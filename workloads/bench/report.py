@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
+
+from workloads.files import replace_whole
 
 OK = "ok"
 OOM = "OOM"
@@ -229,7 +230,5 @@ def format_table(figures: Sequence[RunFigures], comps: Sequence[Comparison]) -> 
 def write_json(path: Path, document: dict) -> None:
     """Replace `path` atomically, so a run killed mid-write still leaves the last complete file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
-    os.replace(partial, path)
+    replace_whole(path, json.dumps(document, indent=2, sort_keys=False) + "\n")
 

@@ -35,6 +35,7 @@ from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (NODE_KIND_HEAD, STATUS_UP_TO_DATE, TAG_RAY_NODE_KIND, TAG_RAY_NODE_NAME,
                                  TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE)
 
+from workloads.files import replace_whole
 from workloads.client.local import LocalClusterSpec, LocalNodes, _node_argv, _wait_started, node_ip
 
 HEAD_NODE_ID = "local-head"
@@ -118,10 +119,7 @@ class LocalNodeProvider(NodeProvider):
         self._next = 1 + max((int(n.rsplit("-", 1)[1]) for n in self.nodes), default=0)
 
     def _write(self) -> None:
-        path = self.state_dir / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.nodes, indent=1, sort_keys=True))
-        tmp.replace(path)
+        replace_whole(self.state_dir / STATE_FILE, json.dumps(self.nodes, indent=1, sort_keys=True))
 
     def _live(self, node_id: str) -> bool:
         proc = self.procs.get(node_id)

@@ -24,6 +24,7 @@ from typing import Optional
 
 from workloads.client.cluster import PROJECT_DIR
 from workloads.client.usage import Parser, UsageError
+from workloads.files import replace_whole
 
 RUNS_DIR = PROJECT_DIR / "runs"
 """Where local runs go, wherever the command runs from (`run --local --out` names another)."""
@@ -53,9 +54,7 @@ def read_run(run_dir: Path) -> Optional[dict]:
 def write_run(run_dir: Path, record: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_file(run_dir)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    scratch.replace(path)  # a reader never sees half a file
+    replace_whole(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def update_run(run_dir: Path, **changes) -> None:

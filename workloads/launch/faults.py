@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
+from workloads.files import replace_whole
+
 PAUSE_PLAN_ENV = "WORKLOADS_PAUSE_PLAN"
 POINTS = ("checkpoint-upload", "checkpoint-uploaded", "after-report")
 PAUSE_PREFIX = "[fault-pause] "
@@ -60,9 +62,7 @@ def write_plan(path: Path, pauses: list[Pause]) -> None:
     """Write the plan whole, in one rename: every rank reads it at each of its points, and a plan
     rewritten in place can be read half-written (an empty file, once, in a soak inside a full test
     run: the rank failed with "not a readable JSON plan" and the run restarted with no fault)."""
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    draft.write_text(json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
-    draft.replace(path)
+    replace_whole(path, json.dumps({"pauses": [asdict(pause) for pause in pauses]}))
 
 
 def read_plan(path: Path) -> list[Pause]:
