@@ -262,7 +262,8 @@ def test_a_soak_meets_each_fault_once_and_the_run_loses_no_more_than_each_allows
                "faults": [(r["kind"], r["step"], r["lost"], r["recovery_s"]) for r in record["fault_table"]],
                "max_bucket_bytes": record["checks"]["retention"]["max_bytes"],
                "memory_growth_mib": {role: r["max_growth_mib"]
-                                     for role, r in record["checks"]["memory"]["roles"].items()}}
+                                     for role, r in record["checks"]["memory"]["roles"].items()},
+               "sampler": {key: record["sampler"][key] for key in ("passes", "error_count")}}
     with capsys.disabled():
         print("\n[soak] " + json.dumps(figures))
 

@@ -13,7 +13,8 @@ import pytest
 
 from workloads.bench.cluster_processes import Process, role_of
 from workloads.bench.soak import FAULT_KINDS, JobLogs, SoakSettings, plan_faults, progress_line, storage_figures
-from workloads.bench.soak_checks import FAILED, failed_lines, fault_rows, loss_gaps, memory_growth, retention
+from workloads.bench.soak_checks import (FAILED, failed_lines, fault_rows, judgeable_at, loss_gaps, memory_growth,
+                                         retention)
 
 SETTINGS = SoakSettings(steps=1000, faults=9, seed=5)
 
@@ -140,6 +141,40 @@ def test_a_train_workers_warm_up_counts_from_its_attempts_first_step():
                              attempts_trained_s=[170.0])["train worker"]["within"]
 
 
+def test_a_role_not_judged_says_why_for_its_longest_sampled_process():
+    settings = dataclasses.replace(SETTINGS, memory_warmup_s=30, memory_judged_after_s=60)
+    short = _series(3, "head", [50, 60, 60, 60, 60, 60])  # t 0..50: warm-up to 30, then 3 samples over 20 s
+    never_sampled_after = _series(4, "driver", [100, 100])
+    never_trained = _series(5, "train worker", [300] * 10, start=100)
+    roles = memory_growth(short + never_sampled_after + never_trained, settings=settings, until_s=1000,
+                          attempts_trained_s=[20.0])
+    assert roles["head"]["unjudged"] == {"pid": 3, "span_s": 20.0, "why": "3 samples over 20.0 s after its warm-up "
+                                         "(t >= 30.0 s), short of 6 samples over 60 s"}
+    assert roles["driver"]["unjudged"]["why"] == ("no sample after its warm-up (t >= 30.0 s): its last sample while "
+                                                  "the run trained was at t = 10.0 s (training ended at 1000 s)")
+    assert roles["train worker"]["unjudged"]["why"] == "it never trained (sampled from t = 100.0 to 190.0 s)"
+    judged = memory_growth(_series(6, "head", [60] * 12), settings=settings, until_s=1000, attempts_trained_s=[])
+    assert judged["head"]["judged"] == 1 and judged["head"]["unjudged"] is None
+
+
+def test_the_hold_lasts_until_the_newest_process_of_each_role_can_be_judged():
+    """The in-suite soak's run is counted in steps and its judging window in seconds: the soak holds
+    the run after its faults until each required role's process can be judged, however fast the
+    machine trained."""
+    settings = dataclasses.replace(SETTINGS, sample_every_s=2, memory_warmup_s=20, memory_judged_after_s=30)
+    samples = (_series(1, "driver", [100] * 30, every=2) + _series(2, "driver", [100] * 10, start=40, every=2)
+               + _series(3, "head", [50] * 30, every=2) + _series(4, "train worker", [300] * 5, start=50, every=2)
+               + _series(9, "worker node", [10] * 30, every=2))
+    # At t = 58 the driver of pid 1 and the head live since t = 0, a driver since 40 (both alive: the
+    # earlier is enough), a train worker since 50 whose attempt first trained at 52.
+    ready = judgeable_at(samples, settings=settings, attempts_trained_s=[10.0, 52.0])
+    assert ready == {"driver": 52.0, "head": 52.0, "train worker": 104.0}  # 20 s warm-up + 30 s + one sample
+    assert judgeable_at([], settings=settings, attempts_trained_s=[]) == {}
+    # Gone from the latest samples: not waited for.
+    assert "train worker" not in judgeable_at(samples + [{"t": 60, "pid": 1, "role": "driver", "rss_mib": 1}],
+                                              settings=settings, attempts_trained_s=[52.0])
+
+
 def test_the_bucket_is_bounded_by_the_checkpoints_kept_plus_two():
     prefix = "runs/soak/"
     objects = [{"key": f"{prefix}checkpoint_a/__0_0.distcp", "bytes": 900},
@@ -201,15 +236,19 @@ def test_each_failed_check_gets_one_line_that_says_what_failed():
         "run_succeeded": {"exit_code": 0, "within": True},
         "faults_within_allowance": {"beyond": [r for r in rows if not r["within"]], "within": False},
         "memory": {"roles": {"driver": {"within": False, "pid": 7, "max_growth_mib": 80.0, "judged": 1},
-                             "head": {"within": True, "judged": 0}, "train worker": {"within": True, "judged": 2}},
+                             "head": {"within": True, "judged": 0,
+                                      "unjudged": {"pid": 3, "span_s": 12.0, "why": "4 samples over 12.0 s"}},
+                             "train worker": {"within": True, "judged": 2}},
+                   "sampler": {"stopped": {"at_s": 44.6, "error": "KeyError: 2", "traceback": "..."}},
                    "within": False},
         "no_shared_memory_left": {"left": ["/dev/shm/torch_1"], "within": False},
     }
     assert failed_lines(checks) == [
         "FAILED faults_within_allowance: worker-kill after step 50 lost 20 step(s), resumed from 40 "
         "(allowance: at most 10 (the checkpoint interval))",
-        "FAILED memory: driver pid 7 grew 80.0 MiB after its warm-up; no head process lived long enough after its "
-        "warm-up to be judged (a longer soak)",
+        "FAILED memory: the memory sampler stopped at t = 44.6 s: KeyError: 2 (no sample after it: what follows is "
+        "judged on the samples before); driver pid 7 grew 80.0 MiB after its warm-up; no head process was judged "
+        "(pid 3, the one sampled longest after its warm-up: 4 samples over 12.0 s)",
         "FAILED no_shared_memory_left: left: /dev/shm/torch_1"]
     assert set(FAILED) >= {"run_succeeded", "every_fault_brought", "no_unplanned_restart", "losses_match_uninterrupted",
                            "retention", "mlflow", "no_process_left"}

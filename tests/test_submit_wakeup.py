@@ -17,8 +17,8 @@ from workloads.client import revisions, submit
 from workloads.client.cluster import Connection, WakeTarget, stack_outputs_from_json
 from workloads.client.outcome import JobOutcome
 from workloads.client.wakeup import (DISCOVERY_TAG_KEY, WAKE_WAIT_S, ClusterReader, GroupReader, GroupState,
-                                     PodState, WakeReader, WakeSnapshot, WakeWatch, classify_failure, pod_state,
-                                     summary, watch_for)
+                                     PodState, WakeReader, WakeSnapshot, WakeWatch, WakeWatching, classify_failure,
+                                     pod_state, summary, watch_for)
 
 T0 = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)
 CLUSTER = "ray-eks-us-west-2"
@@ -391,3 +391,19 @@ def test_the_wait_for_gpus_reaches_the_driver():
 def test_a_bad_wait_for_gpus_is_refused(capsys):
     assert submit.main("submit", ["--address", "http://127.0.0.1:1", "--wait-gpus-s", "0"]) == 2
     assert "--wait-gpus-s must be > 0, got 0" in capsys.readouterr().err
+
+
+def test_a_watch_that_fails_outside_its_reads_says_so_and_the_job_goes_on():
+    """Its reads' failures are warned about and the watch goes on; anything else that ends it is said
+    too, rather than leaving a thread that stopped without a word."""
+    warned = []
+
+    def say(line: str) -> None:
+        raise BrokenPipeError("the console went away")
+
+    watch = WakeWatch(read=lambda: _snap(2, 0, 0, [(False, "a node")] * 2), limit_s=600, say=say, warn=warned.append,
+                      poll_s=30, every_s=300, clock=Clock(), sleep=lambda seconds: None)
+    with WakeWatching(watch) as watching:
+        pass
+    assert watching.result is not None and not watching.result.ready
+    assert warned == ["the watch of the GPU nodes stopped: the console went away; the job goes on without it"]

@@ -86,12 +86,8 @@ def describe(pid: int, *, node: int) -> Optional[Process]:
 
 def cluster_processes(nodes: "LocalNodes") -> list[Process]:
     """Every live process of every node of the cluster now."""
-    found = []
-    for index in sorted(nodes.procs):
-        for pid in nodes.pids(index):
-            if (process := describe(pid, node=index)) is not None:
-                found.append(process)
-    return found
+    return [process for index, pids in nodes.processes().items() for pid in pids
+            if (process := describe(pid, node=index)) is not None]
 
 
 def alive(process: Process) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from rich.console import Console
+
+from workloads.periodic import Periodic
 
 DEMO_WORKERS = 2
 
@@ -60,34 +61,39 @@ class RehearsalResult:
     checks: list[str]
     gcs_port: int
     """The rehearsal cluster's GCS port: every process of its nodes names 127.0.0.1:<port>."""
+    watcher: dict = field(default_factory=dict)
+    """What the watcher did (workloads/periodic.py's record): its timeline stops where it stopped."""
 
 
-def _watch(cluster, timeline: Timeline, job: list[str], stop: threading.Event, client_factory) -> None:
-    """Records the worker nodes' count and the job's first plan and step lines as they appear."""
-    from workloads.client.report import parse_train_line
-    from workloads.launch.driver import parse_driver_line
+class Watcher:
+    """One look at the cluster per pass (workloads/periodic.py runs it every 0.5 s): marks the worker
+    nodes' count and the job's first plan and step lines as they appear."""
 
-    count, seen = 0, set()
-    client = None
-    while not stop.is_set():
-        now = len(cluster.workers())
-        if now != count:
-            timeline.mark(f"worker nodes: {now}")
-            count = now
-        if job and "finished" not in seen:
+    def __init__(self, cluster, timeline: Timeline, job: list[str], client_factory) -> None:
+        self.cluster, self.timeline, self.job, self.client_factory = cluster, timeline, job, client_factory
+        self.count, self.seen, self.client = 0, set(), None
+
+    def look(self) -> None:
+        from workloads.client.report import parse_train_line
+        from workloads.launch.driver import parse_driver_line
+
+        now = len(self.cluster.workers())
+        if now != self.count:
+            self.timeline.mark(f"worker nodes: {now}")
+            self.count = now
+        if self.job and "finished" not in self.seen:
             try:
-                client = client or client_factory()
-                lines = client.get_job_logs(job[0]).splitlines()
+                self.client = self.client or self.client_factory()
+                lines = self.client.get_job_logs(self.job[0]).splitlines()
             except Exception:  # the watcher only looks: a failed read waits for the next
                 lines = []
             events = {(parse_driver_line(line) or {}).get("event") for line in lines}
             for event, what in (("plan", "the driver planned its workers"), ("step", "first training step"),
                                 ("finished", "training finished (the workers' group ended)")):
-                if event not in seen and (event in events if event != "step"
-                                          else any(parse_train_line(line) for line in lines)):
-                    timeline.mark(what)
-                    seen.add(event)
-        stop.wait(0.5)
+                if event not in self.seen and (event in events if event != "step"
+                                               else any(parse_train_line(line) for line in lines)):
+                    self.timeline.mark(what)
+                    self.seen.add(event)
 
 
 def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Optional[Console] = None,
@@ -115,10 +121,11 @@ def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Option
         with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
             request = SubmitRequest(train=train, run_name=f"idle-{stamp}", storage_path=str(run_dir / "checkpoints"),
                                     max_failures=0, expect="any", quiet=True, workers=DEMO_WORKERS)
-            timeline, job, stop = Timeline(), [], threading.Event()
-            watcher = threading.Thread(target=_watch, args=(cluster, timeline, job, stop, client_factory(conn)),
-                                       daemon=True)
-            watcher.start()
+            timeline, job = Timeline(), []
+            watcher = Periodic(Watcher(cluster, timeline, job, client_factory(conn)).look, every_s=0.5,
+                               name="idle-watch", clock=lambda: round(time.monotonic() - timeline.start, 1),
+                               on_error=lambda error: say(f"warning: the watcher's look at {error.at_s} s failed "
+                                                          f"({error.error}); the next one runs")).start()
 
             def submitted(job_id: str) -> None:
                 job.append(job_id)
@@ -132,8 +139,7 @@ def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Option
                     time.sleep(0.5)
                 time.sleep(1.0)  # the watcher's last look
             finally:
-                stop.set()
-                watcher.join(timeout=10)
+                watcher.stop(timeout_s=10)
             at_end = len(cluster.workers())
     counts = [int(what.split(": ")[1]) for _, what in timeline.events if what.startswith("worker nodes: ")]
     zero = next((at for at, what in reversed(timeline.events) if what == "worker nodes: 0"), None)
@@ -144,7 +150,8 @@ def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Option
         most_workers=max([at_start, *counts]), workers_at_end=at_end,
         idle_to_training_s=round(first_step, 1) if first_step is not None else None,
         training_to_idle_s=round(zero - idle_from, 1) if zero is not None and zero >= ended else None,
-        events=timeline.events, checks=[check.message for check in outcome.checks], gcs_port=gcs_port)
+        events=timeline.events, checks=[check.message for check in outcome.checks], gcs_port=gcs_port,
+        watcher=watcher.record())
     (run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=1))
     (run_dir / "job.log").write_text(outcome.logs)
     return result
@@ -157,11 +164,14 @@ def format_result(result: RehearsalResult) -> str:
     lines.append(f"training to idle: {result.training_to_idle_s} s (the end of training to no worker node; "
                  f"idle timeout {result.idle_s:g} s)")
     lines.extend(result.checks)
+    if (stopped := result.watcher.get("stopped")) is not None:
+        lines.append(f"the watcher stopped at {stopped['at_s']} s: {stopped['error']} (the timeline ends there)")
     return "\n".join(lines)
 
 
 def passed(result: RehearsalResult) -> bool:
-    return (result.exit_code == 0 and result.workers_at_start == 0 and result.most_workers == DEMO_WORKERS
+    return (result.exit_code == 0 and result.watcher.get("stopped") is None
+            and result.workers_at_start == 0 and result.most_workers == DEMO_WORKERS
             and result.workers_at_end == 0 and result.idle_to_training_s is not None
             and result.training_to_idle_s is not None)
 

@@ -34,12 +34,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
 from workloads.bench.cluster_processes import train_worker_pids
 from workloads.bench.services import S3Server, s3_environment
 from workloads.launch.faults import Pause, write_plan
+from workloads.periodic import pass_error
 
 BUCKET, PREFIX = "rehearsal", "runs"
 # A small model keeps checkpoints to moto quick; the job path is the point, not the throughput.
@@ -174,7 +176,7 @@ def lose_a_node(cluster, *, base: list[str], run: str, plan: Path, out: Path, ra
         if "waiting for a lost node" in line and "restarted_at" not in events and events.get("killed_node"):
             events["first_wait_message_at"] = time.time()
             # Started from another thread: the job's output must go on being read meanwhile.
-            threading.Thread(target=restart, daemon=True).start()
+            _started(restart, record=events, name="restart")
 
     def restart() -> None:
         events["restarted_at"] = time.time()
@@ -197,6 +199,23 @@ def _job_logs(cluster, job_id: str) -> str:
 
     with connect(stack=None, address=cluster.address, token=cluster.token) as conn:
         return job_client(conn).get_job_logs(job_id)
+
+
+def _started(target: Callable[[], None], *, record: dict, name: str) -> threading.Thread:
+    """`target` on a daemon thread of its own; an exception that ends it goes into the case's record
+    (`record[name + "_error"]`, with its traceback) instead of ending the thread without a word."""
+    started = time.monotonic()
+
+    def run() -> None:
+        try:
+            target()
+        except Exception as exc:
+            record[f"{name}_error"] = asdict(pass_error(exc, at_s=round(time.monotonic() - started, 1)))
+            _say(f"{name} failed: {type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _await_file(path: Path, *, timeout_s: float, what: str, alive: threading.Thread) -> float:
@@ -223,8 +242,7 @@ def spot_notice(cluster, *, base: list[str], plan: Path, out: Path) -> dict:
     marker = {pause.step: plan.parent / pause.marker_name() for pause in pauses}
     codes: dict = {}
     argv = [*base, "--expect", "any", "--run-name", run, "--min-nodes", "1", "--max-failures", "2", *SPOT_SETTINGS]
-    submitter = threading.Thread(target=lambda: codes.update(exit=run_logged(argv, out / f"{run}.txt")), daemon=True)
-    submitter.start()
+    submitter = _started(lambda: codes.update(exit=run_logged(argv, out / f"{run}.txt")), record=codes, name="submit")
     events: dict = {}
     try:
         events["paused_at_4"] = _await_file(marker[4], timeout_s=600, what="step 4", alive=submitter)

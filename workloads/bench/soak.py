@@ -19,7 +19,8 @@ random step (the seed is printed):
   save-interrupted  a rank SIGKILLed while it uploads its part of a checkpoint (the pause point
                     `checkpoint-upload`, workloads/launch/faults.py)
 
-A fault comes once the run trains again after the one before. Checked and recorded in DIR: each
+A fault comes once the run trains again after the one before; after the last, the run is held (rank 0
+paused) until the memory of each role's newest process can be judged, if it could not be yet. Checked and recorded in DIR: each
 step's loss against an uninterrupted run of the same settings (torchrun, the same loop without Ray);
 the steps each fault cost against its allowance; the resident memory of the driver, the head and the
 workers every few seconds, which must not grow beyond warm-up; no process of the job left once it
@@ -40,7 +41,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,9 +48,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from workloads.bench.cluster_processes import (ROLES, Process, alive, cluster_processes, shared_memory_left,
                                                train_worker_pids)
-from workloads.bench.soak_checks import OUTAGES, failed_lines, judge, tracked_losses
+from workloads.bench.soak_checks import JUDGED_ROLES, OUTAGES, failed_lines, judge, judgeable_at, tracked_losses
 from workloads.bench.soak_record import Reference, write_record
 from workloads.client.report import WORKER_PID, parse_prefixed, parse_train_line
+from workloads.periodic import Periodic
 
 if TYPE_CHECKING:
     from workloads.bench.services import MlflowServer, S3Server
@@ -82,6 +83,10 @@ the environment before its nodes start."""
 POLL_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 """Ray Train's controller takes a worker's report when it polls, every 2 s by default, and a worker
 holds one report: a run that reports every step, as this one does, would train a step per 2 s."""
+
+
+HOLD_STEPS_LEFT = 6
+"""Steps the run must have left for the hold before its end (the job logs lag a few steps behind)."""
 
 
 class RunEnded(Exception):
@@ -286,7 +291,8 @@ class Soak:
         self.storage_samples: list[dict] = []
         self.seen: dict[tuple[int, int], Process] = {}
         """Every process of the cluster sampled, by (pid, start time)."""
-        self.done = threading.Event()
+        self._said_at = 0.0
+        """When the sampler last printed a progress line."""
         self.s3 = storage.client()
         self.record: dict = {}
         self.last_step_s = 0.0
@@ -325,8 +331,7 @@ class Soak:
         planned = plan_faults(self.settings)
         self.say(f"seed {self.settings.seed}: {len(planned)} faults: "
                  + ", ".join(f"{p.kind} at step {p.step}" for p in planned))
-        sampler = threading.Thread(target=self._sample, name="soak-sampler", daemon=True)
-        sampler.start()
+        sampler = self.sampler().start()
         env = {**os.environ, "RAY_AUTH_TOKEN": self.cluster.token}
         with (self.out / "submit.txt").open("w") as output:
             submitter = subprocess.Popen(self.submit_argv(), stdout=output, stderr=subprocess.STDOUT, env=env,
@@ -343,6 +348,8 @@ class Soak:
                         self.events.pop()
                         self.say(f"{ended}: {fault.kind} not brought")
                         break
+                if len(self.events) == len(planned):
+                    self._hold_until_judged()
                 while submitter.poll() is None:
                     self._read()
                     time.sleep(0.5)
@@ -351,8 +358,7 @@ class Soak:
                 if submitter.poll() is None:
                     submitter.kill()
                     submitter.wait()
-                self.done.set()
-                sampler.join()
+                sampler.stop()
         self._read()
         self.say(f"submit exited {exit_code}")
         left = self._job_processes_left()
@@ -360,6 +366,7 @@ class Soak:
         record = {"seed": self.settings.seed, "settings": asdict(self.settings), "exit_code": exit_code,
                   "wall_s": self.now(), "trained_until_s": self.last_step_s,
                   "attempts_trained_s": self.attempts_trained_s, "planned": [asdict(p) for p in planned],
+                  "sampler": sampler.record(),
                   "faults": [asdict(e) for e in self.events],
                   "processes_left": [asdict(p) for p in left], "shared_memory_left": shared_memory_left(job)}
         (self.out / "job.log").write_text("\n".join(self.logs.lines) + "\n")
@@ -441,6 +448,31 @@ class Soak:
         if event.trained_again_s is not None:
             self.say(f"training again {event.trained_again_s - event.at_s:.1f} s after the {fault.kind}")
 
+    def _hold_until_judged(self) -> None:
+        """Once the faults are over, hold the run (rank 0 paused after a step's report) until the
+        driver, the head and the train workers of its last attempt have lived long enough to have
+        their memory judged. The run's length is in steps and the judging window in seconds: on a
+        fast machine the last attempt could end before its window; on a slow one no hold is needed."""
+        needs = judgeable_at(self.memory, settings=self.settings, attempts_trained_s=self.attempts_trained_s)
+        missing = [role for role in JUDGED_ROLES if role not in needs]
+        if missing:
+            self.say(f"no hold for the memory check: no {' or '.join(missing)} process in the latest samples")
+            return
+        hold_s = round(max(needs.values()) - self.now(), 1)
+        if hold_s <= 0:
+            return
+        left = self.settings.steps - self.logs.latest_step()
+        if left < HOLD_STEPS_LEFT:
+            self.say(f"no hold for the memory check: {left} step(s) left")
+            return
+        try:
+            step, _ = self._pause(point="after-report", step=self.logs.latest_step() + 2, rank=0, every=1,
+                                  max_s=hold_s)
+        except RunEnded as ended:
+            self.say(f"{ended}: no hold for the memory check")
+            return
+        self.say(f"holding the run at step {step} for {hold_s:g} s, until its processes' memory can be judged")
+
     def _read_for(self, seconds: float, *, until: Callable[[], bool] = lambda: False) -> None:
         """Wait `seconds` (or until `until()`), reading the job logs meanwhile: the progress lines
         and the time of the last step come from them."""
@@ -508,14 +540,20 @@ class Soak:
                                       before: int = 0, max_s: float = 600.0) -> tuple[int, int]:
         """Rank `rank` (default: the fault's target) pauses at `point` of a checkpoint's step at or
         after the fault's step, or `before` steps before it, for at most `max_s`; (that step, the
-        paused process's pid) once it has. The job logs run behind the run: a step it passed
-        before the pause was planned is given up for the next checkpoint's."""
+        paused process's pid) once it has."""
+        return self._pause(point=point, step=fault.step, rank=fault.target if rank is None else rank,
+                           every=self.settings.checkpoint_every, before=before, max_s=max_s)
+
+    def _pause(self, *, point: str, step: int, rank: int, every: int, before: int = 0,
+               max_s: float = 600.0) -> tuple[int, int]:
+        """Rank `rank` pauses at `point` of the first step at or after `step` that is a multiple of
+        `every`, or `before` steps before it, for at most `max_s`; (that step, the paused process's
+        pid) once it has. The job logs run behind the run: a step it passed before the pause was
+        planned is given up for the next one."""
         from workloads.launch.faults import Pause, read_plan, write_plan
 
-        every = self.settings.checkpoint_every
         deadline = time.monotonic() + 600
-        start = max(fault.step, self.logs.latest_step() + 2)
-        rank = fault.target if rank is None else rank
+        start = max(step, self.logs.latest_step() + 2)
         while time.monotonic() < deadline:
             step = (start + before + every - 1) // every * every - before
             pause = Pause(point=point, run=self.settings.run_name, step=step, rank=rank, max_s=max_s)
@@ -575,27 +613,33 @@ class Soak:
 
     # -- samples ---------------------------------------------------------------------------------
 
+    def sampler(self) -> Periodic:
+        """The sampler (not started): `_sample` every `sample_every_s`; a pass that fails is said and
+        kept in the record, and the next one runs."""
+        return Periodic(self._sample, every_s=self.settings.sample_every_s, name="soak-sampler", clock=self.now,
+                        on_error=lambda error: self.say(f"warning: the sampler's pass at t = {error.at_s} s failed "
+                                                        f"({error.error}); the next one runs"))
+
     def _sample(self) -> None:
-        said_at = 0.0
-        while not self.done.is_set():
-            at = self.now()
-            processes = cluster_processes(self.cluster.nodes)
-            for process in processes:
-                self.seen[(process.pid, process.started)] = process
-                self.memory.append({"t": at, "pid": process.pid, "role": process.role, "rss_mib": process.rss_mib})
-            if self.storage.up:
-                try:
-                    prefix = f"{PREFIX}/{self.settings.run_name}/"
-                    objects = bucket_objects(self.s3, self.bucket, prefix)
-                    self.storage_samples.append({"t": at, **storage_figures(objects, prefix=prefix)})
-                except Exception:  # the server went down between the check and the call
-                    pass
-            if at - said_at >= self.settings.progress_every_s:
-                said_at = at
-                self.say(progress_line(at_s=at, step=self.logs.latest_step(), steps=self.settings.steps,
-                                       attempts=len(self.logs.attempt_pids), processes=processes,
-                                       storage=self.storage_samples[-1] if self.storage_samples else None))
-            self.done.wait(self.settings.sample_every_s)
+        """One pass of the sampler: each process's resident memory, the bucket, and now and then a
+        progress line."""
+        at = self.now()
+        processes = cluster_processes(self.cluster.nodes)
+        for process in processes:
+            self.seen[(process.pid, process.started)] = process
+            self.memory.append({"t": at, "pid": process.pid, "role": process.role, "rss_mib": process.rss_mib})
+        if self.storage.up:
+            try:
+                prefix = f"{PREFIX}/{self.settings.run_name}/"
+                objects = bucket_objects(self.s3, self.bucket, prefix)
+                self.storage_samples.append({"t": at, **storage_figures(objects, prefix=prefix)})
+            except Exception:  # the server went down between the check and the call
+                pass
+        if at - self._said_at >= self.settings.progress_every_s:
+            self._said_at = at
+            self.say(progress_line(at_s=at, step=self.logs.latest_step(), steps=self.settings.steps,
+                                   attempts=len(self.logs.attempt_pids), processes=processes,
+                                   storage=self.storage_samples[-1] if self.storage_samples else None))
 
     def _job_processes_left(self, grace_s: float = 60.0) -> list[Process]:
         """The job's processes (driver, controller, train workers) still alive `grace_s` after it ended."""

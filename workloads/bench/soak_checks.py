@@ -14,6 +14,9 @@ from workloads.client.report import completed_losses
 if TYPE_CHECKING:
     from workloads.bench.soak import JobLogs, Soak, SoakSettings
 
+JUDGED_ROLES = ("driver", "head", "train worker")
+"""The roles whose memory must be judged for the memory check to hold."""
+
 OUTAGES = ("tracker-down", "storage-down")
 """Faults that restart nothing: the run must train through them."""
 
@@ -82,7 +85,9 @@ def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float
     trained (until `until_s`: the driver's work after training, its report to the tracker, is not
     growth), among the processes that lived long enough beyond their warm-up to judge (`settings`):
     the mean of its last three samples against the mean of its first three after warm-up. `longest`
-    is the judged process that lived longest: its pid, life, and those two means (start, end)."""
+    is the judged process that lived longest: its pid, life, and those two means (start, end);
+    `unjudged`, when no process of the role was judged, says why for the one sampled longest after
+    its warm-up."""
     by_process: dict[tuple[str, int], list[dict]] = {}
     for sample in samples:
         if sample["t"] <= until_s:
@@ -90,14 +95,19 @@ def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float
     roles: dict[str, dict] = {}
     for (role, pid), series in by_process.items():
         entry = roles.setdefault(role, {"processes": 0, "judged": 0, "max_growth_mib": None, "pid": None,
-                                        "peak_rss_mib": 0.0, "longest": None})
+                                        "peak_rss_mib": 0.0, "longest": None, "unjudged": None})
         entry["processes"] += 1
         entry["peak_rss_mib"] = max(entry["peak_rss_mib"], max(s["rss_mib"] for s in series))
         warm_from = series[0]["t"]
         if role == "train worker":
             warm_from = min((t for t in attempts_trained_s if t >= series[0]["t"]), default=float("inf"))
         settled = [s for s in series if s["t"] >= warm_from + settings.memory_warmup_s]
-        if len(settled) < 6 or settled[-1]["t"] - settled[0]["t"] < settings.memory_judged_after_s:
+        span = settled[-1]["t"] - settled[0]["t"] if settled else -1.0
+        if len(settled) < 6 or span < settings.memory_judged_after_s:
+            if entry["unjudged"] is None or span > entry["unjudged"]["span_s"]:
+                entry["unjudged"] = {"pid": pid, "span_s": round(span, 1),
+                                     "why": why_unjudged(series, warm_from=warm_from, settled=settled,
+                                                         settings=settings, until_s=until_s)}
             continue
         start, end = (sum(s["rss_mib"] for s in part) / 3 for part in (settled[:3], settled[-3:]))
         growth = end - start
@@ -110,7 +120,49 @@ def memory_growth(samples: list[dict], *, settings: SoakSettings, until_s: float
             entry["max_growth_mib"], entry["pid"] = round(growth, 1), pid
     for entry in roles.values():
         entry["within"] = entry["max_growth_mib"] is None or entry["max_growth_mib"] <= settings.memory_growth_limit_mib
+        if entry["judged"]:
+            entry["unjudged"] = None
     return roles
+
+
+def judgeable_at(samples: list[dict], *, settings: SoakSettings, attempts_trained_s: list[float]) -> dict[str, float]:
+    """For each role of JUDGED_ROLES with a process in the latest samples: when the earliest of those
+    processes will have been sampled long enough after its warm-up to be judged (as memory_growth
+    judges), if it lives and trains on until then; a role missing there is missing here."""
+    if not samples:
+        return {}
+    latest = samples[-1]["t"]
+    first: dict[tuple[str, int], float] = {}
+    for sample in samples:
+        first.setdefault((sample["role"], sample["pid"]), sample["t"])
+    alive = {(sample["role"], sample["pid"]) for sample in samples if sample["t"] == latest}
+    # Six samples after the warm-up span at least five sample intervals; one more for where the
+    # warm-up ends between two samples.
+    window = settings.memory_warmup_s + max(settings.memory_judged_after_s, 5 * settings.sample_every_s) \
+        + settings.sample_every_s
+    ready: dict[str, float] = {}
+    for role, pid in alive:
+        if role not in JUDGED_ROLES:
+            continue
+        warm_from = first[(role, pid)]
+        if role == "train worker":
+            warm_from = min((t for t in attempts_trained_s if t >= warm_from), default=latest)
+        ready[role] = min(ready.get(role, float("inf")), warm_from + window)
+    return ready
+
+
+def why_unjudged(series: list[dict], *, warm_from: float, settled: list[dict], settings: SoakSettings,
+                 until_s: float) -> str:
+    """Why a process's memory could not be judged: it never trained, it had no sample after its
+    warm-up, or too short a stretch of samples after it."""
+    if warm_from == float("inf"):
+        return f"it never trained (sampled from t = {series[0]['t']} to {series[-1]['t']} s)"
+    warm_end = warm_from + settings.memory_warmup_s
+    if not settled:
+        return (f"no sample after its warm-up (t >= {warm_end:.1f} s): its last sample while the run trained was at "
+                f"t = {series[-1]['t']} s (training ended at {until_s} s)")
+    return (f"{len(settled)} samples over {settled[-1]['t'] - settled[0]['t']:.1f} s after its warm-up (t >= "
+            f"{warm_end:.1f} s), short of 6 samples over {settings.memory_judged_after_s:g} s")
 
 
 def retention(samples: list[dict], *, keep: int) -> dict:
@@ -188,8 +240,9 @@ def judge(soak: Soak, *, reference: dict[int, float]) -> dict:
                                     "within": all(r["within"] for r in rows)},
         "no_unplanned_restart": {"attempts": unplanned, "within": not unplanned},
         "losses_match_uninterrupted": loss_gaps(losses, reference),
-        "memory": {"roles": memory, "within": all(r["within"] for r in memory.values())
-                   and all(memory.get(role, {}).get("judged") for role in ("driver", "head", "train worker"))},
+        "memory": {"roles": memory, "sampler": record["sampler"],
+                   "within": all(r["within"] for r in memory.values()) and record["sampler"]["stopped"] is None
+                   and all(memory.get(role, {}).get("judged") for role in JUDGED_ROLES)},
         "retention": retention(soak.storage_samples, keep=settings.keep_checkpoints),
         "mlflow": mlflow_record(soak.tracker.uri, run_name=settings.run_name, losses=losses, steps=settings.steps),
         "no_process_left": {"left": record["processes_left"], "within": not record["processes_left"]},
@@ -204,12 +257,20 @@ def judge(soak: Soak, *, reference: dict[int, float]) -> dict:
 
 def _failed_memory(check: dict) -> str:
     parts = []
+    if (stopped := check["sampler"]["stopped"]) is not None:
+        parts.append(f"the memory sampler stopped at t = {stopped['at_s']} s: {stopped['error']} (no sample after "
+                     "it: what follows is judged on the samples before)")
     for role, entry in check["roles"].items():
         if not entry["within"]:
             parts.append(f"{role} pid {entry['pid']} grew {entry['max_growth_mib']} MiB after its warm-up")
-    for role in ("driver", "head", "train worker"):
-        if not check["roles"].get(role, {}).get("judged"):
-            parts.append(f"no {role} process lived long enough after its warm-up to be judged (a longer soak)")
+    for role in JUDGED_ROLES:
+        entry = check["roles"].get(role)
+        if entry is None:
+            parts.append(f"no {role} process was sampled")
+        elif not entry["judged"]:
+            unjudged = entry["unjudged"]
+            parts.append(f"no {role} process was judged (pid {unjudged['pid']}, the one sampled longest after its "
+                         f"warm-up: {unjudged['why']})")
     return "; ".join(parts)
 
 

@@ -258,9 +258,22 @@ class LocalNodes:
         proc = self.procs[index]
         return [proc.pid, *_descendants(proc.pid)]
 
+    def roots(self) -> dict[int, int]:
+        """Each node's `ray start` pid now, by index. Read from a copy of `procs`, taken in one step:
+        a fault (a drain, a restart) takes nodes out of it and puts them back on another thread
+        while a sampler reads it, and a node gone between listing the indices and reading one was a
+        KeyError that ended the soak's memory sampler."""
+        return {index: proc.pid for index, proc in dict(self.procs).items()}
+
+    def processes(self) -> dict[int, list[int]]:
+        """Every process of every node now, by node index: its `ray start` and what descends from
+        it, from one copy of `procs` (roots) and one read of /proc."""
+        children = _children()
+        return {index: [root, *_descendants(root, children)] for index, root in sorted(self.roots().items())}
+
     def node_of(self, pid: int) -> Optional[int]:
         """The node whose processes include `pid` (it descends from the node's `ray start`), or None."""
-        nodes = {proc.pid: index for index, proc in self.procs.items()}
+        nodes = {root: index for index, root in self.roots().items()}
         while pid and pid not in nodes:
             pid = _parent_of(pid) or 0
         return nodes.get(pid)
@@ -290,12 +303,18 @@ def _parent_of(pid: int) -> Optional[int]:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process that descends from `root`, from Linux's /proc."""
+def _children() -> dict[int, list[int]]:
+    """Each live process's children, by parent pid, from Linux's /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (parent := _parent_of(int(entry.name))) is not None:
             children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def _descendants(root: int, children: Optional[dict[int, list[int]]] = None) -> list[int]:
+    """Every process that descends from `root`, from Linux's /proc (or `children`, one read of it)."""
+    children = _children() if children is None else children
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):

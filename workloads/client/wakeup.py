@@ -381,7 +381,11 @@ class WakeWatching:
         self._thread = threading.Thread(target=self._run, name="wake-watch", daemon=True)
 
     def _run(self) -> None:
-        self.result = self.watch.run()
+        try:
+            self.result = self.watch.run()
+        except Exception as exc:  # the watch only reports: say that it stopped, and why, rather than go silent
+            self.watch.warn(f"the watch of the GPU nodes stopped: {_last_line(exc)}; the job goes on without it")
+            self.result = WakeResult(ready=False, waited_s=0.0, last=f"the watch stopped: {_last_line(exc)}")
 
     def __enter__(self) -> "WakeWatching":
         self._thread.start()
