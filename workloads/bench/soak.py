@@ -19,8 +19,9 @@ random step (the seed is printed):
   save-interrupted  a rank SIGKILLed while it uploads its part of a checkpoint (the pause point
                     `checkpoint-upload`, workloads/launch/faults.py)
 
-A fault comes once the run trains again after the one before; after the last, the run is held (rank 0
-paused) until the memory of each role's newest process can be judged, if it could not be yet. Checked and recorded in DIR: each
+A fault comes once the run trains again after the one before; after the last that restarts processes,
+the run is held (rank 0 paused) until the memory of each role's newest process can be judged, if it
+could not be yet. Checked and recorded in DIR: each
 step's loss against an uninterrupted run of the same settings (torchrun, the same loop without Ray);
 the steps each fault cost against its allowance; the resident memory of the driver, the head and the
 workers every few seconds, which must not grow beyond warm-up; no process of the job left once it
@@ -338,7 +339,10 @@ class Soak:
                                          stdin=subprocess.DEVNULL)
             try:
                 self.submitter = submitter
-                for fault in planned:
+                # The hold comes once the last fault that restarts processes is over: the outages after
+                # it keep the same processes and would otherwise take the steps left for it.
+                hold_after = max((i for i, p in enumerate(planned) if p.kind not in OUTAGES), default=len(planned) - 1)
+                for index, fault in enumerate(planned):
                     if not self._await_step(fault.step, submitter):
                         self.say(f"the run ended before step {fault.step}: {fault.kind} not brought")
                         break
@@ -348,8 +352,8 @@ class Soak:
                         self.events.pop()
                         self.say(f"{ended}: {fault.kind} not brought")
                         break
-                if len(self.events) == len(planned):
-                    self._hold_until_judged()
+                    if index == hold_after:
+                        self._hold_until_judged()
                 while submitter.poll() is None:
                     self._read()
                     time.sleep(0.5)
@@ -449,10 +453,11 @@ class Soak:
             self.say(f"training again {event.trained_again_s - event.at_s:.1f} s after the {fault.kind}")
 
     def _hold_until_judged(self) -> None:
-        """Once the faults are over, hold the run (rank 0 paused after a step's report) until the
-        driver, the head and the train workers of its last attempt have lived long enough to have
-        their memory judged. The run's length is in steps and the judging window in seconds: on a
-        fast machine the last attempt could end before its window; on a slow one no hold is needed."""
+        """Once the last fault that restarts processes is over, hold the run (rank 0 paused after a
+        step's report) until the driver, the head and the train workers of its last attempt have
+        lived long enough to have their memory judged. The run's length is in steps and the judging
+        window in seconds: on a fast machine the last attempt could end before its window; on a slow
+        one no hold is needed."""
         needs = judgeable_at(self.memory, settings=self.settings, attempts_trained_s=self.attempts_trained_s)
         missing = [role for role in JUDGED_ROLES if role not in needs]
         if missing:
