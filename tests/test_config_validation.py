@@ -141,6 +141,7 @@ STACK_FILE_KEYS = {
     "system_instance_type": "ray-eks:systemInstanceType",
     "kubernetes_version": "ray-eks:kubernetesVersion",
     "ray_image": "ray-eks:rayImage",
+    "allow_unpinned_images": "ray-eks:allowUnpinnedImages",
     "ray_version": "ray-eks:rayVersion",
     "nvidia_device_plugin_chart_version": "ray-eks:nvidiaDevicePluginChartVersion",
     "efa_device_plugin_chart_version": "ray-eks:efaDevicePluginChartVersion",

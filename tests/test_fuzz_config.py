@@ -78,6 +78,7 @@ def valid_configs(draw) -> dict:
         "ray-eks:kubernetesVersion": st.sampled_from([f"1.{m}" for m in
                                                       SUPPORTED_KUBERNETES_MINORS]),
         "ray-eks:rayImage": valid_images,
+        "ray-eks:allowUnpinnedImages": st.booleans(),
         "ray-eks:rayVersion": valid_versions,
         "ray-eks:nvidiaDevicePluginChartVersion": valid_versions,
         "ray-eks:efaDevicePluginChartVersion": valid_versions.map(lambda v: "v" + v),
@@ -233,6 +234,8 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:retainCheckpointsOnDestroy": st.one_of(
         st.sampled_from(["maybe", "yes", "no", "1", "0", "", "on"]), st.integers(), st.none(),
         st.lists(st.booleans(), max_size=1), st.floats()),
+    "ray-eks:allowUnpinnedImages": st.one_of(
+        st.sampled_from(["maybe", "yes", "sha256", ""]), st.integers(), st.none(), st.floats()),
     "ray-eks:apiOpenToInternet": st.one_of(
         st.sampled_from(["maybe", "yes", "open", "0.0.0.0/0", ""]), st.integers(), st.none(),
         st.lists(st.booleans(), max_size=1), st.floats()),
