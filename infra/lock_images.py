@@ -46,8 +46,8 @@ def plan_lock(*, stack: str, project_dir: Path | str, resolve: Callable[[ImageRe
               ) -> tuple[list[LockedImage], StackUpdate]:
     """Each image of `Pulumi.<stack>.yaml` and the file's new text, with `resolve` (a reference -> its
     tag's digest) asked once per image. ConfigError when the file is not a valid stack file (nothing
-    asked then), StackFileError when it cannot be edited without touching other lines, RegistryError
-    from `resolve`."""
+    asked then), StackFileError when it cannot be edited without touching other lines, ImageLockError
+    (naming the key and the image) when `resolve` raises a RegistryError."""
     cfg = load_stack_config(stack, project_dir)
     path = stack_file(stack, project_dir)
     locked = []
@@ -58,8 +58,8 @@ def plan_lock(*, stack: str, project_dir: Path | str, resolve: Callable[[ImageRe
         except RegistryError as exc:
             raise ImageLockError(key=key, image=image, error=exc) from None
         locked.append(LockedImage(key=key, before=image, after=after))
-    before = path.read_text()
-    changes = {i.key: i.after for i in locked if i.changed or i.key not in read_stack_values(path)}
+    before, written = path.read_text(), read_stack_values(path)
+    changes = {i.key: i.after for i in locked if i.changed or i.key not in written}
     if not changes:
         return locked, StackUpdate(path=path, before=before, after=before)
     yaml, doc = faithful_load(before, path, keys=changes)

@@ -17,7 +17,7 @@ import pytest
 from infra.config import ConfigError, load_stack_config
 from infra.images import unpinned_images
 from infra.lock_images import plan_lock
-from infra.registry import MANIFEST_MEDIA_TYPES, RegistryClient
+from infra.registry import DOCKER_HUB, MANIFEST_MEDIA_TYPES, ImageReference, RegistryClient
 from oci_registry import DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX, OCI_MANIFEST, OciRegistry
 from workloads.client.cluster import free_port
 
@@ -171,3 +171,19 @@ def test_a_bad_value_elsewhere_in_the_stack_file_stops_it_before_any_request(tmp
     done = _lock_images(tmp_path)
     assert done.returncode == 2 and registry.requests == []
     assert done.stderr.startswith(f"infra lock-images: error: {path}:9: ray-eks:gpuNodeCount = 'two': must be")
+
+
+@pytest.mark.parametrize(("text", "registry", "repository", "tag", "digest"), [
+    (f"public.ecr.aws/{REPOSITORY}:{TAG}", "public.ecr.aws", REPOSITORY, TAG, None),
+    (f"public.ecr.aws/{REPOSITORY}:{TAG}@sha256:{'a' * 64}", "public.ecr.aws", REPOSITORY, TAG, "sha256:" + "a" * 64),
+    (f"127.0.0.1:5000/{REPOSITORY}:{TAG}", "127.0.0.1:5000", REPOSITORY, TAG, None),
+    (f"localhost/ray@sha256:{'b' * 64}", "localhost", "ray", None, "sha256:" + "b" * 64),
+    ("rayproject/ray:2.58.0", DOCKER_HUB, "rayproject/ray", "2.58.0", None),  # Docker Hub, by Docker's rules
+    ("busybox:1.36", DOCKER_HUB, "library/busybox", "1.36", None),
+    ("docker.io/library/busybox:1.36", DOCKER_HUB, "library/busybox", "1.36", None),
+])
+def test_image_references_are_read_as_kubernetes_reads_them(text, registry, repository, tag, digest):
+    ref = ImageReference.parse(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (registry, repository, tag, digest)
+    if tag:
+        assert ref.pinned("sha256:" + "c" * 64) == f"{ref.name}:{tag}@sha256:{'c' * 64}"
