@@ -12,6 +12,7 @@ from infra.cluster import EksCluster, EksClusterArgs
 from infra.cost import estimated_cost_per_hour, estimated_idle_cost_per_hour, reservation_idle_note
 from infra.health import NodeHealth, NodeHealthArgs
 from infra.helm_values import CLUSTER_AUTOSCALER, chart_values, chart_versions
+from infra.images import require_pinned_images
 from infra.prices import on_demand
 from infra.network import Network, NetworkArgs
 from infra.nodegroups import GpuNodeGroup, GpuNodeGroupArgs, ScaleToZero, SystemNodeGroup, SystemNodeGroupArgs
@@ -25,6 +26,7 @@ from infra.storage import CheckpointStorage, CheckpointStorageArgs
 from infra.tracking import MlflowTracking, MlflowTrackingArgs
 
 cfg = load_running_stack_config()
+require_pinned_images(cfg)  # pulumi up stops here on an image not pinned by digest
 gpu_window = gpu_launch_window(cfg)  # a reservation that has ended stops the program here
 name = f"{pulumi.get_project()}-{pulumi.get_stack()}"
 idle_to_zero = scale_to_zero.enabled(cfg)

@@ -1,20 +1,13 @@
 """Write the probe's choice into `Pulumi.<stack>.yaml`, changing nothing else.
 
-The file is edited through a ruamel.yaml round trip, with the indentation that reproduces the file
-exactly as it is; only then are the GPU placement keys (and the reservation keys of `--hold`,
-`blocks` and `release`) set or removed. A final line diff checks that every line that changed is
-one of those keys, so other keys and comments are kept byte-for-byte, or the file is not written
-at all.
+The file is edited as infra/config/stack_edit.py edits stack files (a faithful ruamel.yaml round trip,
+then a line diff that lets only the edited keys change): here the GPU placement keys, and the
+reservation keys of `--hold`, `blocks` and `release`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import io
-import os
-import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,6 +19,9 @@ from capacity.probe import Placement
 from infra.config import (PLACEMENT_FIELDS, RESERVATION_FIELDS, SPOT_FIELDS, ConfigError, GpuReservation,
                           StackConfig, check_stack_file_settings, coerce_values, config_key, format_utc,
                           located, parse_stack_config, read_stack_values)
+from infra.config.stack_edit import (LAYOUTS, StackFileError, StackUpdate, check_only_keys_changed, dump,
+                                     faithful_load, round_trip_yaml)
+from infra.config.stack_edit import write as write  # the capacity commands write through this module
 
 PLACEMENT_KEYS = tuple(config_key(name) for name in PLACEMENT_FIELDS)
 RESERVATION_KEYS = tuple(config_key(name) for name in RESERVATION_FIELDS)
@@ -33,37 +29,8 @@ SPOT_KEYS = tuple(config_key(name) for name in SPOT_FIELDS)
 MANAGED_KEYS = PLACEMENT_KEYS + SPOT_KEYS + RESERVATION_KEYS
 """Every key the capacity commands write, in the order they are inserted."""
 
-# (mapping, sequence, offset) layouts tried in order; the first that reproduces the file is used.
-_LAYOUTS = ((2, 4, 2), (2, 2, 0), (4, 4, 2), (4, 4, 0), (4, 6, 4), (2, 4, 0), (4, 2, 0))
-
 _HEADER = ("# GPU placement written by `python -m capacity probe`; it rewrites only the placement\n"
            "# keys and keeps every other key and comment you add here.\n")
-
-
-class StackFileError(ValueError):
-    """The stack file cannot be updated as asked; the file is left untouched."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackUpdate:
-    """A planned change of one stack file."""
-
-    path: Path
-    """The stack file."""
-    before: str | None
-    """Its text now; None when it does not exist."""
-    after: str
-    """Its text once written."""
-
-    @property
-    def changed(self) -> bool:
-        return self.before != self.after
-
-    def diff(self) -> str:
-        before = (self.before or "").splitlines(keepends=True)
-        label = str(self.path) if self.before is not None else "/dev/null"
-        return "".join(difflib.unified_diff(before, self.after.splitlines(keepends=True),
-                                            fromfile=label, tofile=str(self.path)))
 
 
 def placement_values(placement: Placement) -> dict[str, Any]:
@@ -149,29 +116,8 @@ def read_reservation(path: Path) -> dict[str, Any]:
     return {key: values[key] for key in RESERVATION_KEYS if key in values}
 
 
-def _yaml(layout: tuple[int, int, int]) -> YAML:
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 4096  # never re-wrap long lines
-    mapping, sequence, offset = layout
-    yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
-    return yaml
-
-
-def _dump(yaml: YAML, doc: Any) -> str:
-    buf = io.StringIO()
-    yaml.dump(doc, buf)
-    return buf.getvalue()
-
-
 def _faithful_yaml(text: str, path: Path) -> tuple[YAML, Any]:
-    for layout in _LAYOUTS:
-        yaml = _yaml(layout)
-        doc = yaml.load(text)
-        if _dump(yaml, doc) == text:
-            return yaml, doc
-    raise StackFileError(f"{path}: its layout cannot be reproduced exactly by a YAML round trip, "
-                         f"so it is left untouched; set {', '.join(PLACEMENT_KEYS)} by hand")
+    return faithful_load(text, path, keys=PLACEMENT_KEYS)
 
 
 def _by_hand(values: Mapping[str, Any], remove: tuple[str, ...]) -> str:
@@ -192,19 +138,8 @@ def _set_placement(config: CommentedMap, values: Mapping[str, Any]) -> None:
         config.insert(pos, key, values[key])
 
 
-_KEY_LINE = re.compile(r"^\s*(" + "|".join(re.escape(k) for k in MANAGED_KEYS) + r")\s*:")
-
-
-def _check_only_placement_changed(before: str, after: str, path: Path,
-                                  fix: str) -> None:
-    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if tag == "equal":
-            continue
-        touched = a[i1:i2] + b[j1:j2]
-        if not all(_KEY_LINE.match(line) for line in touched):
-            raise StackFileError(f"{path}: updating it would also change other lines "
-                                 f"({touched[0].strip()!r}), so it is left untouched; {fix}")
+def _check_only_placement_changed(before: str, after: str, path: Path, fix: str) -> None:
+    check_only_keys_changed(before, after, path, keys=MANAGED_KEYS, fix=fix)
 
 
 def _parses(text: str) -> ConfigError | None:
@@ -223,7 +158,7 @@ def precheck(path: Path) -> None:
         return
     check_stack_file_settings(path)
     text = path.read_text()
-    if _yaml(_LAYOUTS[0]).load(text) is not None:
+    if round_trip_yaml(LAYOUTS[0]).load(text) is not None:
         _faithful_yaml(text, path)
 
 
@@ -234,18 +169,18 @@ def plan_update(path: Path, values: Mapping[str, Any], *,
     be updated without touching other content."""
     assert set(values) | set(remove) <= set(MANAGED_KEYS), "not a key the capacity tools own"
     if not path.exists():
-        yaml = _yaml(_LAYOUTS[0])
+        yaml = round_trip_yaml(LAYOUTS[0])
         config = CommentedMap()
         _set_placement(config, values)
-        after = _HEADER + _dump(yaml, CommentedMap(config=config))
+        after = _HEADER + dump(yaml, CommentedMap(config=config))
         return StackUpdate(path=path, before=None, after=after)
     read_stack_values(path)  # ConfigError when it is not a stack file
     before = path.read_text()
-    if _yaml(_LAYOUTS[0]).load(before) is None:  # empty, or comments only: append the config
+    if round_trip_yaml(LAYOUTS[0]).load(before) is None:  # empty, or comments only: append the config
         config = CommentedMap()
         _set_placement(config, values)
         sep = "\n" if before and not before.endswith("\n") else ""
-        after = before + sep + _dump(_yaml(_LAYOUTS[0]), CommentedMap(config=config))
+        after = before + sep + dump(round_trip_yaml(LAYOUTS[0]), CommentedMap(config=config))
         return StackUpdate(path=path, before=before, after=after)
     yaml, doc = _faithful_yaml(before, path)
     if doc.get("config") is None:
@@ -253,24 +188,9 @@ def plan_update(path: Path, values: Mapping[str, Any], *,
     _set_placement(doc["config"], values)
     for key in remove:
         doc["config"].pop(key, None)
-    after = _dump(yaml, doc)
+    after = dump(yaml, doc)
     _check_only_placement_changed(before, after, path, _by_hand(values, remove))
     if _parses(before) is None and (problem := _parses(after)) is not None:
         raise StackFileError(f"{path}: the new placement would not be a valid stack config "
                              f"({problem}); file left untouched")
     return StackUpdate(path=path, before=before, after=after)
-
-
-def write(update: StackUpdate) -> None:
-    """Atomically replace the file (never a half-written stack file), keeping its permissions."""
-    path = update.path
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(update.after)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -212,10 +212,11 @@ def _program_process(project_dir: Path, exported: dict[str, Any]) -> Iterator[No
 
 
 def run_program(*, project_dir: Path, stack: str, config: dict[str, Any], zones: list[tuple[str, str]] | None = None,
-                mocks: type[Mocks] = Mocks) -> ProgramRun:
+                mocks: type[Mocks] = Mocks, preview: bool = False) -> ProgramRun:
     """Run the project's __main__.py for `stack` with `config` (the stack file's `config:` mapping), in
     an account whose AZs are `zones` ((name, ID) pairs; by default a is az1, b az2, c az3), under
-    `mocks` (a subclass of `Mocks` answers more calls)."""
+    `mocks` (a subclass of `Mocks` answers more calls), as `pulumi up` runs it, or as `pulumi preview`
+    does with `preview` (what `pulumi.runtime.is_dry_run()` then says)."""
     run = ProgramRun()
     exported: dict[str, Any] = {}
     region = str(config["aws:region"])  # every stack file names it (the probe writes it)
@@ -225,7 +226,7 @@ def run_program(*, project_dir: Path, stack: str, config: dict[str, Any], zones:
     asyncio.set_event_loop(_PROGRAM_LOOP)
     program_mocks = mocks(run, region, zones)
     program_mocks.monitor = RecordingMonitor(program_mocks, run)
-    pulumi.runtime.set_mocks(program_mocks, project="ray-eks", stack=stack, preview=False,
+    pulumi.runtime.set_mocks(program_mocks, project="ray-eks", stack=stack, preview=preview,
                              monitor=program_mocks.monitor, logger=WarningsLogger(run))
     # What the engine hands a program: strings, with structured values as JSON.
     pulumi.runtime.set_all_config({

@@ -24,8 +24,10 @@ PROGRAM_DIR = Path(__file__).resolve().parents[1]
 
 
 def declared(*, stack: str, config: dict[str, Any]) -> ProgramRun:
-    """The program's run for `stack` with its stack file's `config:` mapping, under mocks."""
-    return run_program(project_dir=PROGRAM_DIR, stack=stack, config=config)
+    """The program's run for `stack` with its stack file's `config:` mapping, under mocks, as `pulumi
+    preview` runs it: the resources `pulumi up` would create, for a stack whose images are not locked by
+    digest yet too (`pulumi up` refuses those before declaring anything: infra/images.py)."""
+    return run_program(project_dir=PROGRAM_DIR, stack=stack, config=config, preview=True)
 
 
 def _is_component(resource: Declared) -> bool:

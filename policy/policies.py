@@ -1,8 +1,10 @@
 """The pulumi-policy wrappers around rules/: which rule runs on which resource type.
 
 A wrapper turns the engine's properties into plain data (UNKNOWN where a value is not known during
-preview), calls the rule and reports each message. Every policy is mandatory: a violation
-fails `pulumi preview` and stops `pulumi up`.
+preview), calls the rule and reports each message. Every policy is mandatory (a violation fails
+`pulumi preview` and stops `pulumi up`) but `images-pinned-by-digest`, which warns: a stack that has
+not locked its images yet must still preview, and `pulumi up` itself refuses an image not pinned by
+digest unless the stack allows it (infra/images.py), which the pack cannot read.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pulumi_policy.proxy import UnknownValueError
 import rules
 
 MANDATORY = EnforcementLevel.MANDATORY
+ADVISORY = EnforcementLevel.ADVISORY
 
 
 def to_plain(value: Any) -> Any:
@@ -49,7 +52,8 @@ def to_plain(value: Any) -> Any:
 
 
 def _resource_policy(*, name: str, description: str, types: tuple[str, ...],
-                     rule: Callable[[str, Mapping[str, Any]], list[str]]) -> ResourceValidationPolicy:
+                     rule: Callable[[str, Mapping[str, Any]], list[str]],
+                     enforcement_level: EnforcementLevel = MANDATORY) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         if args.resource_type not in types:
             return
@@ -57,7 +61,7 @@ def _resource_policy(*, name: str, description: str, types: tuple[str, ...],
             report_violation(message, None)
 
     return ResourceValidationPolicy(name=name, description=description, validate=validate,
-                                    enforcement_level=MANDATORY)
+                                    enforcement_level=enforcement_level)
 
 
 def to_stack_resource(resource: PolicyResource) -> rules.StackResource:
@@ -101,6 +105,17 @@ POLICIES = [
                     "with market type capacity-block for a block.",
         rule=rules.capacity_reservation_violations),
     _resource_policy(
+        name="launch-template-imdsv2-one-hop",
+        description="Launch templates require IMDSv2 tokens with a hop limit of 1 (or turn IMDS off), so that "
+                    "no pod reads the node role's credentials.",
+        types=(rules.LAUNCH_TEMPLATE,),
+        rule=lambda _type, props: rules.instance_metadata_violations(props)),
+    _stack_policy(
+        name="node-group-launch-template-in-stack",
+        description="Every node group launches from a launch template of this stack, whose instance metadata "
+                    "options the policy above checks.",
+        rule=rules.node_group_launch_template_violations),
+    _resource_policy(
         name="ray-worker-guaranteed-efa",
         description="Ray worker containers set requests equal to limits and the Ray container "
                     "requests vpc.amazonaws.com/efa.",
@@ -113,11 +128,33 @@ POLICIES = [
         rule=lambda type_, props: (rules.ray_head_exposure_violations(props)
                                    if type_ == rules.RAY_CLUSTER
                                    else rules.service_exposure_violations(props))),
+    _stack_policy(
+        name="ray-pods-not-exposed",
+        description="No Service whose selector picks the Ray pods (by any of their labels, whatever its name) "
+                    "is a LoadBalancer or NodePort or has externalIPs, and no Ingress routes to the Ray pods.",
+        rule=rules.ray_exposure_violations),
+    _stack_policy(
+        name="ray-namespace-network-policy",
+        description="Every Ray pod is selected by a NetworkPolicy with Ingress rules, and none of the policies "
+                    "that select it admits every source, every namespace or a slice of the internet.",
+        rule=rules.ray_network_policy_violations),
+    _stack_policy(
+        name="ray-namespace-pod-security",
+        description="The Ray namespace is declared by the stack and enforces the baseline (or restricted) Pod "
+                    "Security Standard.",
+        rule=rules.ray_pod_security_violations),
     _resource_policy(
         name="pinned-images",
         description="Container images are pinned by a version tag (vX.Y) or a digest.",
         types=(rules.RAY_CLUSTER, *rules.POD_SPEC_PATHS),
         rule=rules.workload_image_violations),
+    _resource_policy(
+        name="images-pinned-by-digest",
+        description="Container images name their digest (@sha256:...), not only a tag its registry can move "
+                    "(python -m infra lock-images pins the stack's). Advisory: pulumi up refuses them itself.",
+        types=(rules.RAY_CLUSTER, *rules.POD_SPEC_PATHS),
+        rule=rules.digest_pin_violations,
+        enforcement_level=ADVISORY),
     _resource_policy(
         name="pinned-chart-versions",
         description="Helm charts are installed at an exact version, with no floating image tag "
@@ -152,8 +189,9 @@ POLICIES = [
         rule=rules.tracking_server_violations),
     _resource_policy(
         name="eks-api-not-open-to-all",
-        description="The public EKS API endpoint is limited to known CIDRs, not 0.0.0.0/0, unless "
-                    "the cluster is tagged as meant to be open (ray-eks:apiOpenToInternet).",
+        description="The public EKS API endpoint opens no more than a /8's worth of IPv4 (a /32's of IPv6) "
+                    "addresses, however the CIDRs spell it, unless the cluster is tagged as meant to be open "
+                    "(ray-eks:apiOpenToInternet).",
         types=(rules.EKS_CLUSTER,),
         rule=lambda _type, props: rules.public_api_access_violations(props)),
 ]

@@ -141,6 +141,7 @@ STACK_FILE_KEYS = {
     "system_instance_type": "ray-eks:systemInstanceType",
     "kubernetes_version": "ray-eks:kubernetesVersion",
     "ray_image": "ray-eks:rayImage",
+    "allow_unpinned_images": "ray-eks:allowUnpinnedImages",
     "ray_version": "ray-eks:rayVersion",
     "nvidia_device_plugin_chart_version": "ray-eks:nvidiaDevicePluginChartVersion",
     "efa_device_plugin_chart_version": "ray-eks:efaDevicePluginChartVersion",
@@ -309,6 +310,41 @@ def test_the_eks_api_is_private_unless_cidrs_are_named_and_open_to_all_only_when
     assert "checkip.amazonaws.com" in message and "pulumi config set ray-eks:apiOpenToInternet true" in message
     said = parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": ["0.0.0.0/0"], "ray-eks:apiOpenToInternet": True})
     assert (said.api_access_cidrs, said.api_open_to_internet) == (("0.0.0.0/0",), True)
+
+
+@pytest.mark.parametrize(("cidrs", "opened"), [
+    (["0.0.0.0/1", "128.0.0.0/1"], "4,294,967,296"),
+    (["11.0.0.0/8", "12.0.0.0/8"], "33,554,432"),
+    ([f"{i}.0.0.0/10" for i in range(1, 6)], "20,971,520"),
+    (["0.0.0.0/7", "203.0.113.7/32"], "33,554,433"),
+])
+def test_api_access_cidrs_that_together_open_more_than_a_slash_8_are_refused_unless_said(cidrs, opened):
+    """However the internet is spelt: what counts is how many addresses the list opens."""
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": cidrs})
+    assert str(info.value).startswith(
+        f"ray-eks:apiAccessCidrs = {cidrs!r}: together open {opened} IPv4 addresses, more than a /8's worth "
+        "(16,777,216, the most one organisation holds): the EKS API of a cluster that runs any code it is sent "
+        "would be open to a large part of the internet. Fix: list your own address or range")
+    assert "pulumi config set ray-eks:apiOpenToInternet true" in str(info.value)
+    said = parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": cidrs, "ray-eks:apiOpenToInternet": True})
+    assert said.api_access_cidrs == tuple(cidrs)
+
+
+@pytest.mark.parametrize("cidrs", [["17.0.0.0/8"], ["10.0.0.0/8", "10.0.0.0/9", "10.128.0.0/9"],
+                                   ["17.0.0.0/9", "18.0.0.0/9"], ["203.0.113.7/32", "198.51.100.0/24"]])
+def test_api_access_cidrs_within_a_slash_8_are_taken(cidrs):
+    assert parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": cidrs}).api_access_cidrs == tuple(cidrs)
+
+
+@pytest.mark.parametrize("cidr", ["2001:db8::/32", "::/0", "::/1"])
+def test_an_ipv6_cidr_is_refused_on_this_ipv4_cluster_with_why(cidr):
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config({**GOOD, "ray-eks:apiAccessCidrs": ["203.0.113.7/32", cidr]})
+    assert str(info.value) == (
+        f"ray-eks:apiAccessCidrs = {cidr!r}: is an IPv6 CIDR, and EKS takes IPv6 public access CIDRs only on "
+        "IPv6 clusters (this stack's cluster is IPv4). Fix: list the IPv4 address or range you reach the API "
+        "from, like 203.0.113.7/32")
 
 
 def test_a_bare_address_in_api_access_cidrs_is_refused_with_its_32():

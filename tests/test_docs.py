@@ -52,3 +52,23 @@ def test_nothing_says_flash_attention_2_needs_a_micro_batch_of_one_row(repo_root
     claim = re.compile(r"flash_attention_2[^.;]*(micro[-_ ]batch(=| of )(1|one)|batch size 1)", re.I | re.S)
     for path in sources:
         assert not claim.search(path.read_text()), path.name
+
+
+NODE_ID = re.compile(r"`((?:tests/)?test_\w+\.py)?::(test_\w+)")
+"""A test named in a document: `tests/test_x.py::test_y`, `test_x.py::test_y`, or `::test_y` for
+another test of the file named last."""
+
+
+def test_every_test_a_document_names_exists(repo_root):
+    """A threat model or policy table that names a test which no longer exists proves nothing."""
+    missing = []
+    for doc in documents(repo_root):
+        named_last = None
+        for match in NODE_ID.finditer(doc.read_text()):
+            if match.group(1):
+                named_last = match.group(1).removeprefix("tests/")
+            path = repo_root / "tests" / (named_last or "")
+            if not (named_last and path.is_file()
+                    and re.search(rf"^def {match.group(2)}\(", path.read_text(), re.M)):
+                missing.append(f"{doc.name}: {named_last}::{match.group(2)}")
+    assert missing == []

@@ -44,7 +44,11 @@ def as_list_or_string(items: st.SearchStrategy[list[str]]) -> st.SearchStrategy:
 
 valid_cidrs = st.builds(lambda ip, prefix: str(ipaddress.IPv4Network(f"{ip}/{prefix}",
                                                                     strict=False)),
-                        st.ip_addresses(v=4), st.integers(1, 32))  # /0 only with apiOpenToInternet
+                        st.ip_addresses(v=4), st.integers(10, 32))
+"""Four of them open at most a /8's worth; wider lists only with apiOpenToInternet."""
+wide_cidrs = st.builds(lambda ip, prefix: str(ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False)),
+                       st.ip_addresses(v=4), st.integers(1, 7))
+"""Each opens more than a /8's worth of addresses."""
 valid_arns = regex(r"arn:aws(-us-gov|-cn)?:iam::\d{12}:(role|user)/"
                    r"[A-Za-z0-9+=.@_-]{1,20}(/[A-Za-z0-9_-]{1,10})?")
 valid_versions = regex(r"(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})\.(0|[1-9]\d{0,2})")
@@ -74,6 +78,7 @@ def valid_configs(draw) -> dict:
         "ray-eks:kubernetesVersion": st.sampled_from([f"1.{m}" for m in
                                                       SUPPORTED_KUBERNETES_MINORS]),
         "ray-eks:rayImage": valid_images,
+        "ray-eks:allowUnpinnedImages": st.booleans(),
         "ray-eks:rayVersion": valid_versions,
         "ray-eks:nvidiaDevicePluginChartVersion": valid_versions,
         "ray-eks:efaDevicePluginChartVersion": valid_versions.map(lambda v: "v" + v),
@@ -209,6 +214,8 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:nodeTerminationHandlerChartVersion": bad_versions,
     "ray-eks:apiAccessCidrs": st.one_of(
         st.just(["0.0.0.0/0"]), st.just("0.0.0.0/0"), not_a_string_list,
+        st.just(["0.0.0.0/1", "128.0.0.0/1"]),
+        st.builds(lambda good, wide: good + [wide], st.lists(valid_cidrs, max_size=3), wide_cidrs),
         st.lists(valid_cidrs, min_size=1, max_size=3).map(",".join),  # a scalar, not a list
         st.builds(lambda good, bad, at: good[:at] + [bad] + good[at:],
                   st.lists(valid_cidrs, max_size=3), bad_cidrs, st.integers(0, 3))),
@@ -227,6 +234,8 @@ BAD: dict[str, st.SearchStrategy] = {
     "ray-eks:retainCheckpointsOnDestroy": st.one_of(
         st.sampled_from(["maybe", "yes", "no", "1", "0", "", "on"]), st.integers(), st.none(),
         st.lists(st.booleans(), max_size=1), st.floats()),
+    "ray-eks:allowUnpinnedImages": st.one_of(
+        st.sampled_from(["maybe", "yes", "sha256", ""]), st.integers(), st.none(), st.floats()),
     "ray-eks:apiOpenToInternet": st.one_of(
         st.sampled_from(["maybe", "yes", "open", "0.0.0.0/0", ""]), st.integers(), st.none(),
         st.lists(st.booleans(), max_size=1), st.floats()),

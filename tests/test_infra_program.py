@@ -14,8 +14,9 @@ from pulumi.runtime import rpc
 
 from capacity.stackfile import PLACEMENT_KEYS, plan_update, write
 from infra import outputs
-from infra.config import parse_stack_config, read_stack_values
+from infra.config import ConfigError, parse_stack_config, read_stack_values
 from infra.helm_values import chart_values, chart_versions
+from infra.images import unpinned_images
 from infra.raycluster import build_raycluster
 from infra.sizing import EFA_RESOURCE, GPU_RESOURCE
 from infra.program_mocks import (  # noqa: F401  (the other infra tests import them from here)
@@ -33,10 +34,30 @@ from infra.program_mocks import run_program as run_program_under_mocks
 _Mocks = Mocks
 
 
+STAND_IN_DIGEST = "sha256:" + "5eed" * 16
+"""The digest `python -m infra lock-images` would write (no registry is reached here)."""
+
+
+def locked(config: dict[str, Any]) -> dict[str, Any]:
+    """A stack file's config as `python -m infra lock-images` leaves it: each image of the stack pinned by
+    a digest (STAND_IN_DIGEST), its tag kept. A config that allows unpinned images is left as it is, and
+    so is one with a bad value, for the program to refuse."""
+    try:
+        cfg = parse_stack_config(config)
+    except ConfigError:
+        return dict(config)
+    if cfg.allow_unpinned_images:
+        return dict(config)
+    return {**config, **{key: f"{image}@{STAND_IN_DIGEST}" for key, image in unpinned_images(cfg).items()}}
+
+
 def run_program(*, repo_root: Path, stack: str, config: dict[str, Any], monkeypatch=None,
                 zones: list[tuple[str, str]] | None = None, mocks: type[Mocks] = Mocks) -> ProgramRun:
-    """infra/program_mocks.py's run of __main__.py (`monkeypatch`: kept for the callers' sake)."""
-    return run_program_under_mocks(project_dir=repo_root, stack=stack, config=config, zones=zones, mocks=mocks)
+    """infra/program_mocks.py's run of __main__.py as `pulumi up` runs it, on the stack's config once its
+    images are locked (`pulumi up` deploys no other: tests/test_infra_images.py); `monkeypatch`: kept for
+    the callers' sake."""
+    return run_program_under_mocks(project_dir=repo_root, stack=stack, config=locked(config), zones=zones,
+                                   mocks=mocks)
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +78,7 @@ def program(request, tmp_path_factory) -> tuple[dict, ProgramRun]:
         stack, path = request.param, REPO_ROOT / f"Pulumi.{request.param}.yaml"
     else:
         stack, path = "eu-west-1", _second_region_stack(tmp_path_factory.mktemp("stacks"))
-    config = read_stack_values(path)
+    config = locked(read_stack_values(path))
     with pytest.MonkeyPatch.context() as mp:
         run = run_program(repo_root=REPO_ROOT, stack=stack, config=config, monkeypatch=mp)
     return config, run

@@ -61,10 +61,18 @@ def servicer() -> _PolicyAnalyzerServicer:
                                    EnforcementLevel.MANDATORY)
 
 
-def analyze(servicer, resource_type: str, props: dict[str, Any]) -> list[proto.AnalyzeDiagnostic]:
+ADVISORY_POLICIES = {"images-pinned-by-digest"}
+"""Policies that warn rather than stop a preview (docs/POLICY.md says why)."""
+
+
+def analyze(servicer, resource_type: str, props: dict[str, Any], *,
+            advisory: bool = False) -> list[proto.AnalyzeDiagnostic]:
+    """The diagnostics of one resource that fail a preview (mandatory ones); with `advisory`, its
+    warnings too."""
     urn = f"urn:pulumi:us-west-2::ray-eks::{resource_type}::r"
     request = proto.AnalyzeRequest(type=resource_type, properties=_struct(props), urn=urn, name="r")
-    return list(servicer.Analyze(request, None).diagnostics)
+    return [d for d in servicer.Analyze(request, None).diagnostics
+            if advisory or d.enforcementLevel == proto.MANDATORY]
 
 
 def analyze_stack(servicer, resources: list[rules.StackResource]) -> list[proto.AnalyzeDiagnostic]:
@@ -78,10 +86,23 @@ def analyze_stack(servicer, resources: list[rules.StackResource]) -> list[proto.
     return list(servicer.AnalyzeStack(request, None).diagnostics)
 
 
-def test_every_policy_is_mandatory():
+def test_every_policy_is_mandatory_but_the_digest_advice():
     levels = {p.name: p.enforcement_level for p in policies.POLICIES}
-    assert {n for n, level in levels.items() if level != EnforcementLevel.MANDATORY} == set()
-    assert len(POLICY_NAMES) == len(policies.POLICIES) == 13
+    assert {n for n, level in levels.items() if level != EnforcementLevel.MANDATORY} == ADVISORY_POLICIES
+    assert levels["images-pinned-by-digest"] == EnforcementLevel.ADVISORY
+    assert len(POLICY_NAMES) == len(policies.POLICIES) == 19
+
+
+def test_an_image_pinned_by_tag_only_is_a_warning_that_does_not_stop_the_preview(servicer):
+    rc = raycluster()  # the committed stack's, its image by version tag
+    diagnostics = analyze(servicer, rules.RAY_CLUSTER, rc, advisory=True)
+    assert [(d.policyName, d.enforcementLevel) for d in diagnostics] == [
+        ("images-pinned-by-digest", proto.ADVISORY)] * 2
+    assert "python -m infra lock-images" in diagnostics[0].message
+    locked = f"{rc['spec']['headGroupSpec']['template']['spec']['containers'][0]['image']}@sha256:{'0' * 64}"
+    for template in (rc["spec"]["headGroupSpec"]["template"], rc["spec"]["workerGroupSpecs"][0]["template"]):
+        template["spec"]["containers"][0]["image"] = locked
+    assert analyze(servicer, rules.RAY_CLUSTER, rc, advisory=True) == []
 
 
 def test_an_api_endpoint_open_to_all_fails_the_preview_unless_the_cluster_says_it_is_meant(servicer):
@@ -129,6 +150,9 @@ def _drop_efa(container: dict[str, Any]) -> None:
      "s3-public-access-blocked"),
     (rules.ENCRYPTION_CONFIGS[0], lambda: {"bucket": "b", "rules": []},
      "s3-encryption-algorithm"),
+    (rules.LAUNCH_TEMPLATE, lambda: {**efa_launch_template(), "metadataOptions": {
+        "httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 2}},
+     "launch-template-imdsv2-one-hop"),
 ])
 def test_violation_is_reported_as_mandatory(servicer, resource_type, make_props, policy):
     diagnostics = analyze(servicer, resource_type, make_props())
@@ -150,8 +174,9 @@ def test_program_resources_pass(servicer, resource_type, props):
 def test_unknown_values_give_neither_violation_nor_preview_warning(servicer):
     rc = raycluster()
     rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = rules.UNKNOWN
+    rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] += "@sha256:" + "0" * 64
     rc["metadata"]["namespace"] = rules.UNKNOWN
-    assert analyze(servicer, rules.RAY_CLUSTER, rc) == []
+    assert analyze(servicer, rules.RAY_CLUSTER, rc, advisory=True) == []
     assert analyze(servicer, rules.HELM_RELEASE, {"chart": "c", "version": rules.UNKNOWN}) == []
 
 
@@ -200,12 +225,13 @@ def test_pack_process_serves_mandatory_policies():
             info = stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=20)
             assert info.name == "ray-eks-invariants"
             assert {p.name for p in info.policies} == POLICY_NAMES
-            assert {p.name for p in info.policies if p.enforcementLevel != proto.MANDATORY} == set()
+            assert {p.name for p in info.policies if p.enforcementLevel != proto.MANDATORY} == ADVISORY_POLICIES
             rc = raycluster()
             rc["spec"]["headGroupSpec"]["serviceType"] = "LoadBalancer"
             response = stub.Analyze(proto.AnalyzeRequest(
                 type=rules.RAY_CLUSTER, properties=_struct(rc), urn="urn:x", name="x"), timeout=20)
-            assert [d.policyName for d in response.diagnostics] == ["ray-not-exposed"]
+            assert [(d.policyName, d.enforcementLevel) for d in response.diagnostics] == [
+                ("ray-not-exposed", proto.MANDATORY), *[("images-pinned-by-digest", proto.ADVISORY)] * 2]
     finally:
         process.kill()
         _, stderr = process.communicate(timeout=10)
@@ -286,11 +312,37 @@ def test_registered_inputs_pass_every_resource_policy(servicer, registered):
         assert analyze(servicer, resource_type, inputs) == [], name
 
 
+def _registered_stack(registered) -> list[rules.StackResource]:
+    return [rules.StackResource(urn=f"urn:{t}::{n}", type=t, props=outputs) for t, n, _, outputs in registered]
+
+
+def test_the_ray_namespace_as_registered_passes_and_a_service_by_any_selector_in_front_of_it_fails(
+        servicer, registered):
+    resources = _registered_stack(registered)
+    assert {rules.RAY_CLUSTER, rules.NAMESPACE, rules.NETWORK_POLICY} <= {r.type for r in resources}
+    assert analyze_stack(servicer, resources) == []
+    # A LoadBalancer named like nothing of Ray's, selecting the pods by the label the program gives them.
+    from infra.raycluster import RAY_POD_LABELS
+    namespace = next(r for r in resources if r.type == rules.NAMESPACE).props["metadata"]["name"]
+    lb = rules.StackResource(urn="urn:kubernetes:core/v1:Service::grafana", type=rules.SERVICE, props={
+        "metadata": {"name": "grafana", "namespace": namespace},
+        "spec": {"type": "LoadBalancer", "selector": dict(RAY_POD_LABELS)}})
+    assert analyze(servicer, rules.SERVICE, dict(lb.props)) == []  # no ray.io/* label: the resource rule cannot tell
+    (diagnostic,) = analyze_stack(servicer, [*resources, lb])
+    assert (diagnostic.policyName, diagnostic.urn, diagnostic.enforcementLevel) == (
+        "ray-pods-not-exposed", lb.urn, proto.MANDATORY)
+    # Without its NetworkPolicy or its Pod Security labels, the namespace fails the preview too.
+    unguarded = [r for r in resources if r.type != rules.NETWORK_POLICY]
+    assert {d.policyName for d in analyze_stack(servicer, unguarded)} == {"ray-namespace-network-policy"}
+    bare = [rules.StackResource(urn=r.urn, type=r.type, props={"metadata": {"name": namespace}})
+            if r.type == rules.NAMESPACE else r for r in resources]
+    assert {d.policyName for d in analyze_stack(servicer, bare)} == {"ray-namespace-pod-security"}
+
+
 def test_registered_bucket_passes_stack_policy(servicer, registered):
     # Stack policies see outputs; the mocks give no property dependencies, so the bucket is
     # matched by its name, as it is at `pulumi up`.
-    resources = [rules.StackResource(urn=f"urn:{t}::{n}", type=t, props=outputs)
-                 for t, n, _, outputs in registered]
+    resources = _registered_stack(registered)
     assert analyze_stack(servicer, resources) == []
     without_block = [r for r in resources if r.type != rules.PUBLIC_ACCESS_BLOCK]
     (diagnostic,) = analyze_stack(servicer, without_block)

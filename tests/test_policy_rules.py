@@ -25,6 +25,7 @@ from rules import UNKNOWN, StackResource  # noqa: E402
 
 from infra.config import load_stack_config  # noqa: E402
 from infra.helm_values import chart_values, chart_versions  # noqa: E402
+from infra.imds import METADATA_OPTIONS  # noqa: E402
 from infra.nodes import (EKS_TAINT_EFFECTS, GPU_AMI_TYPE, GPU_NODE_LABELS, GPU_TAINT_EFFECT,  # noqa: E402
                          GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_AMI_TYPE, SYSTEM_NODE_LABELS)
 from infra.raycluster import build_raycluster  # noqa: E402
@@ -76,8 +77,10 @@ def system_node_group() -> dict[str, Any]:
 
 
 def efa_launch_template() -> dict[str, Any]:
-    """The launch template pulumi-eks builds for one g6.12xlarge EFA interface."""
+    """The launch template pulumi-eks builds for one g6.12xlarge EFA interface, with the metadata
+    options the program's transform gives it (infra/imds.py)."""
     return {
+        "metadataOptions": dict(METADATA_OPTIONS),
         "networkInterfaces": [{"deviceIndex": 0, "networkCardIndex": 0, "interfaceType": "efa",
                                "associatePublicIpAddress": "false",
                                "deleteOnTermination": "true", "securityGroups": [UNKNOWN]}],
@@ -225,6 +228,45 @@ def test_launch_template_found_through_dependencies_alone():
     assert "'spread'" in violation.message
 
 
+# --- Instance metadata out of the pods' reach --------------------------------------------------
+
+def test_the_programs_launch_templates_keep_the_node_role_from_the_pods():
+    assert rules.instance_metadata_violations(efa_launch_template()) == []
+    assert rules.instance_metadata_violations({"metadataOptions": {"httpEndpoint": "disabled"}}) == []
+    assert rules.instance_metadata_violations({"metadataOptions": UNKNOWN}) == []
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (None, ["sets no instance metadata options"]),
+    ({**METADATA_OPTIONS, "httpTokens": "optional"}, ["does not require IMDSv2 tokens (httpTokens 'optional')"]),
+    ({**METADATA_OPTIONS, "httpPutResponseHopLimit": 2}, ["tokens travel 2 network hops"]),
+    # What pulumi-eks's own enableIMDSv2 sets, before the program's transform: pods one hop away get in.
+    ({"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 2.0},
+     ["tokens travel 2 network hops"]),
+    ({"httpEndpoint": "enabled"}, ["httpTokens None", "travel as far as the AMI's default"]),
+    ({**METADATA_OPTIONS, "httpPutResponseHopLimit": UNKNOWN}, []),
+])
+def test_a_launch_template_that_lets_pods_reach_the_instance_metadata_is_refused(options, expected):
+    template = {**efa_launch_template(), "metadataOptions": options}
+    if options is None:
+        del template["metadataOptions"]
+    messages = rules.instance_metadata_violations(template)
+    assert len(messages) == len(expected)
+    for message, part in zip(messages, expected):
+        assert part in message and "httpPutResponseHopLimit: 1" in message
+
+
+def test_every_node_group_launches_from_a_template_of_this_stack():
+    assert rules.node_group_launch_template_violations(gpu_stack()) == []
+    system = StackResource(urn=NG_URN.replace("gpu-nodes", "system-nodes"), type=rules.NODE_GROUP,
+                           props=system_node_group())
+    (violation,) = rules.node_group_launch_template_violations([*gpu_stack(), system])
+    assert violation.urn == system.urn and "has no launch template" in violation.message
+    outside = [r for r in gpu_stack() if r.type != rules.LAUNCH_TEMPLATE]
+    (violation,) = rules.node_group_launch_template_violations(outside)
+    assert violation.urn == NG_URN and "not part of this stack" in violation.message
+
+
 # --- Ray workers and exposure ----------------------------------------------------------------
 
 def test_program_raycluster_is_compliant():
@@ -328,6 +370,22 @@ def test_unpinned_image_in_raycluster_and_deployment():
         "containers": [{"name": "app", "image": "nginx:latest"}]}}}}
     (message,) = rules.workload_image_violations("kubernetes:apps/v1:Deployment", deployment)
     assert "container app" in message
+
+
+def test_images_pinned_by_tag_only_are_flagged_for_their_digest():
+    rc = raycluster()  # the committed stack: the DLC image by its version tag
+    messages = rules.digest_pin_violations(rules.RAY_CLUSTER, rc)
+    assert [m.split(":")[0] for m in messages] == ["head, container ray-head", "worker group gpu, container ray-worker"]
+    assert all(f"image {DLC_IMAGE} is pinned by tag only" in m and "python -m infra lock-images" in m
+               for m in messages)
+    for template in (rc["spec"]["headGroupSpec"]["template"], rc["spec"]["workerGroupSpecs"][0]["template"]):
+        template["spec"]["containers"][0]["image"] = f"{DLC_IMAGE}@sha256:{'a' * 64}"
+    assert rules.digest_pin_violations(rules.RAY_CLUSTER, rc) == []
+    _worker(rc)["image"] = UNKNOWN
+    assert rules.digest_pin_violations(rules.RAY_CLUSTER, rc) == []
+    job = {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}}}
+    (message,) = rules.digest_pin_violations("kubernetes:batch/v1:Job", job)
+    assert message.startswith("pod, container c: image busybox:1.36 is pinned by tag only")
 
 
 def test_program_helm_releases_are_compliant():
@@ -464,6 +522,24 @@ def eks_cluster(cidrs: Any, public: Any = True, tags: Any = None) -> dict[str, A
     (["203.0.113.0/24"], True, None, None),
     (["0.0.0.0/0"], False, None, None),
     (UNKNOWN, True, None, None),
+    # The internet in pieces: what counts is how many addresses the list opens, not how it is spelt.
+    (["0.0.0.0/1", "128.0.0.0/1"], True, None,
+     "0.0.0.0/1, 128.0.0.0/1 (4,294,967,296 IPv4 addresses, more than a /8's worth)"),
+    (["0.0.0.0/1", "128.0.0.0/1"], True, {rules.OPEN_TO_INTERNET_TAG: "true"}, None),
+    (["0.0.0.0/7"], True, None, "0.0.0.0/7 (33,554,432 IPv4 addresses"),
+    (["11.0.0.0/8", "12.0.0.0/8"], True, None, "11.0.0.0/8, 12.0.0.0/8 (33,554,432 IPv4 addresses"),
+    ([f"{i}.0.0.0/9" for i in range(1, 5)], True, None,
+     "1.0.0.0/9, 2.0.0.0/9, 3.0.0.0/9, 4.0.0.0/9 (33,554,432 IPv4 addresses"),
+    (["::/1", "8000::/1"], True, None, "::/1, 8000::/1 (2^128 IPv6 addresses, more than a /32's worth)"),
+    (["2001:db8::/31"], True, None, "2001:db8::/31 (2^97 IPv6 addresses"),
+    (["::/0"], True, None, "::/0 (2^128 IPv6 addresses"),
+    (["203.0.113.7/32", "2000::/3"], True, None, "2000::/3 (2^125 IPv6 addresses"),
+    # At most a /8's worth (IPv4) and a /32's worth (IPv6): one organisation's range.
+    (["17.0.0.0/8"], True, None, None),
+    (["10.0.0.0/8", "10.0.0.0/9", "10.128.0.0/9"], True, None, None),  # overlaps counted once
+    (["2001:db8::/32", "2001:db8:1::/48"], True, None, None),
+    (["17.0.0.0/8", "2001:db8::/32"], True, None, None),  # each family within its own limit
+    (["203.0.113.7/32", UNKNOWN], True, None, None),
 ])
 def test_an_api_endpoint_open_to_everyone_is_refused_unless_the_stack_says_so(cidrs, public, tags, refused):
     violations = rules.public_api_access_violations(eks_cluster(cidrs, public, tags))
@@ -471,6 +547,21 @@ def test_an_api_endpoint_open_to_everyone_is_refused_unless_the_stack_says_so(ci
         assert violations == []
     else:
         (violation,) = violations
-        assert f"accepts connections from {refused}: anyone on the internet" in violation
+        assert f"accepts connections from {refused}" in violation
+        assert "anyone on the internet" in violation
         assert "ray-eks:apiAccessCidrs" in violation and "ray-eks:apiOpenToInternet: true" in violation
+
+
+@pytest.mark.parametrize("cidrs", [
+    ["0.0.0.0/1", "128.0.0.0/1"], ["17.0.0.0/8"], ["17.0.0.0/8", "18.0.0.0/24"], ["10.0.0.0/8", "10.0.0.0/9"],
+    ["203.0.113.7/32"], [f"{i}.0.0.0/10" for i in range(1, 6)], ["::/1", "8000::/1"], ["2001:db8::/32"],
+    ["2001:db8::/32", "2001:db9::/48"], ["203.0.113.7/32", "2001:db8::/31"],
+])
+def test_the_config_and_the_pack_count_the_addresses_a_list_opens_alike(cidrs):
+    """Config validation and the pack (a program of its own, which cannot import infra) each count
+    what a list of CIDRs opens; both must draw the line in the same place."""
+    from infra.config.open_addresses import OPEN_ADDRESS_LIMITS, addresses_opened
+
+    assert OPEN_ADDRESS_LIMITS == rules.OPEN_ADDRESS_LIMITS == {4: 2**24, 6: 2**96}
+    assert addresses_opened(cidrs) == rules.addresses_opened(cidrs)
 

@@ -14,7 +14,6 @@ from ruamel.yaml import YAML
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "preview.yml"
 ACTIONLINT = Path(sys.executable).parent / "actionlint"
-PINNED = re.compile(r"^[\w.-]+/[\w.-]+@(v\d+\.\d+\.\d+|[0-9a-f]{40})$")
 
 
 def _actionlint(path: Path) -> subprocess.CompletedProcess:
@@ -58,9 +57,56 @@ def test_runs_on_pull_requests_with_least_permissions(workflow):
                                        "pull-requests": "write"}
 
 
-def test_every_action_is_pinned_to_an_exact_version(workflow):
-    uses = [s["uses"] for job in workflow["jobs"] for s in _steps(workflow, job) if "uses" in s]
-    assert uses and all(PINNED.match(u) for u in uses), uses
+WORKFLOWS = sorted((REPO_ROOT / ".github" / "workflows").glob("*.y*ml"))
+USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>\S+)(?P<comment>.*)$")
+PINNED_BY_SHA = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+VERSION_COMMENT = re.compile(r"^\s+#\s*v\d+(\.\d+)*\s*$")
+
+
+def _uses_in(document) -> list[str]:
+    """Every `uses:` value of a parsed workflow: of its steps, and of jobs that call a reusable workflow."""
+    found = []
+    for job in (document.get("jobs") or {}).values():
+        if "uses" in job:
+            found.append(job["uses"])
+        found += [step["uses"] for step in job.get("steps", []) if "uses" in step]
+    return found
+
+
+def unpinned_uses(text: str) -> list[str]:
+    """The `uses:` lines of a workflow that do not name their action by a full commit SHA followed by
+    the release's tag in a comment (`uses: owner/repo@<40 hex> # vX.Y.Z`). A tag can be moved to other
+    code by whoever controls the action's repository; a commit cannot. Actions of this repository
+    (`./...`) are its own code and need no pin."""
+    lines = [m for m in map(USES_LINE.match, text.splitlines()) if m]
+    parsed = _uses_in(YAML(typ="safe").load(text))
+    assert sorted(m["ref"] for m in lines) == sorted(parsed), "a `uses:` this check does not read line by line"
+    return [m.group(0).strip() for m in lines if not m["ref"].startswith("./") and not (
+        PINNED_BY_SHA.match(m["ref"]) and VERSION_COMMENT.match(m["comment"]))]
+
+
+def test_every_action_of_every_workflow_is_pinned_by_commit_sha_with_its_version_in_a_comment():
+    assert WORKFLOW in WORKFLOWS
+    for path in WORKFLOWS:
+        text = path.read_text()
+        assert _uses_in(YAML(typ="safe").load(text)), path
+        assert unpinned_uses(text) == [], path
+
+
+@pytest.mark.parametrize("line", [
+    "uses: actions/checkout@v4.2.2",
+    "uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683",  # no version to read
+    "uses: actions/checkout@11bd719 # v4.2.2",  # a short SHA is as movable as a tag
+    "uses: actions/checkout@main # v4.2.2",
+    "uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # the one we use",
+])
+def test_a_workflow_step_pinned_any_other_way_is_found(line):
+    text = f"on: push\njobs:\n  j:\n    runs-on: ubuntu-24.04\n    steps:\n      - {line}\n"
+    assert unpinned_uses(text) == [f"- {line}"]
+    reusable = f"on: push\njobs:\n  j:\n    {line}\n"
+    assert unpinned_uses(reusable) == [line]
+    pinned = "uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2"
+    assert unpinned_uses(text.replace(line, pinned)) == []
 
 
 def test_one_preview_job_per_committed_stack_file(workflow, tmp_path):

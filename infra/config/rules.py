@@ -8,6 +8,7 @@ import re
 from typing import Iterator
 
 from infra.config.errors import ConfigError, fix_cmd
+from infra.config.open_addresses import LIMIT_NAMES, OPEN_ADDRESS_LIMITS, addresses_opened
 from infra.config.schema import CAPACITY_TYPES, DEFAULT_RAY_IMAGE, MLFLOW_SIZES, StackConfig, config_key
 from infra.instance_types import GPU_INSTANCE_TYPES, INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES
 from infra.sizing import HUGE_PAGE_MIB, max_huge_pages_mib
@@ -148,24 +149,7 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         if not _SEMVER_RE.match(value):
             yield ConfigError(k(name), value, "must pin an exact chart version (X.Y.Z)",
                               fix_cmd(k(name), getattr(StackConfig, name, None) or "1.0.0"))
-    for cidr in cfg.api_access_cidrs:
-        try:
-            network = ipaddress.IPv4Network(cidr, strict=True)
-        except ValueError as exc:
-            yield ConfigError(k("api_access_cidrs"), cidr, f"is not an IPv4 CIDR ({exc})",
-                              "write it like 203.0.113.0/24")
-            continue
-        if "/" not in cidr:  # ipaddress reads a bare address as /32: say so rather than guess
-            yield ConfigError(k("api_access_cidrs"), cidr, "is an address, not a CIDR",
-                              f"write {cidr}/32 for that one address")
-        elif network.prefixlen == 0 and not cfg.api_open_to_internet:
-            yield ConfigError(k("api_access_cidrs"), cidr,
-                              "opens the EKS API of a cluster that runs any code it is sent to every "
-                              "address on the internet",
-                              f"list your own address or range (pulumi config set --path "
-                              f"'{k('api_access_cidrs')}[0]' \"$(curl -fsS https://checkip.amazonaws.com)/32\"), "
-                              f"or remove it for a private endpoint; if you mean it, pulumi config set "
-                              f"{k('api_open_to_internet')} true")
+    yield from api_access_problems(cfg)
     for arn in cfg.admin_principal_arns:
         session = _ASSUMED_ROLE_RE.match(arn)
         if session:
@@ -213,6 +197,42 @@ def settings_problems(cfg: StackConfig) -> Iterator[ConfigError]:
         yield ConfigError(k("eks_image_registry_account"), cfg.eks_image_registry_account,
                           "must be a 12-digit AWS account ID",
                           fix_cmd(k("eks_image_registry_account"), "602401143452"))
+
+
+def api_access_problems(cfg: StackConfig) -> Iterator[ConfigError]:
+    """Each of apiAccessCidrs is an IPv4 CIDR, and together they open no more than one organisation's
+    range (OPEN_ADDRESS_LIMITS), unless apiOpenToInternet says the stack means it."""
+    key = config_key("api_access_cidrs")
+    open_fix = (f"list your own address or range (pulumi config set --path '{key}[0]' "
+                f"\"$(curl -fsS https://checkip.amazonaws.com)/32\"), or remove it for a private endpoint; if you "
+                f"mean it, pulumi config set {config_key('api_open_to_internet')} true")
+    parsed = []
+    for cidr in cfg.api_access_cidrs:
+        try:
+            network = ipaddress.ip_network(cidr, strict=True)
+        except ValueError as exc:
+            yield ConfigError(key, cidr, f"is not an IPv4 CIDR ({exc})", "write it like 203.0.113.0/24")
+            continue
+        if network.version == 6:
+            yield ConfigError(key, cidr, "is an IPv6 CIDR, and EKS takes IPv6 public access CIDRs only on IPv6 "
+                              "clusters (this stack's cluster is IPv4)",
+                              "list the IPv4 address or range you reach the API from, like 203.0.113.7/32")
+        elif "/" not in cidr:  # ipaddress reads a bare address as /32: say so rather than guess
+            yield ConfigError(key, cidr, "is an address, not a CIDR", f"write {cidr}/32 for that one address")
+        elif network.prefixlen == 0 and not cfg.api_open_to_internet:
+            yield ConfigError(key, cidr, "opens the EKS API of a cluster that runs any code it is sent to every "
+                              "address on the internet", open_fix)
+        else:
+            parsed.append(cidr)
+    if len(parsed) < len(cfg.api_access_cidrs) or cfg.api_open_to_internet:
+        return
+    opened = addresses_opened(parsed).get(4, 0)
+    if opened > OPEN_ADDRESS_LIMITS[4]:
+        yield ConfigError(key, list(cfg.api_access_cidrs),
+                          f"together open {opened:,} IPv4 addresses, more than {LIMIT_NAMES[4]} "
+                          f"({OPEN_ADDRESS_LIMITS[4]:,}, the most one organisation holds): the EKS API of a "
+                          "cluster that runs any code it is sent would be open to a large part of the internet",
+                          open_fix)
 
 
 def image_problems(image: str) -> Iterator[ConfigError]:

@@ -46,7 +46,13 @@ class StackConfig:
     kubernetes_version: str = "1.34"
     """EKS Kubernetes minor version, in standard support."""
     ray_image: str = DEFAULT_RAY_IMAGE
-    """Ray Train image for head and workers, pinned by a version tag or a digest."""
+    """Ray Train image for head and workers, pinned by a version tag or a digest (`repo:tag@sha256:...`,
+    which `python -m infra lock-images` writes). `pulumi up` deploys it only by digest, unless
+    `allowUnpinnedImages`."""
+    allow_unpinned_images: bool = False
+    """Let `pulumi up` deploy an image pinned by tag only. Off (the default), `pulumi up` refuses one, and
+    `pulumi preview` warns, naming `python -m infra lock-images --stack <stack>`, which pins the stack's
+    images by digest: a tag, even a version tag, is a pointer its registry's owner can move."""
     ray_version: str = "2.58.0"
     """Ray version inside `ray_image` (RayCluster `rayVersion`); the client pins the same."""
     nvidia_device_plugin_chart_version: str = "0.20.0"
@@ -73,11 +79,13 @@ class StackConfig:
     """CIDRs allowed to reach the public EKS API endpoint (IAM authentication still applies), e.g.
     your own address as a /32. Empty (the default): no public endpoint; the API answers inside the
     VPC only, so `pulumi up` and `submit` must run from a machine that reaches the VPC
-    (docs/SECURITY.md says how). 0.0.0.0/0 only with `apiOpenToInternet`."""
+    (docs/SECURITY.md says how). IPv4 only (EKS takes IPv6 CIDRs on IPv6 clusters only); together at most
+    a /8's worth of addresses (infra/config/open_addresses.py says why), more only with
+    `apiOpenToInternet`."""
     api_open_to_internet: bool = False
-    """Say that `apiAccessCidrs` may list 0.0.0.0/0, opening the EKS API to every address: refused
-    otherwise, by config validation and by the policy pack (the cluster then carries a tag that says
-    it was meant)."""
+    """Say that `apiAccessCidrs` may open the EKS API to the internet (0.0.0.0/0, or any list wider than a
+    /8's worth of addresses): refused otherwise, by config validation and by the policy pack (the
+    cluster then carries a tag that says it was meant)."""
     admin_principal_arns: tuple[str, ...] = ()
     """IAM roles/users given cluster-admin through EKS access entries. Leave out the identity
     running `pulumi up`: it already is admin as the cluster's creator."""

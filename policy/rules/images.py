@@ -1,4 +1,5 @@
-"""Pinned images and chart versions: every container image and Helm chart names a release."""
+"""Pinned images and chart versions: every container image and Helm chart names a release, and an image
+its digest."""
 
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ def workload_image_violations(resource_type: str, props: Mapping[str, Any]) -> l
             problem = image_pin_violation(container.get("image"))
             if problem:
                 out.append(f"{where}, container {name}: {problem}")
+    return out
+
+
+def digest_pin_violations(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """Every container image of a RayCluster or Kubernetes workload names its digest: a tag, even a
+    version tag, is a pointer its registry's owner can move to other code; a digest is the content.
+    (`python -m infra lock-images` pins the stack's images.)"""
+    out: list[str] = []
+    for where, pod_spec in _pod_specs(resource_type, props):
+        for name, container in pod_containers(pod_spec):
+            image = container.get("image")
+            if isinstance(image, str) and image.strip() and not _DIGEST_RE.search(image):
+                out.append(f"{where}, container {name}: image {image} is pinned by tag only, which its registry "
+                           "can move to other code; pin its digest (python -m infra lock-images --stack <stack> "
+                           "does for the stack's images)")
     return out
 
 

@@ -123,8 +123,13 @@ def selects_ray_pods(selector: Any) -> bool:
 
 
 def service_exposure_violations(props: Mapping[str, Any]) -> list[str]:
-    """A Service selecting Ray pods is ClusterIP."""
+    """A Service selecting Ray pods (by KubeRay's labels) is ClusterIP, without externalIPs."""
     if not selects_ray_pods(value_at(props, "spec", "selector")):
         return []
-    return _service_type_violation("Service selecting Ray pods has type",
-                                   value_at(props, "spec", "type"))
+    out = _service_type_violation("Service selecting Ray pods has type", value_at(props, "spec", "type"))
+    external = value_at(props, "spec", "externalIPs")
+    if not out and external is not UNKNOWN and as_list(external):
+        out.append(f"Service selecting Ray pods takes traffic for externalIPs {', '.join(map(str, as_list(external)))} "
+                   "on every node: Ray's dashboard and Jobs API run arbitrary code, so they stay inside the "
+                   "cluster and are reached through kubectl port-forward")
+    return out
