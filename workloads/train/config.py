@@ -51,7 +51,18 @@ class ModelConfig:
     does): activations shrink to one hidden state per layer and token, for about a third more
     compute. The loss and gradients are those without it."""
 
+    activation_offloading: bool = False
+    """With activation_checkpointing: the input each checkpointed layer keeps goes to pinned host
+    memory on a side stream during forward and comes back one layer ahead of its recomputation in
+    backward (workloads/train/offload.py), so the GPU holds about two layers' inputs instead of
+    every layer's. CUDA only (on the CPU nothing moves); the loss and gradients are those without it.
+    `plan` and the fit check turn it on where a run would not fit otherwise, and say so."""
+
     def __post_init__(self) -> None:
+        if self.activation_offloading and not self.activation_checkpointing:
+            raise ValueError("model.activation_offloading moves what each checkpointed layer keeps to host memory, "
+                             "and model.activation_checkpointing is false: set "
+                             "model.activation_checkpointing=true as well, or model.activation_offloading=false")
         if not self.name_or_path.strip():
             raise ValueError(
                 f"model.name_or_path is empty: use one of {', '.join(NAMED_ARCHITECTURES)}, "

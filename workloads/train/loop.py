@@ -134,6 +134,7 @@ def shard_model(
         reshard_after_forward=cfg.reshard_after_forward,
         reduce_dtype=reduce_dtype,
         activation_checkpointing=cfg.model.activation_checkpointing,
+        activation_offloading=cfg.model.activation_offloading,
     )
 
 
@@ -528,6 +529,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         **method.describe(),
         "trained_params": trained_params,
         "activation_checkpointing": cfg.model.activation_checkpointing,
+        "activation_offloading": cfg.model.activation_offloading and device.type == "cuda",
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
         "data": data.stats,
