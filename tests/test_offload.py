@@ -178,3 +178,12 @@ def test_offloading_needs_checkpointing():
     assert ModelConfig(activation_checkpointing=True, activation_offloading=True).activation_offloading
     cfg = with_overrides(preset("qwen2.5-7b-24gb"), ["model.activation_offloading=true"])
     assert dataclasses.replace(cfg).model.activation_offloading
+
+
+def test_turning_checkpointing_off_turns_offloading_off_unless_set():
+    cfg = preset("qwen2.5-7b-24gb")
+    assert cfg.model.activation_offloading
+    off = with_overrides(cfg, ["model.activation_checkpointing=false"])
+    assert not off.model.activation_checkpointing and not off.model.activation_offloading
+    with pytest.raises(ValueError, match="model.activation_offloading"):
+        with_overrides(cfg, ["model.activation_checkpointing=false", "model.activation_offloading=true"])
