@@ -61,5 +61,6 @@ def test_kernels_go_to_their_innermost_operator_and_the_unlaunched_ones_count_by
     assert result.seconds == pytest.approx({"lora-gemm": 0.0015, "compiled-pointwise": 0.0005, "nccl": 0.001})
     table = result.as_dict()
     assert table["categories"]["lora-gemm"]["share"] == pytest.approx(0.5)
-    assert [k["kernel"] for k in table["top_kernels"]] == ["nvjet_a", "ncclDevKernel_AllGather", "triton_poi_fused_mul_0"]
+    assert [k["kernel"] for k in table["top_kernels"]] == [
+        "nvjet_a", "ncclDevKernel_AllGather", "triton_poi_fused_mul_0"]
     assert "lora-gemm" in result.table()
