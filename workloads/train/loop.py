@@ -473,6 +473,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
                 device, tokens_per_s=rate, flops_per_token=flops, peak_flops=peak_flops
             ),
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
+            "mem_in_use_gib": round(metrics.memory_in_use_gib(device), 3),
             "grad_norm": grad_norm.item(),
         }
         best = False
