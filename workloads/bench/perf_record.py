@@ -72,7 +72,8 @@ class Target:
         return self.measured <= self.bar if self.at_most else self.measured >= self.bar
 
     def as_dict(self) -> dict:
-        return {"target": self.label, "measured": self.measured, "bar": self.bar, "met": self.met}
+        rounded = None if self.measured is None else round(self.measured, 3)
+        return {"target": self.label, "measured": rounded, "bar": self.bar, "met": self.met}
 
 
 def collect(out: Path) -> dict:
@@ -136,9 +137,10 @@ def table(record: dict) -> str:
              f"{'call':<18} {'strategy':<22} {'mb':>3} {'status':<6} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} "
              f"{'model GiB':>9}"]
     for r in record["runs"]:
-        cells = [f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
-                 f"{r['mfu']:.1%}" if r["mfu"] else "-", f"{r['peak_gib']:.2f}" if r["peak_gib"] else "-",
-                 f"{r['predicted_gib']:.2f}" if r["predicted_gib"] else "-"]
+        cells = [f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] is not None else "-",
+                 f"{r['mfu']:.1%}" if r["mfu"] is not None else "-",
+                 f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-",
+                 f"{r['predicted_gib']:.2f}" if r["predicted_gib"] is not None else "-"]
         lines.append(f"{r['call']:<18} {r['strategy']:<22} {r['micro_batch']:>3} {r['status']:<6} {cells[0]:>9} "
                      f"{cells[1]:>6} {cells[2]:>9} {cells[3]:>9}")
     lines.append("")
