@@ -227,8 +227,12 @@ def no_gpu(monkeypatch):
     [
         ([], "error: no CUDA GPU is visible: the benchmarks measure GPUs"),
         (["nccl"], "error: no CUDA GPU is visible"),
-        (["--allow-cpu"], "error: --allow-cpu runs only the tiny-qwen2 model (--preset demo-cpu); this preset "
-                          "builds qwen2.5-1.5b"),
+        (["--allow-cpu"], "error: --allow-cpu runs only the tiny-qwen2 model (--preset demo-cpu, or --set "
+                          "model.name_or_path=tiny-qwen2); this run builds qwen2.5-1.5b"),
+        # The model the run builds, after --set: a preset's own is not what counts.
+        (["--allow-cpu", "--preset", "demo-cpu", "--set", "model.name_or_path=qwen2.5-7b"],
+         "error: --allow-cpu runs only the tiny-qwen2 model (--preset demo-cpu, or --set "
+         "model.name_or_path=tiny-qwen2); this run builds qwen2.5-7b"),
         (["nccl", "--allow-cpu"], "error: bench nccl needs at least 2 ranks, got 1"),
     ],
 )

@@ -198,7 +198,9 @@ def test_every_rank_reports_the_same_steps_and_checkpoints(runs):
         steps = [(r["metrics"]["step"], r["checkpoint_dir"] is not None) for r in record["reports"]]
         assert steps == [(10, False), (20, True), (30, False), (40, True)]
         m = record["reports"][0]["metrics"]
-        assert set(m) == {"step", "loss", "lr", "tokens_per_s_per_device", "mfu", "peak_mem_gib", "grad_norm"}
+        assert set(m) == {"step", "loss", "lr", "tokens_per_s_per_device", "mfu", "peak_mem_gib", "mem_in_use_gib",
+                          "grad_norm"}
+        assert 0 < m["mem_in_use_gib"] <= m["peak_mem_gib"] + 0.01  # CPU: the resident set now, and its peak
         assert m["mfu"] is None and m["tokens_per_s_per_device"] > 0 and m["grad_norm"] > 0
     assert losses(records["learn"][0]) == losses(records["learn"][1])  # averaged over ranks
     folder = Path(records["learn"][0]["reports"][1]["checkpoint_dir"])

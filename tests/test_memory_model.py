@@ -190,3 +190,20 @@ def test_the_loss_term_holds_one_chunk_of_logits_as_liger_cuts_them():
     ours = MemorySettings(shard_ranks=1, micro_batch=16, seq_len=2048)
     default = MemorySettings(**{**predict(arch, ours).settings, "liger_chunk_mem_const": 1})
     assert loss_bytes(arch, ours) - loss_bytes(arch, default) == (4096 - 512) * 151_936 * 2
+
+
+def test_offloading_keeps_two_checkpointed_layer_inputs_on_the_device_and_the_rest_on_the_host():
+    """Qwen2.5-7B LoRA at micro-batch 4 (the H100 comparison's shape): checkpointed, every layer's
+    input stays (28 x 58.7 MB); offloaded, the layer in backward and the one brought back ahead of it."""
+    from workloads.bench.memory import activation_bytes, offloaded_host_bytes
+
+    arch = Architecture.from_config(named_architecture("qwen2.5-7b"))
+    checkpointed = MemorySettings(shard_ranks=1, micro_batch=4, seq_len=2048, method="lora",
+                                  activation_checkpointing=True)
+    offloaded = MemorySettings(**{**predict(arch, checkpointed).settings, "activation_offloading": True})
+    layer_input = 4 * 2048 * arch.hidden_size * 2
+    assert activation_bytes(arch, checkpointed) - activation_bytes(arch, offloaded) == (28 - 2) * layer_input
+    assert offloaded_host_bytes(arch, offloaded) == 27 * layer_input and offloaded_host_bytes(arch, checkpointed) == 0
+    assert predict(arch, checkpointed).peak_bytes - predict(arch, offloaded).peak_bytes == 26 * layer_input
+    with pytest.raises(ValueError, match="needs activation_checkpointing"):
+        MemorySettings(shard_ranks=1, micro_batch=1, seq_len=8, activation_offloading=True)

@@ -72,3 +72,14 @@ def test_fully_shard_wraps_each_decoder_layer_then_the_root(tmp_path):
         assert model.lm.lm_head.weight is model.lm.model.embed_tokens.weight
     finally:
         dist.destroy_process_group()
+
+
+def test_a_large_random_model_is_initialized_on_a_gpu_that_holds_it_twice_over_else_on_the_host():
+    from workloads.train.model import init_device
+
+    cuda, gib = torch.device("cuda", 0), 2**30
+    qwen7b_fp32 = int(30.5 * gib)
+    assert init_device(qwen7b_fp32, cuda, device_memory_bytes=80 * gib) == cuda  # H100: a second, not a minute
+    assert init_device(qwen7b_fp32, cuda, device_memory_bytes=24 * gib) == torch.device("cpu")  # L4
+    assert init_device(6 * gib, cuda, device_memory_bytes=24 * gib) == cuda  # Qwen2.5-1.5B fits any of them
+    assert init_device(qwen7b_fp32, torch.device("cpu")) == torch.device("cpu")

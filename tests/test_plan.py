@@ -91,3 +91,29 @@ def test_the_nearest_settings_that_fit_keep_the_rows_per_step(overrides):
         changed = alternative.fit.cfg  # as the ranks run it
         if "micro_batch" in alternative.label:
             assert changed.samples_per_rank_per_step == rows
+
+
+def test_plan_turns_offloading_on_where_nothing_fits_without_it_and_says_so(capsys):
+    """7B LoRA at 32,768 tokens a row on one g6.12xlarge: checkpointed, micro-batch 1 needs 25.0 GiB
+    of an L4's 22.5 (28 layer inputs of 224 MiB); with the inputs offloaded, 19.0."""
+    argv = ("--preset", "qwen2.5-7b-lora-24gb", "--nodes", "1", "--set", "seq_len=32768")
+    code, out = run_plan(capsys, *argv, "--json")
+    result = json.loads(out)
+    assert code == 0 and result["memory"]["fits"] and result["micro_batch"] == 1
+    assert result["activation_offloading"] and result["offloading_turned_on"]
+    assert result["memory"]["offloaded_to_host_gib"] == pytest.approx(27 * 32768 * 3584 * 2 / 2**30, abs=0.01)
+    _, text = run_plan(capsys, *argv)
+    assert "activation checkpointing and offloading (turned on: without it the run does not fit)" in text
+    assert "GiB pinned per rank for the offloaded layer inputs" in text
+    # A micro-batch the user set is not changed: the refusal names offloading as the way out.
+    code, out = run_plan(capsys, *argv, "--set", "micro_batch=1", "--json")
+    result = json.loads(out)
+    assert code == 1 and not result["activation_offloading"]
+    assert "--set model.activation_offloading=true" in [w["change"] for w in result["fits_with"]]
+
+
+def test_a_run_that_fits_keeps_its_layer_inputs_on_the_gpu(capsys):
+    code, out = run_plan(capsys, "--preset", "qwen2.5-7b-lora-24gb", "--nodes", "1", "--json")
+    result = json.loads(out)
+    assert code == 0 and not result["activation_offloading"] and not result["offloading_turned_on"]
+    assert result["memory"]["offloaded_to_host_gib"] == 0

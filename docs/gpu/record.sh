@@ -24,6 +24,15 @@
 #   docs/gpu/record.sh peers OUT   the loop against Hugging Face's Trainer (peft for LoRA) on the same chats:
 #                                  Qwen2.5-1.5B full at micro-batch 16 (30 steps), then Qwen2.5-7B LoRA r16 at
 #                                  micro-batch 8 (12 steps; needs peft and liger-kernel)
+#   docs/gpu/record.sh perf3 OUT   one GPU, at most 8 minutes: the 7B LoRA r16 at micro-batch 4 checkpointed (with the
+#                                  Trainer + peft peer), checkpointed and offloaded, and without checkpointing (with the
+#                                  peer; profiled), then the 1.5B full fine-tune at micro-batch 16 (profiled); every
+#                                  figure with the memory model's prediction in OUT/perf/perf.json (needs the wheels of
+#                                  docs/gpu/wheels-perf.sh: liger-kernel, matplotlib). CPU_DRY_RUN=1: the same calls on
+#                                  the tiny model on the CPU
+#   docs/gpu/record.sh stability OUT   one GPU, about 8 minutes: the 1.5B chats fine-tune (the qwen2.5-1.5b preset on
+#                                  the model's shape and generated chats), then its tokens/s drift and memory step over
+#                                  step checked and plotted (workloads/bench/stability.py); CPU_DRY_RUN=1 as above
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -156,5 +165,54 @@ peers)
       --set model.name_or_path=qwen2.5-7b --set model.activation_checkpointing=false --set rows_per_step=0 \
       --set grad_accum_steps=1 --set peak_flops=989e12 --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers OUT" >&2; exit 2 ;;
+perf3)
+  shift 2
+  # Each call is cut at its limit (timeout): bench.json keeps the runs that ended, so a stuck peer costs its
+  # call's share of the 8 minutes and no more. The Trainer's lines ([hf-trainer] forward/step) say where it is.
+  ranks=1 lora_mb=4 full_mb=16 steps=11 model=qwen2.5-7b lora_preset=qwen2.5-7b-lora-24gb full_preset=qwen2.5-1.5b-synthetic
+  limits=(160 80 160 70) extra=(--set peak_flops=989e12)
+  if [ -n "${CPU_DRY_RUN:-}" ]; then  # the same calls on the tiny model: the harness, not the figures
+    lora_mb=2 full_mb=4 steps=6 model=tiny-qwen2 lora_preset=demo-cpu full_preset=demo-cpu limits=(600 600 600 600)
+    extra=(--allow-cpu --seq-len 64 --set method=lora --set lora.rank=4)
+  fi
+  lora=(--preset "$lora_preset" --data chats --micro-batches "$lora_mb" --steps "$steps" --warmup 4 --matmul-size 0
+        --set model.name_or_path="$model" --set rows_per_step=0 --set grad_accum_steps=1 "${extra[@]}")
+  call() {  # NAME LIMIT_S ARGS...: one benchmark call into OUT/perf/NAME
+    local name=$1 limit=$2; shift 2
+    echo "\$ timeout $limit torchrun --nproc-per-node $ranks -m workloads.bench --out $out/perf/$name $*" \
+      | tee -a "$out/commands.txt"
+    PYTHONUNBUFFERED=1 timeout "$limit" torchrun --nproc-per-node "$ranks" -m workloads.bench --out "$out/perf/$name" \
+      "$@" 2>&1 | tee "$out/perf-$name.txt"
+    echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/perf-$name.txt"
+  }
+  call 7b-lora-ac "${limits[0]}" "${lora[@]}" --strategies tuned,hf-trainer --set model.activation_checkpointing=true
+  call 7b-lora-offload "${limits[1]}" "${lora[@]}" --strategies tuned --set model.activation_checkpointing=true \
+      --set model.activation_offloading=true
+  call 7b-lora "${limits[2]}" "${lora[@]}" --strategies tuned,hf-trainer --set model.activation_checkpointing=false \
+      --profile-steps "$steps:$steps"
+  if [ -n "${CPU_DRY_RUN:-}" ]; then extra=(--allow-cpu --seq-len 64); fi
+  call 1.5b-full "${limits[3]}" --preset "$full_preset" --data chats --micro-batches "$full_mb" --steps "$steps" \
+      --warmup 4 --matmul-size 0 --strategies tuned --set rows_per_step=0 --set grad_accum_steps=1 \
+      --profile-steps "$steps:$steps" "${extra[@]}"
+  run python3 -m workloads.bench.perf_record "$out/perf" 2>&1 | tee "$out/perf.txt"
+  ;;
+stability)
+  shift 2
+  preset=qwen2.5-1.5b model=qwen2.5-1.5b steps=${STEPS:-600} mb=16 chats=6000 ranks=1
+  if [ -n "${CPU_DRY_RUN:-}" ]; then
+    preset=demo-cpu model=tiny-qwen2 steps=${STEPS:-120} mb=4 chats=400 ranks=1
+    set -- --set seq_len=64 "$@"
+  fi
+  run python3 -c 'import sys; from pathlib import Path; from workloads.bench.chats import write_chat_data
+print(write_chat_data(Path(sys.argv[1]), count=int(sys.argv[2]), seed=0))' "$out/chats" "$chats"
+  # 600 steps of 16 rows of 2,048 tokens: about 6.5 minutes at 0.62 s a step (H200), 7.5 on an H100.
+  run torchrun --nproc-per-node "$ranks" -m workloads.launch.torchrun --preset "$preset" --steps "$steps" \
+      --set model.name_or_path="$model" --set data.kind=jsonl --set data.path="$out/chats/chats.jsonl" \
+      --set data.tokenizer="$out/chats/tokenizer" --set data.max_examples=0 --set data.eval_fraction=0 \
+      --set eval_every=0 --set checkpoint_every=0 --set log_every=5 --set rows_per_step=0 --set grad_accum_steps=1 \
+      --set micro_batch="$mb" --set transport.enabled=false --out "$out/stability" "$@" 2>&1 | tee "$out/stability.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/stability.txt"
+  run python3 -m workloads.bench.stability "$out/stability" 2>&1 | tee -a "$out/stability.txt"
+  ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|perf3|stability OUT" >&2; exit 2 ;;
 esac

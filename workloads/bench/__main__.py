@@ -22,8 +22,8 @@ def refusal(*, nccl: bool, allow_cpu: bool, cuda: bool, world_size: int, model: 
         return (f"bench nccl needs at least 2 ranks, got {world_size}: one rank moves no data, so its "
                 "bandwidth means nothing. Run it under torchrun --nproc-per-node 2 (or more)")
     if not nccl and not cuda and model != CPU_MODEL:
-        return (f"--allow-cpu runs only the {CPU_MODEL} model (--preset demo-cpu); this preset builds "
-                f"{model}, far more than a CPU run should take")
+        return (f"--allow-cpu runs only the {CPU_MODEL} model (--preset demo-cpu, or --set "
+                f"model.name_or_path={CPU_MODEL}); this run builds {model}, far more than a CPU run should take")
     return None
 
 
@@ -42,11 +42,11 @@ def main(argv: list[str]) -> int:
         return 2
     import torch
 
-    from workloads.train.config import preset
+    from workloads.bench.settings import preset_config
 
     problem = refusal(nccl=nccl, allow_cpu=options.allow_cpu, cuda=torch.cuda.is_available(),
                       world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                      model="" if nccl else preset(options.preset).model.name_or_path)
+                      model="" if nccl else preset_config(options).model.name_or_path)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -79,6 +79,58 @@ def build_model(cfg: TrainConfig, *, device: torch.device, attn_implementation: 
                                          target_modules=targets, task_type="CAUSAL_LM"))
 
 
+class Heartbeat:
+    """Says when each of the first micro-batches' forward starts and ends and when the first
+    optimizer steps end, on the host's clock, with torch.compile's compilations so far: a peer that
+    gives no step shows whether it is stuck in its first forward (a compile, a mask build), its
+    backward, or just slow (the 7B LoRA Trainer + peft runs without checkpointing that gave no step
+    in minutes left no line to tell)."""
+
+    FIRST = 3
+
+    def __init__(self, model, *, say) -> None:
+        import time
+
+        self._clock, self._say, self.started = time.perf_counter, say, time.perf_counter()
+        self.forwards = 0
+        self._handles = [model.register_forward_pre_hook(self._before),
+                         model.register_forward_hook(self._after, always_call=True)]
+
+    def _compiles(self) -> str:
+        from torch._dynamo.utils import counters
+
+        return f"{counters['stats'].get('unique_graphs', 0)} graphs compiled so far"
+
+    def _line(self, what: str) -> None:
+        self._say(f"[hf-trainer] {what} {self._clock() - self.started:.1f} s after the model was ready "
+                  f"({self._compiles()})")
+
+    def _before(self, module, args) -> None:
+        self.forwards += 1
+        if self.forwards <= self.FIRST:
+            self._line(f"forward {self.forwards} began")
+
+    def _after(self, module, args, output) -> None:
+        if self.forwards <= self.FIRST:
+            self._line(f"forward {self.forwards} ended")
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        beat = self
+
+        class StepEnds(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step <= beat.FIRST:
+                    beat._line(f"optimizer step {state.global_step} ended")
+
+        return StepEnds()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 def _grouping(*, by_length: bool) -> dict:
     """TrainingArguments' switch for length-grouped batches: `train_sampling_strategy` in recent
     transformers 5 releases, `group_by_length` before."""
@@ -131,8 +183,13 @@ def train_hf_trainer(cfg: TrainConfig, *, ctx: TrainContext, device: torch.devic
                 self.losses[state.global_step] = float(logs["loss"])
 
     losses = Losses()
-    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=collator, callbacks=[losses])
-    trainer.train()
+    heartbeat = Heartbeat(model, say=print if ctx.rank == 0 else (lambda line: None))
+    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=collator,
+                      callbacks=[losses, heartbeat.callback()])
+    try:
+        trainer.train()
+    finally:
+        heartbeat.remove()
     micro_steps = cfg.steps * cfg.grad_accum_steps
     counted = collator.tokens[:micro_steps]
     tokens_per_step = sum(counted) / len(counted) * cfg.grad_accum_steps if counted else None

@@ -14,7 +14,8 @@ Pure functions over an `Architecture` (a decoder-only transformer's shape) and `
 - activations: the bytes each decoder layer keeps per token for backward (an inventory of the
   tensors autograd saves, with and without torch.compile's fusion), times the layers, or with
   activation checkpointing one hidden state per layer plus one layer's whole inventory while it
-  is recomputed;
+  is recomputed; with activation offloading too, two layers' hidden states stay (the one recomputed
+  and the one brought back ahead of it, workloads/train/offload.py), the others wait in host memory;
 - the loss: the fused/chunked linear cross-entropy's gradient buffers and one chunk of logits, or
   the whole logits for the plain one;
 - transients of backward: one layer's unsharded gradients and the fp32 reduce-scatter buffer, and
@@ -128,6 +129,8 @@ class MemorySettings:
     """Adapted linear modules (empty: all of them)."""
     lora_dropout: float = 0.0
     activation_checkpointing: bool = False
+    activation_offloading: bool = False
+    """With checkpointing: the layers' inputs wait in host memory but two (workloads/train/offload.py)."""
     mixed_precision: bool = True
     compile: bool = True
     loss: str = "liger"
@@ -145,6 +148,9 @@ class MemorySettings:
             raise ValueError(f"method {self.method!r}: use 'full' or 'lora'")
         if self.loss not in ("liger", "chunked", "plain"):
             raise ValueError(f"loss {self.loss!r}: use 'liger', 'chunked' or 'plain'")
+        if self.activation_offloading and not self.activation_checkpointing:
+            raise ValueError("activation_offloading moves the checkpointed layers' inputs: it needs "
+                             "activation_checkpointing")
 
     @property
     def tokens(self) -> int:
@@ -253,10 +259,27 @@ def activation_bytes(arch: Architecture, s: MemorySettings) -> int:
     per_layer = layer_activation_bytes_per_token(arch, s) * s.tokens
     hidden = arch.hidden_size * s.compute_bytes * s.tokens
     if s.activation_checkpointing:
-        layers = arch.layers * hidden + per_layer
+        layers = layers_on_device(arch, s) * hidden + per_layer
     else:
         layers = arch.layers * per_layer
     return int(layers + hidden)
+
+
+OFFLOADED_LAYERS_ON_DEVICE = 2
+"""With offloading, the checkpointed layers' inputs on the GPU at once: the layer in backward (the
+last one's is never offloaded: its backward comes first) and the one brought back ahead of it."""
+
+
+def layers_on_device(arch: Architecture, s: MemorySettings) -> int:
+    """Checkpointed layers whose input is on the device at the start of backward."""
+    return min(arch.layers, OFFLOADED_LAYERS_ON_DEVICE) if s.activation_offloading else arch.layers
+
+
+def offloaded_host_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """Pinned host memory one rank holds for its offloaded layer inputs (every layer's but the last)."""
+    if not s.activation_offloading:
+        return 0
+    return (arch.layers - 1) * arch.hidden_size * s.compute_bytes * s.tokens
 
 
 def loss_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -341,7 +364,8 @@ def settings_for(cfg, *, shard_ranks: int, loss: Optional[str] = None) -> Memory
     return MemorySettings(
         shard_ranks=shard_ranks, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len, method=cfg.method,
         lora_rank=cfg.lora.rank, lora_targets=tuple(cfg.lora.target_modules), lora_dropout=cfg.lora.dropout,
-        activation_checkpointing=cfg.model.activation_checkpointing, mixed_precision=cfg.mixed_precision,
+        activation_checkpointing=cfg.model.activation_checkpointing,
+        activation_offloading=cfg.model.activation_offloading, mixed_precision=cfg.mixed_precision,
         compile=cfg.compile, loss=implementation, loss_chunk_size=cfg.loss_chunk_size,
         reshard_after_forward=cfg.reshard_after_forward, grad_accum_steps=cfg.grad_accum_steps,
     )

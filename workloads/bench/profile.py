@@ -13,6 +13,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from workloads.bench.profile_categories import Breakdown, breakdown, launches
+
 Interval = tuple[float, float]
 
 
@@ -82,12 +84,15 @@ class StepWindowProfiler:
         self._with_table = table
         cuda = [ProfilerActivity.CUDA] if device.type == "cuda" else []
         activities = [ProfilerActivity.CPU, *cuda] if table or not cuda else cuda
-        self._profile = profile(activities=activities)
+        # Shapes tell LoRA's rank-sized matmuls from the base model's (profile_categories.py).
+        self._profile = profile(activities=activities, record_shapes=table)
         self._sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         self._cuda = device.type == "cuda"
         self.table: Optional[str] = None
         self.communication: Optional[Communication] = None
         """Set when the window closes, on CUDA."""
+        self.categories: Optional[Breakdown] = None
+        """Device time by category, set when the window closes (with `table`)."""
 
     def after_step(self, step: int) -> None:
         """Called after optimizer step `step` was queued: the window opens after step first-1."""
@@ -117,8 +122,12 @@ class StepWindowProfiler:
         if not self._with_table:
             return
         self.table = self._profile.key_averages().table(sort_by=self._sort, row_limit=30, max_name_column_width=70)
+        self.categories = breakdown(launches(self._profile.events()), steps=self.last - self.first + 1)
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / f"profile-{self.title}.txt").write_text(
                 f"steps {self.first}..{self.last} of {self.title}, sorted by {self._sort}\n{self.table}\n"
             )
+            (self.out / f"profile-{self.title}-categories.txt").write_text(
+                f"steps {self.first}..{self.last} of {self.title}, device time by category\n"
+                f"{self.categories.table()}\n")

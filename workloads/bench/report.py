@@ -55,6 +55,9 @@ class RunResult:
     communication: Optional[dict] = None
     """From the profiled steps on CUDA: NCCL kernel time per step ("comm_s") and the part of it no
     other kernel overlapped ("exposed_s"); None when not profiled."""
+    profile: Optional[dict] = None
+    """From the profiled steps: device time per step by category and the top kernels
+    (workloads/bench/profile_categories.py); None when not profiled."""
 
 
 @dataclass(frozen=True, kw_only=True)

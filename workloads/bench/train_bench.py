@@ -220,10 +220,11 @@ def run_job(
     communication = None
     if profiler is not None and profiler.communication is not None:
         communication = asdict(profiler.communication)
+    categories = None if profiler is None or profiler.categories is None else profiler.categories.as_dict()
     return RunResult(
         strategy=name, micro_batch=cfg.micro_batch, status=OK, tokens_per_step_per_gpu=tokens,
         step_seconds=step_seconds, losses=result.losses, peak_mem_gib=peak, loop_metrics=result.self_reported,
-        communication=communication,
+        communication=communication, profile=categories,
     )
 
 

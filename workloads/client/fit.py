@@ -4,7 +4,9 @@ The memory model (workloads/bench/memory.py) predicts the peak each rank allocat
 config on its target: an instance type and node count (a stack's GPU nodes, or `plan`'s), or this
 machine's memory for a local CPU run. A run that does not fit is refused with one line: what it
 needs against what there is, and the nearest settings that do fit (a smaller micro-batch at the
-same rows per step, activation checkpointing, LoRA, more nodes).
+same rows per step, activation checkpointing, activation offloading, LoRA, more nodes). Where a
+checkpointed run fits only with its layers' inputs offloaded to host memory, `sized_for` turns
+offloading on (`plan` and `submit` say so).
 
 The model's shape comes from the config: a named architecture, a local folder's config.json, the
 Qwen2.5 hub models the presets use (their shapes are the named ones), or another hub model's
@@ -192,7 +194,8 @@ def _smaller_micro_batches(cfg: TrainConfig) -> list[list[str]]:
 
 def nearest_fits(cfg: TrainConfig, arch: Architecture, target: Target) -> list[Alternative]:
     """The first setting that fits in each direction: a smaller micro-batch at the same rows per
-    step, activation checkpointing (with the largest micro-batch that then fits), LoRA instead of
+    step, activation checkpointing (with the largest micro-batch that then fits), activation
+    offloading where checkpointing alone does not fit (likewise), LoRA instead of
     a full fine-tune, more nodes (GPU targets)."""
     def first(candidates: Sequence[list[str]]) -> Optional[Alternative]:
         for overrides in candidates:
@@ -206,6 +209,11 @@ def nearest_fits(cfg: TrainConfig, arch: Architecture, target: Target) -> list[A
     if not cfg.model.activation_checkpointing:
         base = [checkpointed]
         found.append(first([base] + [[checkpointed, *mb] for mb in _smaller_micro_batches(cfg)]))
+    # Offloading the checkpointed layers' inputs (GPUs only), where checkpointing alone does not do.
+    if target.device == "GPU" and not cfg.model.activation_offloading and (
+            cfg.model.activation_checkpointing or first([[checkpointed]]) is None):
+        offloaded = [OFFLOADED] if cfg.model.activation_checkpointing else [checkpointed, OFFLOADED]
+        found.append(first([offloaded] + [[*offloaded, *mb] for mb in _smaller_micro_batches(cfg)]))
     if cfg.method == "full":
         found.append(first([["method=lora"], ["method=lora", checkpointed]]))
     if target.instance_type:
@@ -218,6 +226,17 @@ def nearest_fits(cfg: TrainConfig, arch: Architecture, target: Target) -> list[A
                 found.append(Alternative(label=f"{nodes} nodes", fit=fit))
                 break
     return [a for a in found if a is not None]
+
+
+OFFLOADED = "model.activation_offloading=true"
+
+
+def offloading_makes_it_fit(cfg: TrainConfig, arch: Architecture, target: Target) -> bool:
+    """Whether a checkpointed run on GPUs that does not fit would fit with its layers' inputs
+    offloaded to host memory (workloads/train/offload.py)."""
+    if target.device != "GPU" or not cfg.model.activation_checkpointing or cfg.model.activation_offloading:
+        return False
+    return not assess(cfg, arch, target).fits and assess(with_overrides(cfg, [OFFLOADED]), arch, target).fits
 
 
 def micro_batch_for(cfg: TrainConfig, arch: Architecture, target: Target) -> Optional[int]:
@@ -235,15 +254,27 @@ def micro_batch_for(cfg: TrainConfig, arch: Architecture, target: Target) -> Opt
 
 
 def sized_for(cfg: TrainConfig, target: Target, *, cwd: Path, config=None) -> TrainConfig:
-    """`cfg` with the micro-batch the target's GPU memory takes (`micro_batch_for`), unchanged where
-    it cannot be chosen (no rows_per_step, an unknown model shape, nothing fits)."""
-    if not cfg.rows_per_step:
-        return cfg
+    """`cfg` with the micro-batch the target's GPU memory takes (`micro_batch_for`), and with activation
+    offloading turned on where no micro-batch (or, without rows_per_step, its own) fits without it
+    and one does with it (`offloading_turned_on` says so); unchanged where nothing can be chosen (an
+    unknown model shape, nothing fits)."""
     config = config or model_config(cfg, cwd=cwd)
     if config is None:
         return cfg
-    chosen = micro_batch_for(cfg, Architecture.from_config(config), target)
+    arch = Architecture.from_config(config)
+    if not cfg.rows_per_step:
+        return with_overrides(cfg, [OFFLOADED]) if offloading_makes_it_fit(cfg, arch, target) else cfg
+    chosen = micro_batch_for(cfg, arch, target)
+    if chosen is None and target.device == "GPU" and cfg.model.activation_checkpointing:
+        offloaded = with_overrides(cfg, [OFFLOADED])
+        chosen = micro_batch_for(offloaded, arch, target)
+        cfg = offloaded if chosen is not None else cfg
     return cfg if chosen is None else with_overrides(cfg, [f"micro_batch={chosen}"])
+
+
+def offloading_turned_on(before: TrainConfig, after: TrainConfig) -> bool:
+    """Whether `sized_for` turned activation offloading on."""
+    return after.model.activation_offloading and not before.model.activation_offloading
 
 
 def refusal(fit: Fit, alternatives: Sequence[Alternative], *, what: str) -> str:

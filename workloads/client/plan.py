@@ -72,9 +72,10 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     """The plan as plain data (what --json prints). With `size_micro_batch` (the user set none) and
     rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it."""
     from infra.instance_types import INSTANCE_TYPES
-    from workloads.bench.memory import Architecture, settings_for
+    from workloads.bench.memory import Architecture, offloaded_host_bytes, settings_for
     from workloads.bench.step_time import Hardware, Link, predict_step
-    from workloads.client.fit import Target, assess, check_lora_targets, model_config, nearest_fits, sized_for
+    from workloads.client.fit import (Target, assess, check_lora_targets, model_config, nearest_fits,
+                                      offloading_turned_on, sized_for)
 
     target = Target.instances(instance_type, nodes)
     kind = INSTANCE_TYPES[instance_type]
@@ -86,11 +87,14 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     arch = Architecture.from_config(config)
     sized = sized_for(cfg, target, cwd=cwd, config=config) if size_micro_batch else cfg
     fit = assess(sized, arch, target)
+    turned_on = offloading_turned_on(cfg, sized)
     cfg, run = sized, fit.cfg  # run: the micro-batch and micro-steps the target's ranks train with
     world = target.world_size
     plan = {
         "preset": preset_name, "model": cfg.model.name_or_path, "method": cfg.method,
         "activation_checkpointing": cfg.model.activation_checkpointing,
+        "activation_offloading": cfg.model.activation_offloading,
+        "offloading_turned_on": turned_on,
         "instance_type": instance_type, "nodes": nodes, "gpus_per_node": kind.gpus, "gpu": kind.gpu_model,
         "world_size": world, "parallelism": "hsdp" if fit.shard_ranks < world else "fsdp",
         "shard_ranks": fit.shard_ranks, "micro_batch": run.micro_batch, "grad_accum_steps": run.grad_accum_steps,
@@ -100,7 +104,9 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
         "tokens_per_step": run.micro_batch * run.grad_accum_steps * world * cfg.seq_len,
         "memory": {"predicted_gib": round(fit.prediction.peak_gib, 2), "needed_gib": round(fit.needed_gib, 2),
                    "gpu_gib": round(target.memory_gib, 2), "fits": fit.fits, "phase": fit.prediction.phase,
-                   "terms_gib": {k: round(v / 2**30, 2) for k, v in fit.prediction.terms.items()}},
+                   "terms_gib": {k: round(v / 2**30, 2) for k, v in fit.prediction.terms.items()},
+                   "offloaded_to_host_gib": round(offloaded_host_bytes(
+                       arch, settings_for(run, shard_ranks=fit.shard_ranks)) / 2**30, 2)},
         "usd_per_hour": None if kind.usd_per_hour is None else round(nodes * kind.usd_per_hour, 2),
     }
     if not fit.fits:
@@ -131,6 +137,9 @@ def format_plan(plan: dict) -> str:
     memory, speed = plan["memory"], plan["speed"]
     method = "LoRA" if plan["method"] == "lora" else "full fine-tune"
     extra = ", activation checkpointing" if plan["activation_checkpointing"] else ""
+    if plan["activation_offloading"]:
+        extra += (" and offloading (turned on: without it the run does not fit)" if plan["offloading_turned_on"]
+                  else " and offloading")
     layout = (f"HSDP: sharded over {plan['shard_ranks']} ranks per node" if plan["parallelism"] == "hsdp"
               else f"flat FSDP over {plan['world_size']} ranks")
     terms = ", ".join(f"{k} {v:.2f}" for k, v in memory["terms_gib"].items())
@@ -147,6 +156,9 @@ def format_plan(plan: dict) -> str:
         f"allocator's slack and the CUDA context, of {memory['gpu_gib']:.2f} GiB ({plan['gpu']}): {verdict}",
         f"                [{terms}]",
     ]
+    if memory["offloaded_to_host_gib"]:
+        lines.append(f"host memory     {memory['offloaded_to_host_gib']:.2f} GiB pinned per rank for the offloaded "
+                     "layer inputs")
     if speed is None:
         lines.append(f"speed           not predicted: no published bf16 peak for the {plan['gpu']}")
     else:

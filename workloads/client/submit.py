@@ -219,6 +219,10 @@ def check_fit(train: dict, target, *, what: str, console: Console) -> None:
                       "here")
     else:
         console.print(f"[bold cyan]fit[/] {fit.describe()} on {target.label}")
+        if fit.cfg.model.activation_offloading:
+            console.print("[bold cyan]fit[/] activation offloading on: each checkpointed layer's input waits in "
+                          "pinned host memory (set model.activation_offloading=false to keep them on the GPU)",
+                          highlight=False)
         run = fit.cfg  # as the target's ranks run it
         console.print(f"[bold cyan]rows[/] {run.samples_per_rank_per_step * target.world_size} per step = micro-batch "
                       f"{run.micro_batch} x {run.grad_accum_steps} micro-steps x {target.world_size} ranks",

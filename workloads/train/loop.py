@@ -134,6 +134,7 @@ def shard_model(
         reshard_after_forward=cfg.reshard_after_forward,
         reduce_dtype=reduce_dtype,
         activation_checkpointing=cfg.model.activation_checkpointing,
+        activation_offloading=cfg.model.activation_offloading,
     )
 
 
@@ -472,6 +473,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
                 device, tokens_per_s=rate, flops_per_token=flops, peak_flops=peak_flops
             ),
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
+            "mem_in_use_gib": round(metrics.memory_in_use_gib(device), 3),
             "grad_norm": grad_norm.item(),
         }
         best = False
@@ -528,6 +530,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         **method.describe(),
         "trained_params": trained_params,
         "activation_checkpointing": cfg.model.activation_checkpointing,
+        "activation_offloading": cfg.model.activation_offloading and device.type == "cuda",
         "flops_per_token": flops,
         "transport_gate": dataclasses.asdict(gate),
         "data": data.stats,

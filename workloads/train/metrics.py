@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -56,6 +58,18 @@ def peak_host_memory_gib() -> float:
     """The process's peak resident set so far."""
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kib / 2**20 if sys.platform != "darwin" else kib / 2**30
+
+
+def memory_in_use_gib(device: torch.device) -> float:
+    """Memory allocated by tensors on a CUDA device now; on CPU the process's resident set now (what
+    a stability check follows step over step: a peak only rises)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**30
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return peak_host_memory_gib()
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
 def peak_memory_gib(device: torch.device) -> float:

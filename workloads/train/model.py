@@ -44,18 +44,31 @@ def model_config(cfg: ModelConfig, *, pretrained: Optional[Path] = None):
 HOST_INIT_BYTES = 8 * 2**30
 """A named architecture whose fp32 weights take more than this is built in host memory; FSDP2 then
 moves each unit to the GPU as it shards it. Qwen2.5-7B's 30 GB would not fit a 24 GB GPU whole."""
+DEVICE_INIT_SHARE = 0.5
+"""...unless they take at most this share of the GPU's memory: Qwen2.5-7B's random init on an 80 GB
+GPU takes a second there against 60-90 s on the host's cores (a benchmark builds it once per run)."""
+
+
+def init_device(size_bytes: int, device: torch.device, *, device_memory_bytes: Optional[int] = None) -> torch.device:
+    """Where a named architecture's fp32 weights of `size_bytes` are initialized: on `device` when
+    small (HOST_INIT_BYTES) or when they take at most DEVICE_INIT_SHARE of its memory, else the host."""
+    if device.type != "cuda" or size_bytes <= HOST_INIT_BYTES:
+        return device
+    if device_memory_bytes is None:
+        device_memory_bytes = torch.cuda.get_device_properties(device).total_memory
+    return device if size_bytes <= DEVICE_INIT_SHARE * device_memory_bytes else torch.device("cpu")
 
 
 def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> PreTrainedModel:
     """fp32 weights, identical on every rank (same seed) before sharding: on `device`, or in host
-    memory for a large one (HOST_INIT_BYTES). A local folder is loaded whole with `from_pretrained`
+    memory for one large for the device (`init_device`). A local folder is loaded whole with `from_pretrained`
     (the reference benchmark; training uses `causal_lm_on_meta` + `load_pretrained`)."""
     torch.manual_seed(seed)
     if cfg.is_named_architecture:
         config = model_config(cfg)
         with torch.device("meta"):
             size = sum(p.numel() for p in Qwen2ForCausalLM(config).parameters()) * 4
-        with torch.device(device if size <= HOST_INIT_BYTES else "cpu"):
+        with torch.device(init_device(size, device)):
             return Qwen2ForCausalLM(config)
     model = AutoModelForCausalLM.from_pretrained(
         resolve_path(cfg.name_or_path, field="model.name_or_path", hub_id_allowed=True),

@@ -25,6 +25,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from workloads.train import offload
 from workloads.train.model import CausalLMWithLoss
 
 
@@ -45,6 +46,7 @@ def parallelize(
     reshard_after_forward: bool,
     reduce_dtype: torch.dtype = torch.float32,
     activation_checkpointing: bool = False,
+    activation_offloading: bool = False,
 ) -> CausalLMWithLoss:
     layers = model.decoder_layers
     if activation_checkpointing:
@@ -64,6 +66,9 @@ def parallelize(
         # again at once would be wasted work.
         last = i == len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
+    if activation_offloading:
+        # After fully_shard: each layer's hooks then run after FSDP2 has gathered its parameters.
+        offload.install(blocks, device_type=mesh.device_type)
     embedding = model.lm.get_input_embeddings()
     if embedding.weight is not model.lm.get_output_embeddings().weight:
         fully_shard(embedding, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
