@@ -42,11 +42,13 @@ def main(argv: list[str]) -> int:
         return 2
     import torch
 
-    from workloads.bench.settings import preset_config
+    from workloads.bench.settings import PLACEHOLDER_CHATS, chat_data, preset_config
 
+    # The model after --set, on the stand-in chats the settings were validated with: a named
+    # architecture has no tokenizer of its own, and the benchmark gives the chats one.
+    model = "" if nccl else preset_config(options, data=chat_data(*PLACEHOLDER_CHATS)).model.name_or_path
     problem = refusal(nccl=nccl, allow_cpu=options.allow_cpu, cuda=torch.cuda.is_available(),
-                      world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                      model="" if nccl else preset_config(options).model.name_or_path)
+                      world_size=int(os.environ.get("WORLD_SIZE", "1")), model=model)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
