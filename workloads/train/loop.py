@@ -401,6 +401,10 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     # Counted before sharding: the base's weights and the method's additions, and which train.
     all_params, trained_params = sum(p.numel() for p in model.parameters()), trainable_parameters(model)
     model = shard_model(model, cfg, plan=plan, device=device)
+    if pretrained is None and device.type == "cuda":
+        # A named architecture's random weights may have been built whole on the GPU (init_device):
+        # that passing copy is not the run's peak, which counts from the sharded model on.
+        torch.cuda.reset_peak_memory_stats(device)
     _, sync = reductions(cfg, plan)
     load = None
     if pretrained is not None:
