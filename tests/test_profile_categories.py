@@ -64,3 +64,16 @@ def test_kernels_go_to_their_innermost_operator_and_the_unlaunched_ones_count_by
     assert [k["kernel"] for k in table["top_kernels"]] == [
         "nvjet_a", "ncclDevKernel_AllGather", "triton_poi_fused_mul_0"]
     assert "lora-gemm" in result.table()
+
+
+def test_a_named_range_on_the_device_timeline_is_not_counted_beside_the_kernels_inside_it():
+    """torch.compile marks each compiled graph's span on the GPU's timeline (`## Call CompiledFxGraph
+    ... ##`, a user annotation); counted as a kernel it doubled a profiled 7B LoRA step's device time
+    (1,002 ms for a 530 ms step, half of it "other")."""
+    annotation = fake_event("## Call CompiledFxGraph fxtgv7 ##", cuda_span=(0, 4000))
+    marked = fake_event("train-step", cuda_span=(0, 4000))
+    marked.is_user_annotation = True
+    events = [annotation, marked, fake_event("nvjet_a", cuda_span=(0, 3000)),
+              fake_event("triton_poi_fused_mul_0", cuda_span=(3000, 4000))]
+    result = breakdown(launches(events), steps=1)
+    assert result.seconds == pytest.approx({"gemm": 0.003, "compiled-pointwise": 0.001})

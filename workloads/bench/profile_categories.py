@@ -79,7 +79,10 @@ def launches(events: Iterable) -> list[Launch]:
     for event in events:
         kernels = getattr(event, "kernels", None) or []
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
-            device_total[event.name] += (event.time_range.end - event.time_range.start) / 1e6
+            # A range on the device's timeline that is a name, not a kernel (a compiled graph's `## Call
+            # CompiledFxGraph ... ##`, a record_function): the kernels inside it count by themselves.
+            if not getattr(event, "is_user_annotation", False) and not event.name.startswith("## "):
+                device_total[event.name] += (event.time_range.end - event.time_range.start) / 1e6
             continue
         # The innermost operator: its children launched no kernel of their own.
         children = getattr(event, "cpu_children", []) or []
