@@ -22,7 +22,7 @@ print(os.environ["FAKE_OUTPUTS"])
 
 FAKE_KUBECTL = """\
 #!{python}
-import asyncio, base64, json, os, sys, time
+import asyncio, base64, json, os, signal, sys, time
 argv = sys.argv[1:]
 kubeconfig = argv[argv.index("--kubeconfig") + 1]
 with open(os.environ["FAKE_CALLS"], "a") as f:
@@ -71,7 +71,9 @@ async def main():
         f.write(f"{{port}}\\n")
     # FAKE_SAYS_PORT: a kubectl whose line names a port that is not the one it listens on.
     print(f"Forwarding from 127.0.0.1:{{os.environ.get('FAKE_SAYS_PORT') or port}} -> 8265", flush=True)
-    await server.serve_forever()
+    # SIGUSR1: stop listening and run on (the forwarded connections too).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, server.close)
+    await asyncio.Event().wait()
 
 asyncio.run(main())
 """
@@ -88,7 +90,7 @@ def install_fake_tools(work: Path, monkeypatch, *, token: str, dashboard_port: i
     """`pulumi` and `kubectl` on PATH, with stack us-west-2's outputs, the Secret holding `token` and
     a port-forward to 127.0.0.1:`dashboard_port`. They write into `work`: calls.jsonl (every call),
     pids and ports (each port-forward's pid and the port it listens on), requests (the first line of
-    each request through a port-forward)."""
+    each request through a port-forward). A port-forward stops listening on SIGUSR1 and runs on."""
     bin_dir = work / "bin"
     bin_dir.mkdir()
     for name, source in (("pulumi", FAKE_PULUMI), ("kubectl", FAKE_KUBECTL)):

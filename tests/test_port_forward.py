@@ -20,6 +20,7 @@ import requests
 from fake_cluster_tools import ForeignListener, install_fake_tools
 
 from workloads.client import cluster, submit
+from workloads.client.socket_owners import holds_listener
 
 TOKEN = "f" * 64
 
@@ -141,4 +142,25 @@ def test_after_a_port_forward_drops_no_request_reaches_whoever_listens_on_its_po
         assert again.list_jobs() == []
     assert taken.received() == b""
     assert len(_lines(stack / "pids")) == 2  # the forward was restored
+    assert set(head.tokens) == {f"Bearer {TOKEN}"}
+
+
+def test_a_port_kubectl_no_longer_listens_on_while_it_runs_gets_no_token(stack, head, other_process, monkeypatch,
+                                                                       caplog):
+    """Each connection is passed on once its other end is seen to be kubectl's socket, not because
+    kubectl still runs: a port kubectl has stopped listening on is anyone's."""
+    monkeypatch.setattr(cluster, "ACCEPT_TIMEOUT_S", 1.0)
+    with cluster.connect(stack="us-west-2", address=None, token=None) as conn:
+        client = cluster.job_client(conn, address=conn.current_address())
+        assert client.list_jobs() == []
+        pid, port = int(_lines(stack / "pids")[0]), int(_lines(stack / "ports")[0])
+        os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while holds_listener([pid], port=port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        taken = other_process(port)
+        with pytest.raises(requests.exceptions.ConnectionError):
+            client.list_jobs()
+        assert taken.received() == b""
+    assert f"a connection to 127.0.0.1:{port}, kubectl's port-forward, did not reach kubectl" in caplog.text
     assert set(head.tokens) == {f"Bearer {TOKEN}"}

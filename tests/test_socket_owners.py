@@ -10,7 +10,7 @@ import pytest
 from fake_cluster_tools import ForeignListener
 
 from workloads.client.cluster import free_port
-from workloads.client.socket_owners import holds_listener
+from workloads.client.socket_owners import holds_listener, peer_held_by
 
 
 def _listen(host: str, port: int, *, v6only: bool = False) -> socket.socket:
@@ -42,3 +42,14 @@ def test_an_ipv6_only_wildcard_does_not_count_where_another_process_listens_on_t
             assert holds_listener([other.proc.pid], port=port)
         finally:
             other.stop()
+
+
+def test_the_other_end_of_a_connection_is_the_process_that_accepted_it(tmp_path):
+    port = free_port()
+    other = ForeignListener(port, record=tmp_path / "received")
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            assert peer_held_by(sock, pid=other.proc.pid, timeout_s=5)
+            assert not peer_held_by(sock, pid=os.getpid(), timeout_s=0.1)
+    finally:
+        other.stop()
