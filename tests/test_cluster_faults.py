@@ -95,8 +95,9 @@ def _gate_processes(logs: str) -> set[str]:
             and (match := WORKER_PID.search(line))}
 
 
-def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason(faults, capsys):
+def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason(faults, monkeypatch, capsys):
     cluster, s3, work = faults
+    monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
     run = "node-gone"
     plan = _plan(work, point="after-report", run=run, step=1, rank=1)
     killed: dict = {}
@@ -110,7 +111,7 @@ def test_a_node_that_does_not_come_back_fails_the_run_with_the_reason(faults, ca
     thread = threading.Thread(target=lose_the_node)
     thread.start()
     try:
-        code = submit.main("submit", ["--address", cluster.address, "--token", cluster.token, *TRAIN, "--quiet",
+        code = submit.main("submit", ["--address", cluster.address, *TRAIN, "--quiet",
                                       "--storage-path", f"s3://{BUCKET}/{PREFIX}", "--run-name", run,
                                       "--wait-nodes-s", "10"])
         ended = time.monotonic()
@@ -141,12 +142,14 @@ COMPLETE = {".metadata", "progress.json", *(f"__{rank}_0.distcp" for rank in ran
 """The files of a checkpoint every rank has uploaded (rank 0's metadata and progress, each rank's shard)."""
 
 
-def test_a_head_lost_before_it_registered_a_complete_checkpoint_costs_no_step_of_it(faults, tmp_path, capsys):
+def test_a_head_lost_before_it_registered_a_complete_checkpoint_costs_no_step_of_it(faults, tmp_path, monkeypatch,
+                                                                                     capsys):
     """The head restarts in the window between the step-4 checkpoint's upload by every rank and its
     registration: rank 1 waits after its upload, before its report reaches the controller, so the
     snapshot names step 2's. The resubmitted run resumes from step 4's, complete in storage: a lost
     head costs at most the steps since the newest complete checkpoint."""
     cluster, s3, work = faults
+    monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
     run = "head-loss"
     plan = _plan(work, point="checkpoint-uploaded", run=run, step=4, rank=1)
     restarted: dict = {}
@@ -169,7 +172,7 @@ def test_a_head_lost_before_it_registered_a_complete_checkpoint_costs_no_step_of
     thread.start()
     started = time.monotonic()
     try:
-        code = submit.main("submit", ["--address", cluster.address, "--token", cluster.token, *TRAIN, "--quiet",
+        code = submit.main("submit", ["--address", cluster.address, *TRAIN, "--quiet",
                                       "--storage-path", f"s3://{BUCKET}/{PREFIX}", "--run-name", run])
     finally:
         thread.join()

@@ -7,12 +7,15 @@ already in use" in a full test run: its port, chosen free, was taken before the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_cluster_tools import HTTP_401, ForeignListener
 
 from workloads.client import cluster, local
 
@@ -116,3 +119,83 @@ def test_the_jobs_api_is_on_loopback_every_node_is_token_guarded_and_no_node_exp
     # Ray's Prometheus exporter answers without the token, on every interface of a node that is not
     # 127.0.0.1 itself: the local nodes run without it.
     assert env["RAY_enable_metrics_collection"] == "0"
+
+
+# --- the ports the client sends the token to are its own head's --------------------------------------
+
+FAKE_RAY_START = """
+import http.server, sys, threading, time
+options = dict(arg[2:].split("=", 1) for arg in sys.argv[1:] if arg.startswith("--") and "=" in arg)
+
+class Unauthorized(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(401)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+def serve(host, port):
+    try:
+        server = http.server.ThreadingHTTPServer((host, int(port)), Unauthorized)
+    except OSError:
+        return  # taken: this head comes up without it
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+if "--head" in sys.argv:
+    serve("0.0.0.0", options["port"])  # the GCS
+    serve("127.0.0.1", options["dashboard-port"])
+    serve("127.0.0.1", options["dashboard-agent-listen-port"])
+print("Ray runtime started.", flush=True)
+time.sleep(600)
+"""
+"""`ray start` with the real options, listening on the head's GCS, dashboard and agent ports where it
+can, and answering HTTP as a head answers a request without the token."""
+
+
+@pytest.fixture
+def fake_ray_start(monkeypatch, tmp_path):
+    """Nodes started by FAKE_RAY_START; `taken_by_other` names the head's ports another process
+    takes first (as another account of the machine may, between their choice and the head's bind)."""
+    taken_by_other: list[str] = []
+    listeners: list[ForeignListener] = []
+    node_argv = local._node_argv
+
+    def fake_node_argv(**kw):
+        argv = node_argv(**kw)
+        if kw["index"] == 0:
+            for name in taken_by_other:
+                listeners.append(ForeignListener(kw[name], record=tmp_path / f"{name}.received", answer=HTTP_401))
+        return [sys.executable, "-c", FAKE_RAY_START, *argv[2:]]
+
+    monkeypatch.setattr(local, "_node_argv", fake_node_argv)
+    yield SimpleNamespace(taken_by_other=taken_by_other, listeners=listeners)
+    for listener in listeners:
+        listener.stop()
+
+
+def test_a_head_whose_jobs_api_port_another_process_holds_is_refused_before_the_token_goes_there(
+        fake_ray_start, tmp_path):
+    """Ray 2.58 fails a head whose dashboard port is taken, but the client does not rest on that (a
+    head left to choose its port takes the next free one): it sends the token only to a port that a
+    process of its head listens on, whatever answers there."""
+    fake_ray_start.taken_by_other.append("dashboard_port")
+    spec = local.LocalClusterSpec(nodes=1, start_timeout_s=20)
+    refused = None
+    try:
+        with local.local_ray_cluster(spec, log_dir=tmp_path / "ray") as ray:
+            with cluster.connect(stack=None, address=ray.address, token=ray.token) as conn:
+                with contextlib.suppress(Exception):  # whatever the client makes of the answer
+                    cluster.job_client(conn)
+    except RuntimeError as exc:
+        refused = str(exc)
+    other = fake_ray_start.listeners[0]
+    assert b"authorization" not in other.received().lower()
+    assert refused == (f"the Ray head's dashboard (Jobs API) port 127.0.0.1:{other.port} is held by another "
+                       "process, not by the head: the Ray token is not sent there")
+
+
+def test_a_head_that_holds_its_ports_is_up(fake_ray_start, tmp_path):
+    spec = local.LocalClusterSpec(nodes=1, start_timeout_s=20)
+    with local.local_ray_cluster(spec, log_dir=tmp_path / "ray") as ray:
+        assert ray.address == f"http://127.0.0.1:{ray.nodes.dashboard_port}"

@@ -55,11 +55,13 @@ def s3_with_iam(monkeypatch, iam_enforced):
         server.stop()
 
 
-def test_workers_that_cannot_write_stop_the_run_before_step_1_without_a_retry(s3_with_iam, tmp_path, capsys):
+def test_workers_that_cannot_write_stop_the_run_before_step_1_without_a_retry(s3_with_iam, tmp_path, monkeypatch,
+                                                                              capsys):
     wrong = {"AWS_ACCESS_KEY_ID": "AKIAWORKERPOD0000000", "AWS_SECRET_ACCESS_KEY": "not-the-pod-identity-one"}
     spec = LocalClusterSpec(nodes=2, cpus_per_node=1, worker_env=(wrong, wrong))
     with local_ray_cluster(spec, log_dir=tmp_path / "ray") as cluster:
-        code = submit.main("submit", ["--address", cluster.address, "--token", cluster.token, *TINY_RUN,
+        monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
+        code = submit.main("submit", ["--address", cluster.address, *TINY_RUN,
                                       "--storage-path", f"s3://{BUCKET}/runs", "--run-name", "cannot-write",
                                       "--max-failures", "3"])
     out = " ".join(capsys.readouterr().out.split())

@@ -10,17 +10,16 @@ import re
 import shlex
 import signal
 import socket
-import stat
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
+from fake_cluster_tools import ForeignListener, calls, install_fake_tools
 from test_data_jsonl import write_corpus
 
-from workloads.client import submit
+from workloads.client import cluster, submit
 from workloads.client.local import LocalClusterSpec, local_ray_cluster
 from workloads.launch.ray_train import SCRATCH_ROOT
 from workloads.launch.task_history import TASK_HISTORY_ENV
@@ -246,85 +245,12 @@ def test_the_heads_gcs_runs_with_the_bounded_task_history(ray_cluster):
 
 # --- the stack path -----------------------------------------------------------------------------
 
-FAKE_PULUMI = """\
-#!{python}
-import json, os, sys
-with open(os.environ["FAKE_CALLS"], "a") as f:
-    f.write(json.dumps(["pulumi", *sys.argv[1:]]) + "\\n")
-print(os.environ["FAKE_OUTPUTS"])
-"""
-
-FAKE_KUBECTL = """\
-#!{python}
-import asyncio, base64, json, os, sys
-argv = sys.argv[1:]
-kubeconfig = argv[argv.index("--kubeconfig") + 1]
-with open(os.environ["FAKE_CALLS"], "a") as f:
-    mode = oct(os.stat(kubeconfig).st_mode & 0o777)
-    f.write(json.dumps(["kubectl", *argv, {{"kubeconfig_mode": mode, "kubeconfig": open(kubeconfig).read()}}]) + "\\n")
-if "get" in argv:
-    token = base64.b64encode(os.environ["FAKE_TOKEN"].encode()).decode()
-    print(json.dumps({{"data": {{"token": token}}}}))
-    sys.exit(0)
-if os.environ.get("FAKE_FORWARD_FAILS"):
-    print('error: services "ray-head-svc" not found', file=sys.stderr)
-    sys.exit(1)
-with open(os.environ["FAKE_PIDS"], "a") as f:
-    f.write(f"{{os.getpid()}}\\n")
-local = int(argv[-1].split(":")[0])
-target = int(os.environ["FAKE_DASHBOARD_PORT"])
-
-async def pipe(reader, writer):
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    finally:
-        writer.close()
-
-async def relay(reader, writer):
-    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
-    request_line = await reader.readline()  # kept, so a test can tell when the log stream is open
-    with open(os.environ["FAKE_REQUESTS"], "a") as f:
-        f.write(f"{{os.getpid()}} {{request_line.decode(errors='replace').strip()}}\\n")
-    up_writer.write(request_line)
-    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
-
-async def main():
-    server = await asyncio.start_server(relay, "127.0.0.1", local)
-    print(f"Forwarding from 127.0.0.1:{{local}} -> 8265", flush=True)
-    await server.serve_forever()
-
-asyncio.run(main())
-"""
-
 
 @pytest.fixture()
 def fake_tools(ray_cluster, tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, source in (("pulumi", FAKE_PULUMI), ("kubectl", FAKE_KUBECTL)):
-        path = bin_dir / name
-        path.write_text(source.format(python=sys.executable))
-        path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    outputs = {
-        "kubeconfig": {"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "ray-eks"}]},
-        "clusterName": "ray-eks", "region": "us-west-2", "rayNamespace": "ray", "rayClusterName": "ray",
-        "rayHeadService": "ray-head-svc", "rayDashboardPort": 8265, "rayAuthSecretName": "ray-auth",
-        "rayAuthSecretKey": "token", "checkpointBucketUri": "s3://ckpt",
-    }
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_OUTPUTS", json.dumps(outputs))
-    monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
-    monkeypatch.setenv("FAKE_REQUESTS", str(tmp_path / "requests"))
-    monkeypatch.setenv("FAKE_TOKEN", ray_cluster.token)
-    monkeypatch.setenv("FAKE_DASHBOARD_PORT", ray_cluster.address.rsplit(":", 1)[1])
+    install_fake_tools(tmp_path, monkeypatch, token=ray_cluster.token,
+                       dashboard_port=int(ray_cluster.address.rsplit(":", 1)[1]))
     return tmp_path
-
-
-def _calls(tmp_path: Path) -> list[list]:
-    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
 
 
 def _alive(pid: int) -> bool:
@@ -341,7 +267,7 @@ def test_the_stack_path_port_forwards_authenticates_and_cleans_up(fake_tools, ra
     assert submit.main("logs", [job_id, "--follow", "--stack", "us-west-2"]) == 0
     assert "hello-through-the-port-forward" in capsys.readouterr().out
 
-    pulumi, secret, forward = _calls(fake_tools)
+    pulumi, secret, forward = calls(fake_tools)
     # Run from any folder, pulumi is pointed at this project.
     assert pulumi == ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", "us-west-2",
                       "--cwd", str(Path(submit.__file__).resolve().parents[2])]
@@ -359,9 +285,21 @@ def test_the_stack_path_port_forwards_authenticates_and_cleans_up(fake_tools, ra
     assert not _alive(pid)  # the port-forward was stopped
 
 
-def test_a_dropped_port_forward_is_restored_while_following(fake_tools, ray_cluster, capsys):
+def test_a_dropped_port_forward_is_restored_while_following(fake_tools, ray_cluster, monkeypatch, capsys):
     """The SDK's "WebSocket connection closed unexpectedly" is not the job failing: a new
-    port-forward picks the log up where it broke, and no line is shown twice or lost."""
+    port-forward picks the log up where it broke, and no line is shown twice or lost. The token goes
+    only to the restored forward kubectl opened: kubectl binds late, and another process listens on
+    the port a choice made before kubectl binds gives the new forward (free_port, then `kubectl
+    port-forward PORT:8265`)."""
+    taken = ForeignListener(cluster.free_port(), record=fake_tools / "received")
+    real_free_port, picks = cluster.free_port, []
+
+    def free_port() -> int:  # the second pick, the restored forward's port, is taken by the other process
+        picks.append(None)
+        return taken.port if len(picks) == 2 else real_free_port()
+
+    monkeypatch.setattr(cluster, "free_port", free_port)
+    monkeypatch.setenv("FAKE_BIND_DELAY_S", "0.5")
     # The job stops half-way until the port-forward is dropped, so the drop lands mid-stream however
     # long `logs --follow` takes to start (under a full suite's load its port-forward once came up
     # after the job had printed tick-3, and there was no pid to kill yet).
@@ -386,9 +324,14 @@ def test_a_dropped_port_forward_is_restored_while_following(fake_tools, ray_clus
 
     dropper = threading.Thread(target=drop_the_first_port_forward)
     dropper.start()
-    assert submit.main("logs", [job_id, "--follow", "--stack", "us-west-2"]) == 0
-    dropper.join()
+    try:
+        code = submit.main("logs", [job_id, "--follow", "--stack", "us-west-2"])
+    finally:
+        dropper.join()
+        taken.stop()
     out = capsys.readouterr().out
+    assert ray_cluster.token.encode() not in taken.received()
+    assert code == 0, out
     ticks = [line for line in out.splitlines() if line.startswith("tick-")]
     assert ticks == [f"tick-{i}" for i in range(12)], out
     assert "lost the job's log stream" in out and "reconnecting (attempt 1, for up to 300 s)" in out
@@ -400,7 +343,7 @@ def test_a_port_forward_that_cannot_open_is_exit_3_and_still_cleans_up(fake_tool
     assert submit.main("list", ["--stack", "us-west-2"]) == 3
     err = capsys.readouterr().err
     assert 'did not open: error: services "ray-head-svc" not found' in err and err.count("\n") == 1
-    forward = _calls(fake_tools)[-1]
+    forward = calls(fake_tools)[-1]
     assert not Path(forward[2]).exists()
 
 

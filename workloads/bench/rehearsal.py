@@ -5,8 +5,9 @@ worker and two worker nodes, each on its own address and its own GPU(s) (on a on
 share it), each with its own
 `NCCL_HOSTID` so that NCCL sees two hosts and carries the traffic between them over its network
 transport (sockets on loopback). Checkpoints go to a moto S3 server through `AWS_ENDPOINT_URL_S3`.
-Then the user's own command, `python -m workloads submit --address ... --token ... --storage-path
-s3://...`, runs three times, each as a subprocess whose output and exit code are recorded:
+Then the user's own command, `python -m workloads submit --address ... --storage-path s3://...` (the
+token in its environment, RAY_AUTH_TOKEN), runs three times, each as a subprocess whose output and
+exit code are recorded:
 
   a-any     sockets allowed (--expect any): exit 0, the gate names 2 nodes, checkpoints in the bucket
   b-efa     --expect efa: the gate stops the job before step 1, no retry, exit 1
@@ -351,8 +352,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         with local_ray_cluster(spec, log_dir=out / "ray") as cluster:
             _say(f"cluster up: head + 2 worker nodes x {per_node} GPU, Jobs API {cluster.address}")
+            # The submit commands take the token from their environment: a command line is every
+            # account's to read (`ps`), and each one run is logged.
+            os.environ["RAY_AUTH_TOKEN"] = cluster.token
             base = [sys.executable, "-m", "workloads", "submit", "--address", cluster.address,
-                    "--token", cluster.token, "--storage-path", f"s3://{BUCKET}/{PREFIX}", "--offline",
+                    "--storage-path", f"s3://{BUCKET}/{PREFIX}", "--offline",
                     "--gpus", str(2 * per_node), *TRAIN_SETTINGS, "--set", f"steps={args.steps}"]
             if args.cpus_only:
                 base += ["--set", "mixed_precision=false", "--set", "compile=false"]

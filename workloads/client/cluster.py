@@ -2,10 +2,12 @@
 
 With a stack, its kubeconfig goes to a private temporary file, the Ray token is read from its
 Kubernetes Secret, and a `kubectl port-forward` to the head's dashboard port is held open while the
-connection is in use (the head is never exposed). With an address, the token comes from
-RAY_AUTH_TOKEN or a file (--token-file), never from the command line, where every user of the machine
-sees it (`ps`) and the shell keeps it; and a plain-http address must be this machine's own
-(loopback), since the token and every job would cross the network in the clear.
+connection is in use (the head is never exposed); the token goes only into connections that end in
+that kubectl's own socket (PortForward), never to another account's listener on a port of 127.0.0.1.
+With an address, the token comes from RAY_AUTH_TOKEN or a file (--token-file), never from the
+command line, where every user of the machine sees it (`ps`) and the shell keeps it; and a
+plain-http address must be this machine's own (loopback), since the token and every job would cross
+the network in the clear.
 """
 
 from __future__ import annotations
@@ -16,18 +18,23 @@ import ipaddress
 import json
 import logging
 import os
+import queue
 import random
+import re
 import shlex
 import shutil
 import socket
 import subprocess
 import tempfile
-import time
+import threading
 import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterator, Optional
+
+from workloads.client.relay import Relay
+from workloads.client.socket_owners import holds_listener, peer_held_by
 
 
 class UnreachableError(RuntimeError):
@@ -211,53 +218,109 @@ def free_ports(count: int, *, besides: Collection[int] = ()) -> list[int]:
         return ports
 
 
-def wait_for_port(port: int, *, timeout_s: float, alive: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return True
-        time.sleep(0.2)
-    return False
+FORWARDING = re.compile(r"^Forwarding from 127\.0\.0\.1:(\d+) -> \d+")
+"""kubectl's line once it listens on the local port (it prints one per address it listens on)."""
+ACCEPT_TIMEOUT_S = 10.0
+"""How long kubectl may take to accept a connection made to its port."""
 
 
 class PortForward:
-    """`kubectl port-forward svc/<service>` on a free local port, restarted when it has died."""
+    """`kubectl port-forward svc/<service>` on a local port kubectl picks and binds itself, restarted
+    when it has died, and reached only through a Relay of this process (`port`, which stays the same
+    across restarts): each connection is passed on to kubectl's port once its other end is seen to be
+    kubectl's own socket, so no request reaches another account that listens on that port before
+    kubectl binds it or after kubectl has exited."""
 
     def __init__(self, *, kubeconfig: Path, namespace: str, service: str, remote_port: int,
                  timeout_s: float = 30.0) -> None:
         if shutil.which("kubectl") is None:
             raise UnreachableError("kubectl is not on PATH; it is needed to reach the Ray head")
+        # An empty local port: kubectl binds a free one itself and names it, so no port is chosen free
+        # here and bound later, when another process may have taken it.
         self._argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "port-forward",
-                      "--address", "127.0.0.1", f"svc/{service}"]
+                      "--address", "127.0.0.1", f"svc/{service}", f":{remote_port}"]
         self._target = f"svc/{service}:{remote_port}"
-        self._remote_port = remote_port
         self._timeout_s = timeout_s
+        # Held while kubectl is started, stopped or connected to: only then is its process reaped, so
+        # its pid stays its own while its sockets are read.
+        self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
+        self._kubectl_port = 0
+        self._relay: Optional[Relay] = None
         self.port = 0
 
     def ensure(self) -> int:
         """The local port of a live port-forward, started anew when there is none."""
-        if self._proc is not None and self._proc.poll() is None:
-            return self.port
-        self.stop()
-        port = free_port()
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start_kubectl()
+            if self._relay is None:
+                self._relay = Relay(open_upstream=self._connect_to_kubectl)
+                self.port = self._relay.port
+        return self.port
+
+    def _start_kubectl(self) -> None:
+        self._stop_kubectl()
         with tempfile.TemporaryFile(mode="w+") as errors:
-            proc = subprocess.Popen([*self._argv, f"{port}:{self._remote_port}"], stdout=subprocess.DEVNULL,
-                                    stderr=errors)
-            if not wait_for_port(port, timeout_s=self._timeout_s, alive=lambda: proc.poll() is None):
+            proc = subprocess.Popen(self._argv, stdout=subprocess.PIPE, stderr=errors, text=True)
+            said: queue.Queue[Optional[int]] = queue.Queue()
+            threading.Thread(target=_read_forwarded_port, args=(proc.stdout, said), daemon=True).start()
+            try:
+                port = said.get(timeout=self._timeout_s)
+            except queue.Empty:
+                port = None
+            if port is None:
                 _terminate(proc)
                 errors.seek(0)
                 detail = (errors.read().strip().splitlines() or ["no output"])[-1]
                 raise UnreachableError(f"kubectl port-forward to {self._target} did not open: {detail}")
-        self._proc, self.port = proc, port
-        return port
+        if not holds_listener([proc.pid], port=port):
+            _terminate(proc)
+            raise UnreachableError(f"kubectl port-forward to {self._target} says it listens on 127.0.0.1:{port}, but "
+                                   "no socket of it does: another process holds the port; nothing was sent there")
+        self._proc, self._kubectl_port = proc, port
 
-    def stop(self) -> None:
+    def _connect_to_kubectl(self) -> Optional[socket.socket]:
+        """A connection to kubectl's port whose other end is kubectl's socket; None when kubectl has
+        exited or another process answered there (then nothing was sent on it)."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return None
+            sock = socket.create_connection(("127.0.0.1", self._kubectl_port), timeout=ACCEPT_TIMEOUT_S)
+            if peer_held_by(sock, pid=proc.pid, timeout_s=ACCEPT_TIMEOUT_S) and proc.poll() is None:
+                sock.settimeout(None)
+                return sock
+            sock.close()
+            if proc.poll() is None:
+                logging.getLogger(__name__).warning(
+                    "a connection to 127.0.0.1:%d, kubectl's port-forward, did not reach kubectl: it was closed "
+                    "unused", self._kubectl_port)
+            return None
+
+    def _stop_kubectl(self) -> None:
         if self._proc is not None:
             _terminate(self._proc)
             self._proc = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_kubectl()
+            if self._relay is not None:
+                self._relay.close()
+                self._relay = None
+
+
+def _read_forwarded_port(stdout, said: queue.Queue) -> None:
+    """Put the port of kubectl's first Forwarding line (None when it ends without one), then read on
+    until it ends: kubectl prints a line for each connection, and would block on a full pipe."""
+    told = False
+    for line in stdout:
+        if not told and (match := FORWARDING.match(line)):
+            said.put(int(match[1]))
+            told = True
+    if not told:
+        said.put(None)
 
 
 def _terminate(proc: subprocess.Popen) -> None:

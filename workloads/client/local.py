@@ -45,6 +45,7 @@ from workloads.client.overrides import user_overrides
 from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
                                      write_report)
+from workloads.client.socket_owners import holds_listener
 from workloads.launch.task_history import TASK_HISTORY_ENV
 
 STARTED_MARK = "Ray runtime started"
@@ -168,6 +169,14 @@ def _wait_http(url: str, *, timeout_s: float, what: str = "the Ray dashboard") -
     raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
+def _check_head_holds(pids: list[int], ports: dict[str, int]) -> None:
+    """RuntimeError unless a process of the head (`pids`) listens on each of `ports` (by what it is)."""
+    for what, port in ports.items():
+        if not holds_listener(pids, port=port):
+            raise RuntimeError(f"the Ray head's {what} port 127.0.0.1:{port} is held by another process, not by the "
+                               "head: the Ray token is not sent there")
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL what is left of the node's process group, and reap its `ray start`."""
     try:
@@ -227,6 +236,9 @@ class LocalNodes:
             # waits for it to register too: workloads/client/jobs.py).
             agent = next(a.split("=", 1)[1] for a in argv if a.startswith("--dashboard-agent-listen-port="))
             _wait_http(f"http://127.0.0.1:{agent}/", timeout_s=self.spec.start_timeout_s, what="the head's job agent")
+            # Anything may answer on a port chosen free: the Jobs API must be the head's before the
+            # client sends it the token, the GCS before the worker nodes do.
+            _check_head_holds(self.pids(0), {"dashboard (Jobs API)": self.dashboard_port, "GCS": self.gcs_port})
 
     def kill(self, index: int) -> None:
         """Every process of node `index` SIGKILLed at once, as when its instance is lost: its process
