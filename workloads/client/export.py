@@ -25,6 +25,7 @@ from pathlib import Path
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
 from workloads.client.usage import Parser, UsageError
+from workloads.files import key_parts
 
 EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -56,6 +57,7 @@ def run_uri(args: argparse.Namespace) -> str:
     if args.stack or args.run_name:
         if not (args.stack and args.run_name) or args.run:
             raise ValueError("give either RUN, or --stack NAME with --run NAME")
+        key_parts(args.run_name)  # a run name is a key below the bucket's prefix, never above it
         bucket = read_stack_outputs(args.stack).checkpoint_bucket_uri
         return f"{bucket.rstrip('/')}/{args.run_name}"
     if not args.run:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from workloads.files import path_inside
+
 CACHE_ENV = "WORKLOADS_CACHE"
 """Environment variable naming the cache folder when the config leaves it empty."""
 
@@ -44,7 +46,7 @@ class Entry:
 def fill_once(root: Path, name: str, fill: Callable[[Path], None]) -> Entry:
     """The folder `root/name`, filled by `fill(folder)` unless it already exists; once per machine."""
     root.mkdir(parents=True, exist_ok=True)
-    target = root / name
+    target = path_inside(root, name)
     with open(root / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

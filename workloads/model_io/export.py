@@ -29,8 +29,9 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from workloads.files import path_inside
 from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
-from workloads.model_io.storage import locate
+from workloads.model_io.storage import local_location, locate
 
 MODEL_DIR = "model"
 """The Hugging Face folder inside each checkpoint (metadata; the final one also holds the weights)
@@ -248,10 +249,10 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
     from workloads.model_io import lora_export
     from workloads.model_io.safe_checkpoint import SafeFileSystemReader, read_checkpoint_metadata
 
-    meta_dir = checkpoint / MODEL_DIR
+    meta_dir = path_inside(checkpoint, MODEL_DIR)
     if not (checkpoint / DCP_METADATA).is_file():
         raise ValueError(f"{checkpoint} is not a complete checkpoint folder (no {DCP_METADATA})")
-    if not (meta_dir / "config.json").is_file():
+    if not path_inside(meta_dir, "config.json").is_file():
         raise ValueError(
             f"{checkpoint} has no {MODEL_DIR}/config.json (saved before checkpoints carried one): it cannot "
             "be exported without knowing the model's architecture"
@@ -276,9 +277,9 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
                 f"{MODEL_DIR}/config.json gives {list(shapes[name].shape)}"
             )
     out.mkdir(parents=True, exist_ok=True)
-    for path in meta_dir.iterdir():
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name != INDEX_FILE:
-            shutil.copy2(path, out / path.name)
+    metadata = local_location(meta_dir)  # links refused, never followed (workloads/files.py)
+    metadata.copy_to(local_location(out), names=[n for n in metadata.files() if "/" not in n and not n.endswith(
+        ".safetensors") and n != INDEX_FILE])
     config.dtype = dtype
     config.save_pretrained(out)
     sizes = {n: stored[prefix + n].size.numel() * stored[prefix + n].properties.dtype.itemsize for n in names}

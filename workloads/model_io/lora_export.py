@@ -16,7 +16,6 @@ final checkpoint holds the merged export it made, and other checkpoints export t
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -27,6 +26,7 @@ from safetensors import safe_open
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
 from workloads.model_io.export import MODEL_DIR, SafetensorsWriter, resolve_dtype
 from workloads.model_io.load import INDEX_FILE, weight_files
+from workloads.model_io.storage import local_location
 
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -72,10 +72,10 @@ def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
     from workloads.model_io.sources import fetch_model
 
     meta = checkpoint / MODEL_DIR
-    adapter_config = json.loads((meta / ADAPTER_DIR / ADAPTER_CONFIG).read_text())
+    metadata = local_location(meta)  # links refused, never followed (workloads/files.py)
+    adapter_config = json.loads(metadata.join(ADAPTER_DIR, ADAPTER_CONFIG).read_bytes())
     adapters = adapter_tensors(checkpoint)
-    (out / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(meta / ADAPTER_DIR / ADAPTER_CONFIG, out / ADAPTER_DIR / ADAPTER_CONFIG)
+    metadata.copy_to(local_location(out), names=[f"{ADAPTER_DIR}/{ADAPTER_CONFIG}"])
     writer = SafetensorsWriter(out / ADAPTER_DIR, max_shard_bytes=2**62, file_name=ADAPTER_WEIGHTS)
     for name, tensor in sorted(adapters.items()):
         writer.add(name, tensor.float())
@@ -89,9 +89,8 @@ def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
     folder = fetch_model(spec, revision=adapter_config.get("revision") or "", cache_dir=cache_dir, what="--base")
     config = AutoConfig.from_pretrained(meta)
     dtype = resolve_dtype(dtype_choice, config)
-    for path in meta.iterdir():
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name != INDEX_FILE:
-            shutil.copy2(path, out / path.name)
+    metadata.copy_to(local_location(out), names=[n for n in metadata.files() if "/" not in n and not n.endswith(
+        ".safetensors") and n != INDEX_FILE])
     config.dtype = dtype
     config.save_pretrained(out)
     scaling = float(adapter_config["lora_alpha"]) / float(adapter_config["r"])
