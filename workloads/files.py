@@ -2,6 +2,8 @@
 
 - Files that are read while they are rewritten (a run's record, the local autoscaler's state, a
   benchmark's results, a fault plan the ranks read at every point) are replaced whole.
+- A folder the user's processes share files through (the model cache, the record of submissions)
+  is the user's own: `private_folder`.
 - A key or relative path read from storage or from a run folder (an S3 listing, a checkpoint's
   metadata, a cache entry's name) becomes a local path only through `path_inside`: a job writes its
   own keys, and the machine that exports its checkpoint is the user's. `create_inside` writes one.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,6 +26,21 @@ def replace_whole(path: Path, text: str) -> None:
     draft = path.with_name(f".{path.name}.{os.getpid()}.draft")
     draft.write_text(text)
     draft.replace(path)
+
+
+def private_folder(path: Path, *, what: str, instead: str) -> Path:
+    """`path`, a folder only this user can write, made (0700) when absent. ValueError naming it, and
+    `instead` (what to do), when it, or the link it is reached by, belongs to another user, or when
+    other users may write to it: another account could plant files there, or take what is fetched."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for info in (os.lstat(path), os.stat(path)):
+        if info.st_uid != os.geteuid():
+            raise ValueError(f"{what} {path} is owned by another user (uid {info.st_uid}), not you: {instead}")
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(f"{what} {path} is writable by other users (mode {mode:o}): chmod go-w {path}, or "
+                         f"{instead}")
+    return path
 
 
 def _refused(key: str, why: str) -> ValueError:
