@@ -50,6 +50,9 @@ def _arg_parser() -> argparse.ArgumentParser:
                         help="a LoRA run: the model to merge its adapter into (default: the base it trained on)")
     parser.add_argument("--generate", metavar="PROMPT", help="load the result and print a greedy continuation")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="with --generate: run the model folder's own Python code (auto_map in its config); "
+                             "off: it is never run, and export never copies a checkpoint's *.py files")
     return parser
 
 
@@ -75,7 +78,8 @@ def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
     if args.generate:
         assert result.local_folder is not None
-        answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens)
+        answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens,
+                                 trust_remote_code=args.trust_remote_code)
         print(f"generate {args.generate!r} -> {answer!r}")
     return EXIT_OK
 

@@ -259,7 +259,7 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
         )
     if lora_export.is_lora_checkpoint(checkpoint):
         return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base)
-    config = AutoConfig.from_pretrained(meta_dir)
+    config = AutoConfig.from_pretrained(meta_dir, trust_remote_code=False)
     dtype = resolve_dtype(dtype_choice, config)
     model = _meta_model(config)
     names = list(tensor_aliases(model))
@@ -279,7 +279,7 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
     out.mkdir(parents=True, exist_ok=True)
     metadata = local_location(meta_dir)  # links refused, never followed (workloads/files.py)
     metadata.copy_to(local_location(out), names=[n for n in metadata.files() if "/" not in n and not n.endswith(
-        ".safetensors") and n != INDEX_FILE])
+        (".safetensors", ".py")) and n != INDEX_FILE])
     config.dtype = dtype
     config.save_pretrained(out)
     sizes = {n: stored[prefix + n].size.numel() * stored[prefix + n].properties.dtype.itemsize for n in names}
@@ -390,7 +390,8 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
     log(f"checkpoint {ckpt.uri}")
     started = time.monotonic()
     if exported and not from_shards and dtype == "auto":
-        ckpt.join(MODEL_DIR).copy_to(dest)
+        model_files = ckpt.join(MODEL_DIR)
+        model_files.copy_to(dest, names=[n for n in model_files.files() if not n.endswith(".py")])
         how = "copied"
         written = json.loads(ckpt.join(MODEL_DIR, "config.json").read_bytes()).get("dtype", "")
     else:
@@ -428,14 +429,24 @@ class ChatModel:
     """An exported folder loaded once with from_pretrained, answering conversations greedily: through
     the tokenizer's chat template when it has one (as training rendered the chats), else on the
     messages' text joined by newlines. Generation stops at the folder's generation config's end tokens
-    (a chat fine-tune's end-of-turn token among them)."""
+    (a chat fine-tune's end-of-turn token among them). The folder's own Python code (config.json's
+    `auto_map`) runs only with `trust_remote_code`: left unset, transformers would ask on standard
+    input, which may be a conversation."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, trust_remote_code: bool = False) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+            self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                              trust_remote_code=trust_remote_code).to(self.device)
+        except ValueError as exc:
+            if trust_remote_code or "trust_remote_code" not in str(exc):
+                raise
+            raise ValueError(f"{folder} asks to run its own code (auto_map in its config.json or "
+                             "tokenizer_config.json), which was not run: pass --trust-remote-code if you trust "
+                             "that folder's *.py files") from None
         self.model.eval()
 
     def reply(self, messages: list[dict], *, max_new_tokens: int = 24) -> str:
@@ -453,8 +464,9 @@ class ChatModel:
         return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
 
-def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24) -> str:
+def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24,
+                    trust_remote_code: bool = False) -> str:
     """Load the folder and answer `prompt` greedily (`ChatModel`): a string as one user turn, a list
     of {"role", "content"} messages as that conversation (its system prompt and earlier turns)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    return ChatModel(folder).reply(messages, max_new_tokens=max_new_tokens)
+    return ChatModel(folder, trust_remote_code=trust_remote_code).reply(messages, max_new_tokens=max_new_tokens)

@@ -87,10 +87,10 @@ def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
             f"base ({spec or 'unrecorded'}) has none stored (random weights): only the run's final checkpoint holds "
             "its merged export. Give --base FOLDER_OR_HUB_ID to merge into another base")
     folder = fetch_model(spec, revision=adapter_config.get("revision") or "", cache_dir=cache_dir, what="--base")
-    config = AutoConfig.from_pretrained(meta)
+    config = AutoConfig.from_pretrained(meta, trust_remote_code=False)
     dtype = resolve_dtype(dtype_choice, config)
     metadata.copy_to(local_location(out), names=[n for n in metadata.files() if "/" not in n and not n.endswith(
-        ".safetensors") and n != INDEX_FILE])
+        (".safetensors", ".py")) and n != INDEX_FILE])
     config.dtype = dtype
     config.save_pretrained(out)
     scaling = float(adapter_config["lora_alpha"]) / float(adapter_config["r"])
