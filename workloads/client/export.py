@@ -24,8 +24,10 @@ import tempfile
 from pathlib import Path
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
+from workloads.client.run_record import submitted_base
 from workloads.client.usage import Parser, UsageError
 from workloads.files import key_parts
+from workloads.model_io.lora_base import LoraBase
 
 EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -47,7 +49,10 @@ def _arg_parser() -> argparse.ArgumentParser:
                         help="consolidate the checkpoint's shards even when the run already exported it")
     parser.add_argument("--overwrite", action="store_true", help="replace what the --out folder holds")
     parser.add_argument("--base", metavar="FOLDER_OR_HUB_ID",
-                        help="a LoRA run: the model to merge its adapter into (default: the base it trained on)")
+                        help="a LoRA run: the model to merge its adapter into (default: the base the run was "
+                             "submitted with, as this machine recorded it)")
+    parser.add_argument("--base-revision", metavar="REV", default="",
+                        help="with --base, a hub model's revision (branch, tag or commit; default: its default branch)")
     parser.add_argument("--generate", metavar="PROMPT", help="load the result and print a greedy continuation")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--trust-remote-code", action="store_true",
@@ -70,11 +75,15 @@ def run_uri(args: argparse.Namespace) -> str:
 
 def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
     uri = run_uri(args)  # a mistake in naming the run is told before torch's seconds of start-up
+    if args.base_revision and not args.base:
+        raise ValueError("--base-revision goes with --base (without it, the revision the run was submitted with)")
     from workloads.model_io.export import export_run, greedy_generate
 
+    base = None if not args.base else LoraBase(name_or_path=args.base, revision=args.base_revision, told_by="--base")
     result = export_run(uri, out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
                         from_shards=args.from_shards, overwrite=args.overwrite,
-                        keep_local=scratch / "model" if args.generate else None, base=args.base)
+                        keep_local=scratch / "model" if args.generate else None, base=base,
+                        submitted_base=submitted_base)
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
     if args.generate:
         assert result.local_folder is not None

@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 from safetensors.torch import save_file
@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from workloads.files import path_inside
 from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
+from workloads.model_io.lora_base import LoraBase
 from workloads.model_io.storage import local_location, locate
 
 MODEL_DIR = "model"
@@ -236,12 +237,12 @@ def _groups(names: list[str], sizes: dict[str, int], limit: int) -> Iterator[lis
         yield group
 
 
-def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
-                base: Optional[str] = None) -> torch.dtype:
+def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[LoraBase] = None,
+                submitted: Optional[LoraBase] = None) -> torch.dtype:
     """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
     shards and its `model/` metadata), reading one output file's worth of tensors at a time. A LoRA
-    checkpoint's adapters are merged into its base (`base`: another than the one it recorded;
-    workloads/model_io/lora_export.py)."""
+    checkpoint's adapters are merged into `base` (the user's) or else `submitted` (its run's base as
+    submitted; workloads/model_io/lora_export.py)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
@@ -258,7 +259,8 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
             "be exported without knowing the model's architecture"
         )
     if lora_export.is_lora_checkpoint(checkpoint):
-        return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base)
+        return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base,
+                                            submitted=submitted)
     config = AutoConfig.from_pretrained(meta_dir, trust_remote_code=False)
     dtype = resolve_dtype(dtype_choice, config)
     model = _meta_model(config)
@@ -345,15 +347,16 @@ class Exported:
 
 def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str] = None, dtype: str = "auto",
                from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None,
-               base: Optional[str] = None) -> Exported:
+               base: Optional[LoraBase] = None,
+               submitted_base: Callable[[str], Optional[LoraBase]] = lambda checkpoint_uri: None) -> Exported:
     """Export a checkpoint of the run at `run` (a local folder or an s3:// prefix; a run folder, a
     folder of runs' storage, or one checkpoint folder) as a Hugging Face folder at `out` (default:
     `model/` next to the checkpoints). The newest checkpoint unless `checkpoint` names one.
 
     When the checkpoint already holds the run's own export and no other dtype is asked for, the
     folder is copied; otherwise it is consolidated from the shards (a LoRA run's adapters merged into
-    its base, or into `base`). `keep_local`: for a remote `out`,
-    also keep the written folder there (to load it afterwards)."""
+    `base`, else into the base its run was submitted with, `submitted_base(checkpoint URI)`).
+    `keep_local`: for a remote `out`, also keep the written folder there (to load it afterwards)."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype!r}: use one of {', '.join(EXPORT_DTYPES)}")
     source = locate(run)
@@ -404,7 +407,8 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
             else:
                 local = Path(ckpt.path)
             target = Path(tmp) / MODEL_DIR if dest.remote else Path(dest.path)
-            written = str(consolidate(local, target, dtype_choice=dtype, base=base)).removeprefix("torch.")
+            written = str(consolidate(local, target, dtype_choice=dtype, base=base,
+                                      submitted=submitted_base(ckpt.uri))).removeprefix("torch.")
             if dest.remote:
                 dest.upload_from(target)
                 if keep_local is not None:
