@@ -126,3 +126,19 @@ def test_a_link_where_the_export_goes_is_not_followed_to_write(checkpoint, tmp_p
     assert code == export_cli.EXIT_USAGE, err
     assert "refused the key 'model'" in err and "symbolic link" in err
     assert list(victim.iterdir()) == []
+
+
+def test_chat_does_not_follow_a_link_in_place_of_a_runs_model(tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    from workloads.client import chat as chat_cli
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\n"))
+    other = write_toy_model(tmp_path / "elsewhere")
+    run = tmp_path / "runs" / "r1"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "model").symlink_to(other)
+    code = chat_cli.main("chat", ["r1", "--runs-dir", str(tmp_path / "runs"), "--max-new-tokens", "1"])
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("chat: error: ")]
+    assert code == chat_cli.EXIT_USAGE and "refused the key 'model'" in error and "symbolic link" in error

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, TextIO
 
 from workloads.client.runs import RUNS_DIR
 from workloads.client.usage import Parser, UsageError
+from workloads.files import path_inside
 
 EXIT_OK, EXIT_USAGE = 0, 2
 RESET, EXIT = "/reset", "/exit"
@@ -43,8 +44,9 @@ def model_folder(run: str, *, runs_dir: Path) -> Path:
     for candidate in (Path(run), runs_dir / run):
         if (candidate / "config.json").is_file():
             return candidate
-        if (candidate / "model" / "config.json").is_file():
-            return candidate / "model"
+        model = path_inside(candidate, "model")  # a run folder's model/, never a link out of it
+        if (model / "config.json").is_file():
+            return model
         if (candidate / "checkpoints").is_dir():
             raise ValueError(f"run {str(candidate)!r} has no exported model/ (it did not finish): export a checkpoint "
                              f"with python -m workloads export {candidate}")
