@@ -114,10 +114,12 @@ def running_under_ci() -> bool:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def ray_test_env():
+def ray_test_env(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         for name, value in RAY_TEST_ENV.items():
             env.setenv(name, value)
+        # What `submit` records of each submission (workloads/client/run_record.py) stays in the run.
+        env.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
         yield
 
 

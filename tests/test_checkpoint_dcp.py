@@ -120,3 +120,25 @@ def test_checkpoint_keys_do_not_depend_on_compile(one_rank_group):
         keys[compiled] = set(get_model_state_dict(model))
     assert keys[True] == keys[False]
     assert "lm.model.layers.0.self_attn.q_proj.weight" in keys[True]
+
+
+def test_a_restore_refuses_a_checkpoint_whose_metadata_points_outside_its_folder(one_rank_group, tmp_path):
+    """Any job may write under the bucket's prefix: a checkpoint's `.metadata` that names a file
+    outside the folder (here a copy of the shard beside it) is refused before anything is read."""
+    import pickle
+    import shutil
+
+    from workloads.model_io.safe_checkpoint import read_checkpoint_metadata
+
+    _, model, optimizer = sharded_model_and_optimizer()
+    folder = checkpoint.save(tmp_path / "ckpt", model=model, optimizer=optimizer,
+                             progress=checkpoint.Progress(step=3, data_position=6))
+    metadata = read_checkpoint_metadata(folder)
+    for info in metadata.storage_data.values():
+        shutil.copy2(folder / info.relative_path, tmp_path / info.relative_path)
+        info.relative_path = f"../{info.relative_path}"
+    with (folder / ".metadata").open("wb") as stream:
+        pickle.dump(metadata, stream)
+    _, fresh_model, fresh_optimizer = sharded_model_and_optimizer()
+    with pytest.raises(ValueError, match=r"points outside the checkpoint .*refused the key '\.\./"):
+        checkpoint.load(folder, model=fresh_model, optimizer=fresh_optimizer)

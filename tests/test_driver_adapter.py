@@ -11,6 +11,7 @@ import time
 
 import fsspec
 import pyarrow.fs
+import pytest
 import ray.train
 
 from workloads.context import RESTORE_PREFIX
@@ -48,6 +49,21 @@ def test_a_remote_checkpoint_is_downloaded_once_and_its_cost_is_reported(monkeyp
     restore = json.loads(line.removeprefix(RESTORE_PREFIX))
     assert (restore["checkpoint"], restore["rank"], restore["files"]) == ("checkpoint_000004", 3, 2)
     assert restore["bytes"] == len(b"dcp metadata") + len(b"shard 0") and restore["seconds"] >= 0
+
+
+def test_a_remote_checkpoint_whose_key_climbs_out_is_refused_before_anything_is_written(monkeypatch, tmp_path):
+    """Ray's own download writes each key below the folder as it is: `sub/../../../escaped` lands
+    beside the restore folder. The keys are checked first (workloads/files.py)."""
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/bucket/climb/checkpoint_000004/.metadata", b"dcp metadata")
+    memory.pipe("/bucket/climb/checkpoint_000004/sub/../../../escaped", b"written outside")
+    remote = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(memory))
+    checkpoint = ray.train.Checkpoint("/bucket/climb/checkpoint_000004", filesystem=remote)
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: checkpoint)
+    with pytest.raises(ValueError, match=r"refused the key 'sub/\.\./\.\./\.\./escaped'"):
+        ray_train.checkpoint_loader(restore_root=tmp_path / "restored")()
+    assert not (tmp_path / "escaped").exists()
+    assert not (tmp_path / "restored").exists() or not any((tmp_path / "restored").rglob("*.metadata"))
 
 
 class _CountingCheckpoint:

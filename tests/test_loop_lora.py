@@ -281,18 +281,22 @@ def test_any_lora_checkpoint_exports_its_adapter_and_merges_into_its_base(runs, 
     from safetensors.torch import load_file
 
     from workloads.model_io.export import consolidate
+    from workloads.model_io.lora_base import LoraBase
     from workloads.train.model import build_causal_lm
 
     root, _ = runs
     final = root / "lora-a" / "checkpoint-0000006"
-    # The run's base is random weights: no stored base to merge into, said so, the adapter written.
+    # The run's base (as submitted) is random weights: no stored base to merge into, said so, the
+    # adapter written.
+    submitted = LoraBase(name_or_path="tiny-qwen2", told_by="the run's submission")
     with pytest.raises(ValueError, match="the adapter is written to .*has none stored.*--base"):
-        consolidate(root / "lora-a" / "checkpoint-0000003", tmp_path / "early")
+        consolidate(root / "lora-a" / "checkpoint-0000003", tmp_path / "early", submitted=submitted)
     assert (tmp_path / "early" / "adapter" / "adapter_model.safetensors").is_file()
     # Given the base's weights, the shards of the final checkpoint merge into the run's own export.
     base = tmp_path / "base"
     build_causal_lm(ModelConfig(name_or_path="tiny-qwen2"), device=torch.device("cpu"), seed=0).save_pretrained(base)
-    consolidate(final, tmp_path / "merged", base=str(base))
+    consolidate(final, tmp_path / "merged", base=LoraBase(name_or_path=str(base), told_by="--base"),
+                submitted=submitted)
     own, again = (load_file(p / "model.safetensors") for p in (final / "model", tmp_path / "merged"))
     assert own.keys() == again.keys()
     for name in own:

@@ -287,7 +287,8 @@ def model_shape(name_or_path: str, *, seq_len: int) -> ModelShape:
     from workloads.train.model import named_architecture, shape_of
 
     named = ModelConfig(name_or_path=name_or_path).is_named_architecture
-    config = named_architecture(name_or_path) if named else AutoConfig.from_pretrained(name_or_path)
+    config = named_architecture(name_or_path) if named else AutoConfig.from_pretrained(
+        name_or_path, trust_remote_code=False)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
     shape = shape_of(lm)

@@ -127,7 +127,7 @@ def flops_per_token(cfg: TrainConfig) -> float:
 
     model: ModelConfig = cfg.model
     config = (named_architecture(model.name_or_path) if model.is_named_architecture
-              else AutoConfig.from_pretrained(model.name_or_path))
+              else AutoConfig.from_pretrained(model.name_or_path, trust_remote_code=False))
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
     shape = shape_of(lm)

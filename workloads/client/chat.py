@@ -1,13 +1,14 @@
 """`python -m workloads chat RUN`: talk to a trained model, one line a turn, with its chat template.
 
-    python -m workloads chat RUN [--system TEXT] [--max-new-tokens N]
+    python -m workloads chat RUN [--system TEXT] [--max-new-tokens N] [--trust-remote-code]
 
 RUN is a local run's name (a folder of runs/), a run folder (its exported `model/` is used), or a
 Hugging Face model folder (an `export --out` folder). Each line read is a user turn; the model's
 answer follows, greedy, rendered with the model's own chat template over the whole conversation so
 far (as training rendered its chats), `--system` as its system prompt. `/reset` starts a new
 conversation, `/exit` or the end of input ends. The prompt `you>` is shown only on a terminal, so a
-file or a pipe on standard input gives the answers alone, one line each.
+file or a pipe on standard input gives the answers alone, one line each. A folder's own Python code
+(`auto_map` in its config) is never run unless --trust-remote-code says to.
 
 Exit codes: 0 the input ended; 2 bad input (no such run, a run without an exported model).
 """
@@ -20,6 +21,7 @@ from typing import Callable, Iterable, TextIO
 
 from workloads.client.runs import RUNS_DIR
 from workloads.client.usage import Parser, UsageError
+from workloads.files import path_inside
 
 EXIT_OK, EXIT_USAGE = 0, 2
 RESET, EXIT = "/reset", "/exit"
@@ -31,6 +33,9 @@ def _arg_parser() -> Parser:
     parser.add_argument("--system", default="", help="the conversation's system prompt")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="the longest answer, in tokens")
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR, help=f"where local runs are (default: {RUNS_DIR})")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run the model folder's own Python code (*.py named by auto_map in its config), "
+                             "if it has some; off: it is never run")
     return parser
 
 
@@ -39,8 +44,9 @@ def model_folder(run: str, *, runs_dir: Path) -> Path:
     for candidate in (Path(run), runs_dir / run):
         if (candidate / "config.json").is_file():
             return candidate
-        if (candidate / "model" / "config.json").is_file():
-            return candidate / "model"
+        model = path_inside(candidate, "model")  # a run folder's model/, never a link out of it
+        if (model / "config.json").is_file():
+            return model
         if (candidate / "checkpoints").is_dir():
             raise ValueError(f"run {str(candidate)!r} has no exported model/ (it did not finish): export a checkpoint "
                              f"with python -m workloads export {candidate}")
@@ -75,7 +81,7 @@ def chat(args, *, stdin: TextIO, stdout: TextIO) -> int:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     from workloads.model_io.export import ChatModel
 
-    model = ChatModel(folder)
+    model = ChatModel(folder, trust_remote_code=args.trust_remote_code)
     interactive = stdin.isatty()
     if interactive:
         print(f"chatting with {folder} ({RESET} starts over, {EXIT} or Ctrl-D ends)", file=stdout)

@@ -126,11 +126,12 @@ def show_model(run_dir: Path, console: Console, *, question: Union[Question, str
     """Export the run's newest checkpoint (or `checkpoint`: "best" for the lowest eval loss's) to
     run_dir/model; with a `question`, print the reloaded model's greedy answer to it (a record's,
     beside the record's own answer)."""
+    from workloads.client.run_record import submitted_base
     from workloads.model_io.export import export_run, greedy_generate
 
     try:
         result = export_run(str(run_dir / "checkpoints"), out=str(run_dir / "model"), checkpoint=checkpoint,
-                            overwrite=True)
+                            overwrite=True, submitted_base=submitted_base)
     except ValueError as exc:
         console.print(f"[bold]model[/]   not exported: {exc}")
         return None

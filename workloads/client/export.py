@@ -24,7 +24,10 @@ import tempfile
 from pathlib import Path
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
+from workloads.client.run_record import submitted_base
 from workloads.client.usage import Parser, UsageError
+from workloads.files import key_parts
+from workloads.model_io.lora_base import LoraBase
 
 EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -46,9 +49,15 @@ def _arg_parser() -> argparse.ArgumentParser:
                         help="consolidate the checkpoint's shards even when the run already exported it")
     parser.add_argument("--overwrite", action="store_true", help="replace what the --out folder holds")
     parser.add_argument("--base", metavar="FOLDER_OR_HUB_ID",
-                        help="a LoRA run: the model to merge its adapter into (default: the base it trained on)")
+                        help="a LoRA run: the model to merge its adapter into (default: the base the run was "
+                             "submitted with, as this machine recorded it)")
+    parser.add_argument("--base-revision", metavar="REV", default="",
+                        help="with --base, a hub model's revision (branch, tag or commit; default: its default branch)")
     parser.add_argument("--generate", metavar="PROMPT", help="load the result and print a greedy continuation")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="with --generate: run the model folder's own Python code (auto_map in its config); "
+                             "off: it is never run, and export never copies a checkpoint's *.py files")
     return parser
 
 
@@ -56,6 +65,7 @@ def run_uri(args: argparse.Namespace) -> str:
     if args.stack or args.run_name:
         if not (args.stack and args.run_name) or args.run:
             raise ValueError("give either RUN, or --stack NAME with --run NAME")
+        key_parts(args.run_name)  # a run name is a key below the bucket's prefix, never above it
         bucket = read_stack_outputs(args.stack).checkpoint_bucket_uri
         return f"{bucket.rstrip('/')}/{args.run_name}"
     if not args.run:
@@ -65,15 +75,20 @@ def run_uri(args: argparse.Namespace) -> str:
 
 def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
     uri = run_uri(args)  # a mistake in naming the run is told before torch's seconds of start-up
+    if args.base_revision and not args.base:
+        raise ValueError("--base-revision goes with --base (without it, the revision the run was submitted with)")
     from workloads.model_io.export import export_run, greedy_generate
 
+    base = None if not args.base else LoraBase(name_or_path=args.base, revision=args.base_revision, told_by="--base")
     result = export_run(uri, out=args.out, checkpoint=args.checkpoint, dtype=args.dtype,
                         from_shards=args.from_shards, overwrite=args.overwrite,
-                        keep_local=scratch / "model" if args.generate else None, base=args.base)
+                        keep_local=scratch / "model" if args.generate else None, base=base,
+                        submitted_base=submitted_base)
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
     if args.generate:
         assert result.local_folder is not None
-        answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens)
+        answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens,
+                                 trust_remote_code=args.trust_remote_code)
         print(f"generate {args.generate!r} -> {answer!r}")
     return EXIT_OK
 

@@ -105,8 +105,8 @@ def model_config(cfg: TrainConfig, *, cwd: Path):
         return None  # a folder this machine does not have
     try:  # a local folder's config.json, or a hub id's alone
         if local:
-            return AutoConfig.from_pretrained(folder)
-        return AutoConfig.from_pretrained(name, revision=cfg.model.revision or None)
+            return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        return AutoConfig.from_pretrained(name, revision=cfg.model.revision or None, trust_remote_code=False)
     except (OSError, ValueError, KeyError):
         return None  # unreadable here: the job's own load says why
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Optional
 
 from workloads.client.datapaths import stage_files
+from workloads.client.run_record import record_submission
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -133,7 +134,10 @@ class SubmitRequest:
 
 
 def submit_job(client, request: SubmitRequest, *, submission_id: Optional[str] = None) -> str:
-    """Upload the staged package with the driver command; returns the job's submission id."""
+    """Upload the staged package with the driver command; returns the job's submission id. The
+    submission is recorded on this machine first (workloads/client/run_record.py)."""
+    record_submission(run_name=request.run_name, storage_path=request.storage_path, train=request.train,
+                      files=request.files)
     with staged_package(request.files) as working_dir:
         submission = build_submission(train=request.train, run_name=request.run_name,
                                       storage_path=request.storage_path, max_failures=request.max_failures,

@@ -34,11 +34,13 @@ from filelock import FileLock
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from workloads.context import PREFLIGHT_FAILED_KEY, RESTORE_PREFIX, PreflightError, TrainContext
+from workloads.files import path_inside
 from workloads.launch.checkpoints import settle
 from workloads.launch.credentials import load_credentials
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
 from workloads.launch.uploads import DEFAULT_POLICY, SkippedFolders, UploadPolicy, upload_patiently
+from workloads.model_io.storage import Location
 from workloads.transport.gate import nccl_log_env
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ def restore_once_per_node(checkpoint, *, restore_root: Path, rank: int = 0) -> P
     HSDP run holds a shard of a whole replica, so a node's ranks together need the whole checkpoint:
     there is nothing a node could leave out of the download under the default two-node mesh."""
     restore_root.mkdir(parents=True, exist_ok=True)
-    target = restore_root / Path(checkpoint.path).name
+    target = path_inside(restore_root, Path(checkpoint.path).name)
     with FileLock(str(restore_root / ".lock")):
         if not target.is_dir():
             for stale in restore_root.iterdir():
@@ -178,6 +180,8 @@ def checkpoint_loader(*, restore_root: Path, rank: int = 0,
             return None
         if checkpoint.filesystem.type_name == "local":
             return Path(checkpoint.path)
+        # Ray's download writes each key below the folder as it is: its listing is checked first.
+        Location(path=checkpoint.path, uri=checkpoint.path, fs=checkpoint.filesystem).files()
         return restore_once_per_node(checkpoint, restore_root=restore_root, rank=rank)
 
     return latest_checkpoint

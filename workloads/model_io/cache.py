@@ -1,4 +1,4 @@
-"""A cache of downloaded models and data files that every process of one machine shares.
+"""A cache of downloaded models and data files that every process of one user on a machine shares.
 
 Each entry is filled once per machine: the first process to ask takes an exclusive lock on the
 entry (fcntl, released by the kernel if the process dies), fills a private temporary folder and
@@ -12,20 +12,23 @@ import fcntl
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from workloads.files import path_inside, private_folder
 
 CACHE_ENV = "WORKLOADS_CACHE"
 """Environment variable naming the cache folder when the config leaves it empty."""
 
 
 def cache_root(configured: str = "") -> Path:
-    """The configured folder, else $WORKLOADS_CACHE, else <tmp>/workloads-cache: on one machine,
-    the same folder for every process (a pod's ranks share its /tmp)."""
-    chosen = configured or os.environ.get(CACHE_ENV) or str(Path(tempfile.gettempdir()) / "workloads-cache")
-    return Path(chosen).expanduser()
+    """The configured folder, else $WORKLOADS_CACHE, else the user's own `workloads` folder under
+    $XDG_CACHE_HOME (~/.cache): on one machine, the same folder for every process of the user (a
+    pod's ranks run as one user). `fill_once` refuses a folder that is not the user's alone."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    default = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "workloads"
+    return Path(configured or os.environ.get(CACHE_ENV) or default).expanduser()
 
 
 def entry_name(*parts: str) -> str:
@@ -43,8 +46,9 @@ class Entry:
 
 def fill_once(root: Path, name: str, fill: Callable[[Path], None]) -> Entry:
     """The folder `root/name`, filled by `fill(folder)` unless it already exists; once per machine."""
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / name
+    private_folder(root, what="cache folder",
+                   instead=f"set {CACHE_ENV} (or cache_dir) to a folder only you can write, such as ~/.cache/workloads")
+    target = path_inside(root, name)
     with open(root / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

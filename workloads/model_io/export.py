@@ -22,15 +22,17 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from workloads.files import path_inside
 from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
-from workloads.model_io.storage import locate
+from workloads.model_io.lora_base import LoraBase
+from workloads.model_io.storage import local_location, locate
 
 MODEL_DIR = "model"
 """The Hugging Face folder inside each checkpoint (metadata; the final one also holds the weights)
@@ -235,12 +237,12 @@ def _groups(names: list[str], sizes: dict[str, int], limit: int) -> Iterator[lis
         yield group
 
 
-def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
-                base: Optional[str] = None) -> torch.dtype:
+def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[LoraBase] = None,
+                submitted: Optional[LoraBase] = None) -> torch.dtype:
     """Write the Hugging Face folder `out` from the local checkpoint folder `checkpoint` (its DCP
     shards and its `model/` metadata), reading one output file's worth of tensors at a time. A LoRA
-    checkpoint's adapters are merged into its base (`base`: another than the one it recorded;
-    workloads/model_io/lora_export.py)."""
+    checkpoint's adapters are merged into `base` (the user's) or else `submitted` (its run's base as
+    submitted; workloads/model_io/lora_export.py)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
@@ -248,17 +250,18 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
     from workloads.model_io import lora_export
     from workloads.model_io.safe_checkpoint import SafeFileSystemReader, read_checkpoint_metadata
 
-    meta_dir = checkpoint / MODEL_DIR
+    meta_dir = path_inside(checkpoint, MODEL_DIR)
     if not (checkpoint / DCP_METADATA).is_file():
         raise ValueError(f"{checkpoint} is not a complete checkpoint folder (no {DCP_METADATA})")
-    if not (meta_dir / "config.json").is_file():
+    if not path_inside(meta_dir, "config.json").is_file():
         raise ValueError(
             f"{checkpoint} has no {MODEL_DIR}/config.json (saved before checkpoints carried one): it cannot "
             "be exported without knowing the model's architecture"
         )
     if lora_export.is_lora_checkpoint(checkpoint):
-        return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base)
-    config = AutoConfig.from_pretrained(meta_dir)
+        return lora_export.consolidate_lora(checkpoint, out, dtype_choice=dtype_choice, base=base,
+                                            submitted=submitted)
+    config = AutoConfig.from_pretrained(meta_dir, trust_remote_code=False)
     dtype = resolve_dtype(dtype_choice, config)
     model = _meta_model(config)
     names = list(tensor_aliases(model))
@@ -276,9 +279,9 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
                 f"{MODEL_DIR}/config.json gives {list(shapes[name].shape)}"
             )
     out.mkdir(parents=True, exist_ok=True)
-    for path in meta_dir.iterdir():
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name != INDEX_FILE:
-            shutil.copy2(path, out / path.name)
+    metadata = local_location(meta_dir)  # links refused, never followed (workloads/files.py)
+    metadata.copy_to(local_location(out), names=[n for n in metadata.files() if "/" not in n and not n.endswith(
+        (".safetensors", ".py")) and n != INDEX_FILE])
     config.dtype = dtype
     config.save_pretrained(out)
     sizes = {n: stored[prefix + n].size.numel() * stored[prefix + n].properties.dtype.itemsize for n in names}
@@ -344,15 +347,16 @@ class Exported:
 
 def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str] = None, dtype: str = "auto",
                from_shards: bool = False, overwrite: bool = False, keep_local: Optional[Path] = None,
-               base: Optional[str] = None) -> Exported:
+               base: Optional[LoraBase] = None,
+               submitted_base: Callable[[str], Optional[LoraBase]] = lambda checkpoint_uri: None) -> Exported:
     """Export a checkpoint of the run at `run` (a local folder or an s3:// prefix; a run folder, a
     folder of runs' storage, or one checkpoint folder) as a Hugging Face folder at `out` (default:
     `model/` next to the checkpoints). The newest checkpoint unless `checkpoint` names one.
 
     When the checkpoint already holds the run's own export and no other dtype is asked for, the
     folder is copied; otherwise it is consolidated from the shards (a LoRA run's adapters merged into
-    its base, or into `base`). `keep_local`: for a remote `out`,
-    also keep the written folder there (to load it afterwards)."""
+    `base`, else into the base its run was submitted with, `submitted_base(checkpoint URI)`).
+    `keep_local`: for a remote `out`, also keep the written folder there (to load it afterwards)."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype!r}: use one of {', '.join(EXPORT_DTYPES)}")
     source = locate(run)
@@ -389,7 +393,8 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
     log(f"checkpoint {ckpt.uri}")
     started = time.monotonic()
     if exported and not from_shards and dtype == "auto":
-        ckpt.join(MODEL_DIR).copy_to(dest)
+        model_files = ckpt.join(MODEL_DIR)
+        model_files.copy_to(dest, names=[n for n in model_files.files() if not n.endswith(".py")])
         how = "copied"
         written = json.loads(ckpt.join(MODEL_DIR, "config.json").read_bytes()).get("dtype", "")
     else:
@@ -402,7 +407,8 @@ def export_run(run: str, *, out: Optional[str] = None, checkpoint: Optional[str]
             else:
                 local = Path(ckpt.path)
             target = Path(tmp) / MODEL_DIR if dest.remote else Path(dest.path)
-            written = str(consolidate(local, target, dtype_choice=dtype, base=base)).removeprefix("torch.")
+            written = str(consolidate(local, target, dtype_choice=dtype, base=base,
+                                      submitted=submitted_base(ckpt.uri))).removeprefix("torch.")
             if dest.remote:
                 dest.upload_from(target)
                 if keep_local is not None:
@@ -427,14 +433,24 @@ class ChatModel:
     """An exported folder loaded once with from_pretrained, answering conversations greedily: through
     the tokenizer's chat template when it has one (as training rendered the chats), else on the
     messages' text joined by newlines. Generation stops at the folder's generation config's end tokens
-    (a chat fine-tune's end-of-turn token among them)."""
+    (a chat fine-tune's end-of-turn token among them). The folder's own Python code (config.json's
+    `auto_map`) runs only with `trust_remote_code`: left unset, transformers would ask on standard
+    input, which may be a conversation."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, trust_remote_code: bool = False) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+            self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                              trust_remote_code=trust_remote_code).to(self.device)
+        except ValueError as exc:
+            if trust_remote_code or "trust_remote_code" not in str(exc):
+                raise
+            raise ValueError(f"{folder} asks to run its own code (auto_map in its config.json or "
+                             "tokenizer_config.json), which was not run: pass --trust-remote-code if you trust "
+                             "that folder's *.py files") from None
         self.model.eval()
 
     def reply(self, messages: list[dict], *, max_new_tokens: int = 24) -> str:
@@ -452,8 +468,9 @@ class ChatModel:
         return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
 
-def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24) -> str:
+def greedy_generate(folder: Path, prompt: Union[str, list[dict]], *, max_new_tokens: int = 24,
+                    trust_remote_code: bool = False) -> str:
     """Load the folder and answer `prompt` greedily (`ChatModel`): a string as one user turn, a list
     of {"role", "content"} messages as that conversation (its system prompt and earlier turns)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    return ChatModel(folder).reply(messages, max_new_tokens=max_new_tokens)
+    return ChatModel(folder, trust_remote_code=trust_remote_code).reply(messages, max_new_tokens=max_new_tokens)

@@ -22,6 +22,8 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from workloads.files import key_parts
+
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -62,7 +64,9 @@ def weight_files(folder: Path) -> dict[str, Path]:
     index = folder / INDEX_FILE
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
+        # Lexically inside only: a user's own folder may link its files elsewhere (a hub cache's
+        # snapshot links into its blobs); the cache's copies of remote folders hold no links.
+        return {name: folder.joinpath(*key_parts(file)) for name, file in weight_map.items()}
     mapping: dict[str, Path] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(path, framework="pt") as f:

@@ -7,8 +7,9 @@ written by workloads/train/method.py). So any checkpoint exports:
   that config: `PeftModel.from_pretrained(base, OUT/adapter)` loads it;
 - the merged model: each adapted weight W of the base becomes W + (alpha / r) B A (peft's delta,
   without fan_in_fan_out), computed in fp32 and written in the export dtype; every other tensor is
-  the base's. The base is read from its source (the adapter config's base_model_name_or_path and
-  revision, or `base` given here), one safetensors file's worth at a time.
+  the base's. The base is the run's as the client submitted it, or the one the user names
+  (workloads/model_io/lora_base.py: never the adapter config's own claim, which the job wrote), read
+  from its source one safetensors file's worth at a time.
 A base that is a named architecture (random weights from a seed) is not stored anywhere: its run's
 final checkpoint holds the merged export it made, and other checkpoints export the adapter only.
 """
@@ -16,7 +17,6 @@ final checkpoint holds the merged export it made, and other checkpoints export t
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -27,6 +27,8 @@ from safetensors import safe_open
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
 from workloads.model_io.export import MODEL_DIR, SafetensorsWriter, resolve_dtype
 from workloads.model_io.load import INDEX_FILE, weight_files
+from workloads.model_io.lora_base import LoraBase, base_to_merge
+from workloads.model_io.storage import local_location
 
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -52,6 +54,16 @@ def adapter_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
             and ".lora_" in k]
     if not keys:
         raise ValueError(f"{checkpoint} holds no LoRA adapters, though its {MODEL_DIR}/{ADAPTER_DIR} says it should")
+    # Every adapted module has one A and one B: anything else would merge nothing and pass for the base.
+    modules: dict[str, set[str]] = {}
+    for key in keys:
+        module, _, part = key.rpartition(".lora_")
+        modules.setdefault(module, set()).add(part)
+    for module, parts in modules.items():
+        if parts != {"A.default.weight", "B.default.weight"}:
+            raise ValueError(f"{checkpoint}: the adapter of {module.removeprefix(CHECKPOINT_PREFIX)!r} is not one "
+                             f"lora_A and one lora_B weight (it holds lora_{', lora_'.join(sorted(parts))}): not an "
+                             "adapter a LoRA run saves")
     state = {k: torch.empty(stored[k].size, dtype=stored[k].properties.dtype) for k in keys}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
@@ -64,34 +76,41 @@ def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, sca
     return weight.float() + (b.float() @ a.float()) * scaling
 
 
-def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[str] = None,
-                     cache_dir: str = "") -> torch.dtype:
-    """Write OUT/adapter (peft's format) and, from the base's weights, OUT (the merged model)."""
+def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base: Optional[LoraBase] = None,
+                     submitted: Optional[LoraBase] = None, cache_dir: str = "") -> torch.dtype:
+    """Write OUT/adapter (peft's format) and, from the base's weights, OUT (the merged model): the
+    base `base` (the user's), else `submitted` (the run's as submitted; workloads/model_io/lora_base.py)."""
     from transformers import AutoConfig
 
     from workloads.model_io.sources import fetch_model
 
     meta = checkpoint / MODEL_DIR
-    adapter_config = json.loads((meta / ADAPTER_DIR / ADAPTER_CONFIG).read_text())
+    metadata = local_location(meta)  # links refused, never followed (workloads/files.py)
+    adapter_config = json.loads(metadata.join(ADAPTER_DIR, ADAPTER_CONFIG).read_bytes())
+    chosen = base_to_merge(adapter_config, submitted=submitted, given=base)
     adapters = adapter_tensors(checkpoint)
-    (out / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(meta / ADAPTER_DIR / ADAPTER_CONFIG, out / ADAPTER_DIR / ADAPTER_CONFIG)
+    metadata.copy_to(local_location(out), names=[f"{ADAPTER_DIR}/{ADAPTER_CONFIG}"])
     writer = SafetensorsWriter(out / ADAPTER_DIR, max_shard_bytes=2**62, file_name=ADAPTER_WEIGHTS)
     for name, tensor in sorted(adapters.items()):
         writer.add(name, tensor.float())
     writer.close()
-    spec = base or adapter_config.get("base_model_name_or_path") or ""
-    if not spec or spec in NAMED_ARCHITECTURES:
+    if chosen is None:
+        raise ValueError(
+            f"the adapter is written to {out / ADAPTER_DIR}; the merged model needs the base's weights, and there is "
+            "no record of this run's submission here (submit and run --local keep one on the machine they run on), "
+            "while the checkpoint's adapter_config.json, which the job wrote, is not trusted to name it. Give "
+            "--base FOLDER_OR_HUB_ID (and --base-revision REV): the model the run trained on")
+    spec = chosen.name_or_path
+    if spec in NAMED_ARCHITECTURES:
         raise ValueError(
             f"the adapter is written to {out / ADAPTER_DIR}; the merged model needs the base's weights, and this run's "
-            f"base ({spec or 'unrecorded'}) has none stored (random weights): only the run's final checkpoint holds "
+            f"base ({spec}) has none stored (random weights): only the run's final checkpoint holds "
             "its merged export. Give --base FOLDER_OR_HUB_ID to merge into another base")
-    folder = fetch_model(spec, revision=adapter_config.get("revision") or "", cache_dir=cache_dir, what="--base")
-    config = AutoConfig.from_pretrained(meta)
+    folder = fetch_model(chosen.source or spec, revision=chosen.revision, cache_dir=cache_dir, what=chosen.told_by)
+    config = AutoConfig.from_pretrained(meta, trust_remote_code=False)
     dtype = resolve_dtype(dtype_choice, config)
-    for path in meta.iterdir():
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name != INDEX_FILE:
-            shutil.copy2(path, out / path.name)
+    metadata.copy_to(local_location(out), names=[n for n in metadata.files() if "/" not in n and not n.endswith(
+        (".safetensors", ".py")) and n != INDEX_FILE])
     config.dtype = dtype
     config.save_pretrained(out)
     scaling = float(adapter_config["lora_alpha"]) / float(adapter_config["r"])
@@ -112,6 +131,6 @@ def consolidate_lora(checkpoint: Path, out: Path, *, dtype_choice: str = "auto",
     weights.close()
     expected = len(adapters) // 2
     if merged != expected:
-        raise ValueError(f"the base {spec!r} has {merged} of the {expected} weights the adapter adapts: it is not "
+        raise ValueError(f"the base {chosen} has {merged} of the {expected} weights the adapter adapts: it is not "
                          "the model the run trained")
     return dtype

@@ -8,7 +8,8 @@ that holds admin credentials, must not unpickle what a job wrote. Here:
 - the metadata is unpickled by a restricted unpickler (the `pickle` module's own way of restricting
   globals) that builds only DCP's metadata classes, `torch.Size`, torch dtypes and layouts, and
   paths; any other global, a callable that would run on load, is refused before it is looked up;
-- the files the metadata points into must lie inside the checkpoint folder;
+- the files the metadata points into must lie inside the checkpoint folder, reached through no
+  symbolic link (workloads/files.py's `path_inside`);
 - BYTE_IO items (pickled Python objects: the optimizer's hyperparameters, the loop's counters) are
   never read: an export needs tensors only, which DCP reads with `torch.load(weights_only=True)`.
 """
@@ -23,6 +24,8 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+
+from workloads.files import path_inside
 
 METADATA_FILE = ".metadata"
 
@@ -72,11 +75,11 @@ def read_checkpoint_metadata(folder: Path) -> Metadata:
             raise ValueError(f"{path}: not a checkpoint's metadata ({type(exc).__name__}: {exc})") from None
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpoint(f"{path}: refused: it holds a {type(metadata).__name__}, not a checkpoint's metadata")
-    root = Path(folder).resolve()
     for info in (metadata.storage_data or {}).values():
-        target = (root / str(info.relative_path)).resolve()
-        if root not in target.parents:
-            raise UnsafeCheckpoint(f"{path}: refused: it points at {info.relative_path!r}, outside the checkpoint")
+        try:
+            path_inside(Path(folder), str(info.relative_path))
+        except ValueError as exc:
+            raise UnsafeCheckpoint(f"{path}: refused: it points outside the checkpoint ({exc})") from None
     return metadata
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Literal, Optional
 
+from workloads.files import path_inside
 from workloads.model_io.cache import cache_root, entry_name, fill_once
 from workloads.model_io.storage import Location, is_s3, locate
 
@@ -187,7 +188,7 @@ def fetch_data_file(spec: str, *, cache_dir: str = "", what: str = "data.path") 
         raise ValueError(f"{what} {spec!r}: no such object (or it cannot be read with these credentials)")
     parent_uri, _, name = spec.rstrip("/").rpartition("/")
     folder = _fetch_s3_folder(locate(parent_uri), names=[name], files={name: location.size()}, cache_dir=cache_dir)
-    return folder / name
+    return path_inside(folder, name)
 
 
 def split_files(names: list[str], *, split: str) -> list[str]:
@@ -211,7 +212,8 @@ def fetch_hub_dataset(repo_id: str, *, split: str, revision: str = "", cache_dir
 
     def chosen(folder: Path) -> list[Path]:
         names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
-        return [folder / n for n in split_files([n for n in names if not n.startswith(".cache/")], split=split)]
+        return [path_inside(folder, n) for n in split_files([n for n in names if not n.startswith(".cache/")],
+                                                             split=split)]
 
     def fill(target: Path) -> None:
         log(f"downloading split {split!r} of hub dataset {repo_id} into the node cache")

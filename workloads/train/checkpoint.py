@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from workloads.model_io.load import file_name
+from workloads.model_io.safe_checkpoint import read_checkpoint_metadata
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +112,8 @@ def load(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, me
             f"{folder} was saved by a {saved_method!r} fine-tune and this run is {method!r}: it holds other "
             f"weights than this run trains. Resume with method={saved_method}, or start a new run (another "
             "--run-name)")
+    # DCP's reader opens each file the metadata names as it is named: checked first to lie inside.
+    read_checkpoint_metadata(folder)
     model_state, optim_state, options = _state_dicts(model, optimizer, frozen=frozen)
     state = {"model": model_state, "optim": optim_state, "progress": {"step": 0, "data_position": 0}}
     dcp.load(state, checkpoint_id=str(folder))

@@ -351,7 +351,8 @@ class TrainConfig:
 
     cache_dir: str = ""
     """Where each node keeps downloaded models and data (shared by its ranks); empty:
-    $WORKLOADS_CACHE, else <tmp>/workloads-cache."""
+    $WORKLOADS_CACHE, else $XDG_CACHE_HOME/workloads (~/.cache/workloads). A folder only the user
+    running the ranks may write (workloads/model_io/cache.py refuses another)."""
 
     seed: int = 0
     """Seeds the random weights and the data order (the same on every rank)."""

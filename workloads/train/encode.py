@@ -31,7 +31,7 @@ def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"cannot load a tokenizer from {name_or_path!r}: {reason}") from None

@@ -35,7 +35,10 @@ __all__ = ["named_architecture", "build_causal_lm", "causal_lm_on_meta", "load_p
 def model_config(cfg: ModelConfig, *, pretrained: Optional[Path] = None):
     """The transformers config to build: the named architecture's, or the pretrained folder's; with
     the attention backend asked for and no KV cache (training)."""
-    config = named_architecture(cfg.name_or_path) if pretrained is None else AutoConfig.from_pretrained(pretrained)
+    if pretrained is None:
+        config = named_architecture(cfg.name_or_path)
+    else:  # transformers' own architectures only: a folder's code (auto_map) never runs in the job
+        config = AutoConfig.from_pretrained(pretrained, trust_remote_code=False)
     config._attn_implementation = cfg.attn_implementation
     config.use_cache = False
     return config
@@ -74,6 +77,7 @@ def build_causal_lm(cfg: ModelConfig, *, device: torch.device, seed: int) -> Pre
         resolve_path(cfg.name_or_path, field="model.name_or_path", hub_id_allowed=True),
         dtype=torch.float32,
         attn_implementation=cfg.attn_implementation,
+        trust_remote_code=False,
     )
     model.config.use_cache = False
     return model.to(device)
