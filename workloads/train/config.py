@@ -157,6 +157,57 @@ class LoraSettings:
                              '["q_proj", "v_proj"], or [] for every linear layer of the decoder')
 
 
+OBJECTIVES = ("sft", "dpo")
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+DPO_REFERENCES = ("model", "precomputed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DpoSettings:
+    """Direct preference optimization (`objective: dpo`; workloads/train/preference.py), with TRL's
+    names: each record is a prompt with a chosen and a rejected answer, and the loss raises the
+    policy's log-probability ratio to the reference of the chosen answer over the rejected one."""
+
+    beta: float = 0.1
+    """How far the policy may move from the reference: the rewards are beta * (log pi - log pi_ref)
+    of each answer (for IPO, the regularization tau)."""
+
+    loss_type: str = "sigmoid"
+    """"sigmoid": DPO's -log sigmoid(beta * margin); "ipo": IPO's (margin / answer tokens - 1 /
+    (2 beta))^2, the margins averaged per answer token as TRL computes it."""
+
+    label_smoothing: float = 0.0
+    """cDPO: the share of pairs whose preference is taken to be flipped, so the sigmoid loss is
+    -(1 - e) log sigmoid(beta * margin) - e log sigmoid(-beta * margin); 0: plain DPO."""
+
+    rpo_alpha: float = 0.0
+    """The weight of an SFT term, the mean negative log-likelihood of the chosen answers' tokens,
+    added to the loss (RPO; TRL's loss_type ["sigmoid", "sft"] with loss_weights [1, rpo_alpha]); 0: none."""
+
+    reference: str = "model"
+    """Where the reference log-probabilities come from. "model": computed at each step, by the
+    policy with its adapters switched off for method "lora" (no second copy), by a frozen sharded
+    copy of the starting model for method "full"; "precomputed": one pass of the starting model
+    over every pair before the first step, kept with the run's checkpoints (no reference in memory
+    while training; `plan` shows the memory of each)."""
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"dpo.beta is {self.beta}: use a positive value such as 0.1")
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"dpo.loss_type is {self.loss_type!r}: use one of {', '.join(DPO_LOSS_TYPES)}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"dpo.label_smoothing is {self.label_smoothing}: use a share in [0, 0.5), e.g. 0.1")
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise ValueError(f"dpo.label_smoothing is {self.label_smoothing} but dpo.loss_type is "
+                             f"{self.loss_type!r}: label smoothing (cDPO) applies to the sigmoid loss; set one or "
+                             "the other")
+        if not self.rpo_alpha >= 0:
+            raise ValueError(f"dpo.rpo_alpha is {self.rpo_alpha}: use 0 (no SFT term) or a positive weight such as 1")
+        if self.reference not in DPO_REFERENCES:
+            raise ValueError(f"dpo.reference is {self.reference!r}: use one of {', '.join(DPO_REFERENCES)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
     """What the run keeps of its checkpoints besides the latest (how often it saves: checkpoint_every)."""
@@ -233,6 +284,13 @@ class TrainConfig:
 
     lora: LoraSettings = field(default_factory=LoraSettings)
     """The adapters, with method "lora" (ignored otherwise)."""
+
+    objective: str = "sft"
+    """What the loss trains for: "sft", the next-token loss on the records' answers (or whole
+    texts); "dpo", preference pairs (`dpo`; records of a prompt, a chosen and a rejected answer)."""
+
+    dpo: DpoSettings = field(default_factory=DpoSettings)
+    """The preference loss and its reference, with objective "dpo" (ignored otherwise)."""
 
     seq_len: int = 64
     """Tokens per sample."""
@@ -392,7 +450,20 @@ class TrainConfig:
                              "set eval_every (e.g. 50) and a held-out share (data.eval_fraction)")
         if self.method not in METHODS:
             raise ValueError(f"method is {self.method!r}: use one of {', '.join(METHODS)}")
+        self._check_objective()
         self._check_parallelism()
+
+    def _check_objective(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective is {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
+        if self.objective != "dpo":
+            return
+        if self.data.format != "auto":
+            raise ValueError(f'data.format is {self.data.format!r} but objective is "dpo", which reads preference '
+                             "records (prompt/chosen/rejected, strings or conversations): leave data.format at auto")
+        if self.seq_len < 4:
+            raise ValueError(f'seq_len is {self.seq_len}: with objective "dpo" a row holds a pair\'s two sequences, '
+                             "each up to seq_len / 2 positions: use at least 4 (e.g. 4096)")
 
     def _check_parallelism(self) -> None:
         if self.parallelism not in ("auto", "fsdp", "hsdp"):
@@ -563,6 +634,14 @@ def _demo_cpu() -> TrainConfig:
     )
 
 
+def _demo_cpu_dpo() -> TrainConfig:
+    # The demo's DPO variant (`run --local --preset demo-cpu-dpo`): the demo writes the toy model and
+    # toy preference pairs whose chosen answer follows a rule (workloads/client/demo.py); on its own,
+    # generated token-id pairs. Each sequence is under 40 positions: rows of 128 hold two pairs or so.
+    return dataclasses.replace(_demo_cpu(), objective="dpo", seq_len=128, micro_batch=4, steps=60, lr=2e-3,
+                               checkpoint_every=30, log_every=10, eval_every=20, eval_batches=4)
+
+
 def _qwen25_1_5b_synthetic() -> TrainConfig:
     return TrainConfig(
         model=ModelConfig(name_or_path="qwen2.5-1.5b"),
@@ -653,6 +732,7 @@ def _qwen25_7b() -> TrainConfig:
 
 PRESETS = {
     "demo-cpu": _demo_cpu,
+    "demo-cpu-dpo": _demo_cpu_dpo,
     "qwen2.5-1.5b": _qwen25_1_5b,
     "qwen2.5-1.5b-24gb": _qwen25_1_5b_24gb,
     "qwen2.5-1.5b-synthetic": _qwen25_1_5b_synthetic,

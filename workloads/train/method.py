@@ -18,10 +18,11 @@ loaded into the shards, for a model built on the meta device), `saves_frozen` (c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
+from typing import ContextManager, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -70,6 +71,11 @@ class FineTuneMethod(Protocol):
     def describe(self) -> dict:
         """For the run's summary and tracker."""
 
+    def untrained(self, lm: nn.Module) -> Optional[ContextManager]:
+        """A context in which `lm` computes as the model training started from, without a copy of
+        it (a preference objective's reference: workloads/train/reference.py); None where the
+        method has none (a full fine-tune changes every weight: its reference is a copy)."""
+
 
 @dataclass(frozen=True)
 class FullFineTune:
@@ -93,6 +99,9 @@ class FullFineTune:
 
     def describe(self) -> dict:
         return {"method": self.name}
+
+    def untrained(self, lm: nn.Module) -> Optional[ContextManager]:
+        return None
 
 
 def decoder_linear_names(lm: nn.Module) -> list[str]:
@@ -217,6 +226,24 @@ class LoraFineTune:
 
     def describe(self) -> dict:
         return {"method": self.name, "lora": dataclasses.asdict(self.settings)}
+
+    def untrained(self, lm: nn.Module) -> ContextManager:
+        """The adapters switched off: each adapted layer computes its base layer alone. peft's own
+        switch (`enable_adapters`) also sets the adapters' requires_grad, which FSDP2 fixed when it
+        sharded them, so the layers' flag is set directly."""
+        return _adapters_off(lm)
+
+
+@contextlib.contextmanager
+def _adapters_off(lm: nn.Module) -> Iterator[None]:
+    layers = [module for module in lm.modules() if hasattr(module, "lora_A")]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def method_for(cfg: TrainConfig) -> FineTuneMethod:
