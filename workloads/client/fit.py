@@ -206,6 +206,9 @@ def nearest_fits(cfg: TrainConfig, arch: Architecture, target: Target) -> list[A
     if not cfg.model.activation_checkpointing:
         base = [checkpointed]
         found.append(first([base] + [[checkpointed, *mb] for mb in _smaller_micro_batches(cfg)]))
+    if cfg.method == "full" and cfg.objective == "dpo" and cfg.dpo.reference == "model":
+        # A full fine-tune's reference copy (bf16) leaves memory when its log-probabilities are precomputed.
+        found.append(first([["dpo.reference=precomputed"], ["dpo.reference=precomputed", checkpointed]]))
     if cfg.method == "full":
         found.append(first([["method=lora"], ["method=lora", checkpointed]]))
     if target.instance_type:

@@ -638,7 +638,7 @@ def _demo_cpu_dpo() -> TrainConfig:
     # The demo's DPO variant (`run --local --preset demo-cpu-dpo`): the demo writes the toy model and
     # toy preference pairs whose chosen answer follows a rule (workloads/client/demo.py); on its own,
     # generated token-id pairs. Each sequence is under 40 positions: rows of 128 hold two pairs or so.
-    return dataclasses.replace(_demo_cpu(), objective="dpo", seq_len=128, micro_batch=4, steps=60, lr=2e-3,
+    return dataclasses.replace(_demo_cpu(), objective="dpo", seq_len=128, micro_batch=4, steps=60, lr=1e-2,
                                checkpoint_every=30, log_every=10, eval_every=20, eval_batches=4)
 
 
@@ -730,6 +730,41 @@ def _qwen25_7b() -> TrainConfig:
     )
 
 
+DEFAULT_PREFERENCE_DATASET = "trl-lib/ultrafeedback_binarized"
+"""What the DPO presets train on: UltraFeedback's binarized pairs in TRL's conversational shape (MIT)."""
+QWEN25_1_5B_INSTRUCT = "Qwen/Qwen2.5-1.5B-Instruct"
+DPO_SEQ_LEN = 4096
+"""Rows of the DPO presets: a pair's two sequences share a row, each up to 2,048 positions."""
+DPO_ROWS_PER_STEP = 48
+"""Rows per optimizer step of the DPO presets: about 140 UltraFeedback pairs (about 2.9 to a row)."""
+
+
+def _qwen25_1_5b_dpo() -> TrainConfig:
+    # DPO of Qwen2.5-1.5B-Instruct (or an SFT run of it: --set model.name_or_path=RUN) on UltraFeedback,
+    # full fine-tune with a frozen bf16 copy as the reference. Rows of 4,096 positions hold a pair's
+    # two sequences; 8 of them are the 32,768 tokens of the SFT preset's 16 x 2,048. On 80 GB GPUs and,
+    # sized by `submit`'s memory model to a smaller micro-batch, on 2 x g6.12xlarge (8 L4): 48 rows per
+    # step on either. One pass over 20,000 pairs in about 140 steps; lr 5e-7 and beta 0.1 as the
+    # alignment handbook's DPO recipes.
+    return dataclasses.replace(
+        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_1_5B_INSTRUCT), objective="dpo",
+        dpo=DpoSettings(beta=0.1), data=DataConfig(kind="hub", path=DEFAULT_PREFERENCE_DATASET, split="train",
+                                                    max_examples=20_000, eval_fraction=0.02),
+        seq_len=DPO_SEQ_LEN, micro_batch=8, rows_per_step=DPO_ROWS_PER_STEP, steps=140, lr=5e-7, warmup_steps=10,
+        reshard_after_forward=True, eval_every=25,
+    )
+
+
+def _qwen25_7b_lora_dpo_24gb() -> TrainConfig:
+    # LoRA DPO of Qwen2.5-7B-Instruct on one g6.12xlarge (4 L4): the reference is the model with its
+    # adapters switched off (no second copy); each decoder layer checkpointed, micro-batches of 4 rows of
+    # 4,096 (the 16,384 tokens of the LoRA SFT preset's 8 x 2,048), 3 micro-steps x 4 ranks = 48 rows.
+    return dataclasses.replace(
+        _qwen25_1_5b_dpo(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
+        method="lora", lora=LoraSettings(rank=16, alpha=32.0), micro_batch=4, lr=5e-6,
+    )
+
+
 PRESETS = {
     "demo-cpu": _demo_cpu,
     "demo-cpu-dpo": _demo_cpu_dpo,
@@ -739,12 +774,17 @@ PRESETS = {
     "qwen2.5-7b": _qwen25_7b,
     "qwen2.5-7b-24gb": _qwen25_7b_24gb,
     "qwen2.5-7b-lora-24gb": _qwen25_7b_lora_24gb,
+    "qwen2.5-1.5b-dpo": _qwen25_1_5b_dpo,
+    "qwen2.5-7b-lora-dpo-24gb": _qwen25_7b_lora_dpo_24gb,
 }
 """demo-cpu: the tiny model on CPU (`make demo`); qwen2.5-1.5b(-24gb): the fine-tune of the
 pretrained model on the hub dataset, for 80 GB (24 GB) GPUs; qwen2.5-1.5b-synthetic: the same
 shape with random weights on synthetic tokens, for benchmarks and GPU checks without a network;
 qwen2.5-7b: the full fine-tune of Qwen2.5-7B-Instruct on 80 GB GPUs; qwen2.5-7b-24gb: the same on
-2 x g6.12xlarge (8 x 24 GB); qwen2.5-7b-lora-24gb: its LoRA fine-tune on one g6.12xlarge."""
+2 x g6.12xlarge (8 x 24 GB); qwen2.5-7b-lora-24gb: its LoRA fine-tune on one g6.12xlarge;
+demo-cpu-dpo: the demo's DPO variant; qwen2.5-1.5b-dpo: DPO of Qwen2.5-1.5B-Instruct on UltraFeedback
+pairs (full, reference a frozen copy; 80 GB GPUs or 2 x g6.12xlarge); qwen2.5-7b-lora-dpo-24gb: LoRA
+DPO of Qwen2.5-7B-Instruct on one g6.12xlarge."""
 
 MODEL_SIZES = ("1.5b", "7b")
 """The model sizes `submit --model-size` chooses presets for."""

@@ -135,6 +135,10 @@ def preference_record(obj, *, where: str) -> PreferenceRecord:
         return _implicit(chosen, rejected, where=where, prompt_text=None)
     prompt = _text(prompt, where=where, key="prompt")
     if isinstance(prompt, str) and isinstance(chosen, list):  # UltraFeedback binarized
+        if chosen[0]["role"] == "assistant":
+            raise ValueError(f"{where}: 'prompt' is a string and the answers are conversations that do not hold it: "
+                             "give 'prompt' as messages ([{\"role\": \"user\", \"content\": ...}]) or the answers "
+                             "as strings")
         return _implicit(chosen, rejected, where=where, prompt_text=prompt)
     if type(prompt) is not type(chosen):
         raise ValueError(f"{where}: 'prompt' is a {'conversation' if isinstance(prompt, list) else 'string'} and the "
