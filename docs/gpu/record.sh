@@ -24,6 +24,14 @@
 #   docs/gpu/record.sh peers OUT   the loop against Hugging Face's Trainer (peft for LoRA) on the same chats:
 #                                  Qwen2.5-1.5B full at micro-batch 16 (30 steps), then Qwen2.5-7B LoRA r16 at
 #                                  micro-batch 8 (12 steps; needs peft and liger-kernel)
+#   docs/gpu/record.sh dpo OUT     the loop's DPO against TRL's DPOTrainer (trl 1.16.0, peft for LoRA, liger's layer
+#                                  kernels, padded: TRL 1.16 has no padding-free DPO) on the same generated pairs,
+#                                  about the same pairs per optimizer step, one GPU: Qwen2.5-1.5B full (the
+#                                  reference a frozen bf16 copy on both sides), then Qwen2.5-7B LoRA r16 with
+#                                  activation checkpointing (the reference: adapters off); random weights of the
+#                                  real shapes. Writes OUT/dpo.json (tokens/s, ratio, peaks, the memory model's
+#                                  peak). Needs TRL, datasets and liger-kernel: docs/gpu/dpo_wheels.sh. A CPU dry
+#                                  run of the same steps: DRY_RUN=1 (tiny-qwen2, rows of 512, a few steps)
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -156,5 +164,29 @@ peers)
       --set model.name_or_path=qwen2.5-7b --set model.activation_checkpointing=false --set rows_per_step=0 \
       --set grad_accum_steps=1 --set peak_flops=989e12 --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers OUT" >&2; exit 2 ;;
+dpo)
+  shift 2
+  # Rows of 4,096 hold a pair's two sequences (each up to 2,048 positions); 2 rows per micro-step and 4
+  # micro-steps (about 17 pairs a step), TRL 2 pairs per micro-step and as many micro-steps as make the
+  # same pairs. Each run is bounded so that both fit one 8-minute call; bench.json keeps what ended.
+  full=(--preset qwen2.5-1.5b-dpo --set model.name_or_path=qwen2.5-1.5b) lora=(--preset qwen2.5-7b-lora-dpo-24gb
+        --set model.name_or_path=qwen2.5-7b) shape=(--seq-len 4096 --micro-batches 2) cpu=() limit=225
+  steps_full=(--steps 10 --warmup 3) steps_lora=(--steps 8 --warmup 3)
+  if [ -n "${DRY_RUN:-}" ]; then
+    full=(--preset demo-cpu-dpo) lora=(--preset demo-cpu-dpo --set method=lora --set lora.rank=16)
+    shape=(--seq-len 512 --micro-batches 2) cpu=(--allow-cpu) steps_full=(--steps 4 --warmup 1)
+    steps_lora=(--steps 4 --warmup 1)
+  fi
+  python3 -c 'import pyarrow, trl, datasets; print("trl", trl.__version__, "datasets", datasets.__version__,
+  "pyarrow", pyarrow.__version__)' 2>&1 | tee "$out/dpo-env.txt"
+  common=(--data pairs --strategies tuned,trl-dpo --matmul-size 0 --set rows_per_step=0 --set grad_accum_steps=4
+          --peer-micro-batch 2 "${shape[@]}" "${cpu[@]}")
+  run timeout "$limit" torchrun --nproc-per-node 1 -m workloads.bench "${full[@]}" "${common[@]}" "${steps_full[@]}" \
+      --out "$out/dpo-1.5b" "$@" 2>&1 | tee "$out/dpo-1.5b.txt"
+  run timeout "$limit" torchrun --nproc-per-node 1 -m workloads.bench "${lora[@]}" "${common[@]}" "${steps_lora[@]}" \
+      --set model.activation_checkpointing=true --out "$out/dpo-7b-lora" "$@" 2>&1 | tee "$out/dpo-7b-lora.txt"
+  run python3 -m workloads.bench.dpo_record "$out/dpo-1.5b" "$out/dpo-7b-lora" --out "$out/dpo.json" 2>&1 \
+      | tee "$out/dpo-record.txt"
+  ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|dpo OUT" >&2; exit 2 ;;
 esac
