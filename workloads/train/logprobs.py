@@ -117,7 +117,14 @@ class CausalLMWithLogProbs(nn.Module):
         return self.lm.model.layers
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                **attention) -> torch.Tensor:
+                *, label_index: Optional[torch.Tensor] = None, **attention) -> torch.Tensor:
+        """`label_index`: the flat positions whose log-probabilities count (found on the host with the
+        batch); only they go through the output embedding. A preference pair's prompt, most of its
+        tokens, needs none."""
         hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                               **attention).last_hidden_state
-        return self.loss(hidden.flatten(0, 1), self.lm.get_output_embeddings().weight, labels.flatten())
+                               **attention).last_hidden_state.flatten(0, 1)
+        weight, labels = self.lm.get_output_embeddings().weight, labels.flatten()
+        if label_index is None:
+            return self.loss(hidden, weight, labels)
+        picked = self.loss(hidden.index_select(0, label_index), weight, labels.index_select(0, label_index))
+        return torch.zeros(labels.shape[0], dtype=picked.dtype, device=picked.device).index_copy(0, label_index, picked)

@@ -365,6 +365,8 @@ class PairBatch(Batch):
     """[P] int64: those pairs' numbers (their reference log-probabilities when precomputed)."""
     slots: int = 0
     """Pairs a row can hold (the width of the table)."""
+    label_index: Optional[torch.Tensor] = None
+    """[labels] int64: the flat positions whose log-probabilities count (`sequence` >= 0)."""
 
     @staticmethod
     def stack(samples: list[PairSample], *, keep: Optional[list[bool]] = None) -> PairBatch:
@@ -382,18 +384,20 @@ class PairBatch(Batch):
         labels = torch.stack([s.labels if k else torch.full_like(s.labels, IGNORE_INDEX)
                               for s, k in zip(samples, keep, strict=True)])
         position_ids = torch.stack([s.position_ids for s in samples])
+        sequence = torch.cat(sequence)
         return PairBatch(
             input_ids=torch.stack([s.input_ids for s in samples]), labels=labels, position_ids=position_ids,
             cu_seqlens=cumulative_lengths(position_ids), example_tokens=sum(s.example_tokens for s in samples),
-            sequence=torch.cat(sequence), pair_index=torch.tensor([i for i, _ in table], dtype=torch.int64),
+            sequence=sequence, pair_index=torch.tensor([i for i, _ in table], dtype=torch.int64),
             pair_ids=torch.tensor([p for _, p in table], dtype=torch.int64), slots=slots,
+            label_index=torch.nonzero(sequence >= 0).flatten(),
         )
 
     def _map(self, fn) -> PairBatch:
         return PairBatch(input_ids=fn(self.input_ids), labels=fn(self.labels), position_ids=fn(self.position_ids),
                          cu_seqlens=fn(self.cu_seqlens), example_tokens=self.example_tokens,
                          sequence=fn(self.sequence), pair_index=fn(self.pair_index), pair_ids=fn(self.pair_ids),
-                         slots=self.slots)
+                         slots=self.slots, label_index=fn(self.label_index))
 
     @property
     def rows(self) -> int:

@@ -47,7 +47,8 @@ def pair_sums(token_logps: torch.Tensor, batch: PairBatch) -> tuple[torch.Tensor
 
 def forward_pairs(model: nn.Module, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's pair log-probabilities and answer tokens for the batch."""
-    return pair_sums(model(batch.input_ids, batch.labels, batch.position_ids, **batch.attention()), batch)
+    return pair_sums(model(batch.input_ids, batch.labels, batch.position_ids, label_index=batch.label_index,
+                           **batch.attention()), batch)
 
 
 def reshard(model: nn.Module) -> None:
