@@ -14,8 +14,8 @@ import torch
 from workloads.model_io.toy import toy_preference_pairs, toy_tokenizer
 from workloads.train.config import DataConfig, TrainConfig
 from workloads.train.loss import IGNORE_INDEX
-from workloads.train.pairs import (EncodedPair, PairBatch, encode_pair, load_pair_data, pack_pairs, pair_batches,
-                                   preference_record, read_pairs)
+from workloads.train.pair_records import preference_record, read_pairs
+from workloads.train.pairs import EncodedPair, PairBatch, encode_pair, load_pair_data, pack_pairs, pair_batches
 from workloads.train.reference import pair_sums
 
 USER = {"role": "user", "content": "What is the capital of France?"}

@@ -32,7 +32,8 @@ from workloads.client.cluster import free_port
 from workloads.context import TrainContext
 from workloads.model_io.toy import toy_preference_pairs, toy_tokenizer, write_chat_jsonl, write_toy_model
 from workloads.train.config import LoraSettings, TrainConfig, preset, with_overrides
-from workloads.train.pairs import encode_pair, preference_record
+from workloads.train.pair_records import preference_record
+from workloads.train.pairs import encode_pair
 
 WORLD_SIZE = 2
 STEPS = 5

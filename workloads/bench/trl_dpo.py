@@ -36,7 +36,8 @@ from workloads.context import TrainContext
 from workloads.train.config import TrainConfig
 from workloads.train.encode import load_tokenizer
 from workloads.train.model import build_causal_lm
-from workloads.train.pairs import encode_pair, pack_pairs, read_pairs
+from workloads.train.pair_records import read_pairs
+from workloads.train.pairs import encode_pair, pack_pairs
 
 TRL_PAIRS_PER_MICRO_BATCH = 4
 """The most pairs (8 padded sequences) in one of TRL's micro-batches."""

@@ -37,8 +37,14 @@ def _records_data(train: dict) -> bool:
     return train["data"]["kind"] in ("jsonl", "hub")
 
 
-def check_records(path: Path, data: Mapping) -> None:
-    """Every record of a JSONL (or Parquet) file the job will read, up to data.max_examples."""
+def check_records(path: Path, data: Mapping, *, objective: str = "sft") -> None:
+    """Every record of a JSONL (or Parquet) file the job will read, up to data.max_examples: as
+    preference pairs under objective "dpo" (workloads/train/pair_records.py)."""
+    if objective == "dpo":
+        from workloads.train.pair_records import read_pairs
+
+        read_pairs([path], limit=int(data.get("max_examples") or 0))
+        return
     from workloads.train.records import read_records
 
     read_records([path], text_field=data["text_field"], messages_field=data["messages_field"],
@@ -126,7 +132,7 @@ def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: fro
     value not in `local` is a node path, an s3:// URI or a hub id. ValueError for the first problem."""
     data, model = train["data"], train["model"]
     if "data.path" in local and "data.path" not in skip:
-        check_records(local["data.path"], data)
+        check_records(local["data.path"], data, objective=train.get("objective") or "sft")
     name = str(model["name_or_path"])
     if "model.name_or_path" in local and "model.name_or_path" not in skip:
         folder = check_model_folder(local["model.name_or_path"], spec=name, what="model.name_or_path")

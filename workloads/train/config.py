@@ -160,6 +160,10 @@ class LoraSettings:
 OBJECTIVES = ("sft", "dpo")
 DPO_LOSS_TYPES = ("sigmoid", "ipo")
 DPO_REFERENCES = ("model", "precomputed")
+PREFERENCE_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                      "logps/rejected")
+"""A preference objective's step metrics (TRL's names): means over the step's pairs; `eval_` + each on
+the held-out pairs (workloads/train/preference.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

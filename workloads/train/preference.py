@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.train.config import DpoSettings, TrainConfig
+from workloads.train.config import PREFERENCE_METRICS, DpoSettings, TrainConfig
 from workloads.train.data import Data
 from workloads.train.logprobs import CausalLMWithLogProbs, TokenLogProbs
 from workloads.train.optim import clip_grad_norm, set_lr
@@ -39,8 +39,7 @@ from workloads.train.pairs import (PairBatch, all_pair_batches, eval_pair_batche
 from workloads.train.parallel import GradientSync
 from workloads.train import reference as references
 
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-           "logps/rejected")
+METRICS = PREFERENCE_METRICS
 """The step record's preference metrics (TRL's names), means over the step's pairs."""
 
 
