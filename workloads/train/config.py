@@ -51,7 +51,16 @@ class ModelConfig:
     does): activations shrink to one hidden state per layer and token, for about a third more
     compute. The loss and gradients are those without it."""
 
+    adapter: str = "merge"
+    """Where name_or_path is a LoRA run (or its exported model) and method is "lora": "merge" starts
+    from its merged weights; "stack" starts from its base model with its adapter loaded beneath the
+    new ones and kept frozen (`lora.stacked_adapter`; the reference of a preference objective is
+    then the base with that adapter). workloads/model_io/run_model.py finds what a run names."""
+
     def __post_init__(self) -> None:
+        if self.adapter not in ("merge", "stack"):
+            raise ValueError(f"model.adapter is {self.adapter!r}: use 'merge' (a LoRA run's merged weights) or 'stack' "
+                             "(its base with its adapter kept beneath the new ones)")
         if not self.name_or_path.strip():
             raise ValueError(
                 f"model.name_or_path is empty: use one of {', '.join(NAMED_ARCHITECTURES)}, "
@@ -144,6 +153,10 @@ class LoraSettings:
     target_modules: tuple[str, ...] = ()
     """Names of the linear modules that get adapters (the last part of their path, e.g. q_proj);
     empty: every linear layer of the decoder layers (for Qwen2: q, k, v, o, gate, up and down)."""
+
+    stacked_adapter: str = ""
+    """A peft adapter folder (local or s3://) loaded beneath the trained adapters and kept frozen: an
+    SFT run's, which `model.adapter: stack` sets from the run. Empty: none."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or self.rank < 1:

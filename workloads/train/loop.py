@@ -43,6 +43,7 @@ from workloads.train.model import (
 )
 from workloads.train.method import FineTuneMethod, FullFineTune, method_for, trainable_parameters
 from workloads.train.objective import Objective, objective_for
+from workloads.train.starting import with_starting_model
 from workloads.train.optim import build_optimizer, schedule
 from workloads.train.elastic import ELASTIC_PREFIX, accumulation_for
 from workloads.train.preemption import PREEMPTION_PREFIX, PreemptionWatch, notice_record
@@ -360,6 +361,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     cfg, kept = resumed.keep_hub_revisions(cfg, saved)
     if ctx.rank == 0 and kept:
         print("\n".join(kept), flush=True)
+    cfg, started_from = with_starting_model(cfg)  # a run named by a path only the nodes see (the client does the rest)
+    if ctx.rank == 0 and started_from:
+        print(started_from, flush=True)
     nodes = nodes_in_run(ctx, device=device)
     started = time.perf_counter()
     pretrained = fetch_pretrained(cfg)
