@@ -126,6 +126,21 @@ def hub_repositories(train: dict, *, local: Mapping[str, Path]) -> list[tuple[st
     return out
 
 
+def _check_reference_model(train: dict, *, local: Mapping[str, Path]) -> None:
+    """A local dpo.reference_model: a model folder whose tokenizer is the policy's (when both are here)."""
+    spec = str(train["dpo"]["reference_model"])
+    folder = check_model_folder(local["dpo.reference_model"], spec=spec, what="dpo.reference_model")
+    policy = local.get("data.tokenizer") or local.get("model.name_or_path")
+    if policy is None or not _has_tokenizer(folder) or not _has_tokenizer(policy):
+        return
+    from workloads.train.encode import load_tokenizer, tokenizer_difference
+
+    difference = tokenizer_difference(load_tokenizer(str(policy)), load_tokenizer(str(folder)))
+    if difference:
+        raise ValueError(f"dpo.reference_model {spec!r} does not read text as the policy does ({policy}): "
+                         f"{difference}: give a model with the policy's tokenizer, or leave dpo.reference_model empty")
+
+
 def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: frozenset[str] = frozenset()) -> None:
     """Check what `train` (TrainConfig.to_dict()) names. `local`: field -> the file or folder on this
     machine that the run reads for it; `skip`: fields whose files are made later (the demo's). A
@@ -145,6 +160,8 @@ def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: fro
         cached = cache_root(train.get("cache_dir") or "") / entry_name("hub", name, model.get("revision") or "default")
         if hub and not cached.is_dir():
             check_hub(name, kind="models", what="hub model", revision=model.get("revision") or "")
+    if "dpo.reference_model" in local:
+        _check_reference_model(train, local=local)
     tokenizer = str(data.get("tokenizer") or "")
     if tokenizer and _records_data(train):
         if "data.tokenizer" in local:

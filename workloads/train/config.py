@@ -208,9 +208,19 @@ class DpoSettings:
     over every pair before the first step, kept with the run's checkpoints (no reference in memory
     while training; `plan` shows the memory of each)."""
 
+    reference_model: str = ""
+    """The model whose log-probabilities are the reference, when it is not the one training starts
+    from (TRL's ref_model): a hub id, an s3:// prefix or a model folder, reading text with the
+    policy's tokenizer (checked before the run starts). Empty: the starting model (or, for LoRA, the
+    policy with its adapters off). A frozen sharded copy of it, or the table it precomputes."""
+
     def __post_init__(self) -> None:
         if not self.beta > 0:
             raise ValueError(f"dpo.beta is {self.beta}: use a positive value such as 0.1")
+        if self.reference_model in NAMED_ARCHITECTURES:
+            raise ValueError(f"dpo.reference_model is {self.reference_model!r}, a named architecture (random weights): "
+                             "give a pretrained model (hub id, s3:// prefix or folder), or leave it empty for the "
+                             "starting model")
         if self.loss_type not in DPO_LOSS_TYPES:
             raise ValueError(f"dpo.loss_type is {self.loss_type!r}: use one of {', '.join(DPO_LOSS_TYPES)}")
         if not 0 <= self.label_smoothing < 0.5:

@@ -296,8 +296,11 @@ def method_for(cfg: TrainConfig) -> FineTuneMethod:
         stacked = None
         if cfg.lora.stacked_adapter:
             from workloads.model_io.run_model import fetch_adapter
+            from workloads.train.paths import resolve_path
 
-            stacked = fetch_adapter(cfg.lora.stacked_adapter, cache_dir=cfg.cache_dir)
+            # hub_id_allowed: an s3:// URI passes through (a folder uploaded with the job is found).
+            spec = resolve_path(cfg.lora.stacked_adapter, field="lora.stacked_adapter", hub_id_allowed=True)
+            stacked = fetch_adapter(spec, cache_dir=cfg.cache_dir)
         return LoraFineTune(settings=cfg.lora, base_model=cfg.model.name_or_path, base_revision=cfg.model.revision,
                             stacked=stacked)
     return FullFineTune()

@@ -81,6 +81,24 @@ def step_counts(micro_batches: list[PairBatch]) -> torch.Tensor:
     return counts
 
 
+def reference_model_folder(spec: str, *, cache_dir: str, tokenizer) -> Path:
+    """`dpo.reference_model`'s local folder (fetched once per node); ValueError where it reads text
+    with another tokenizer than the policy's (`tokenizer`; None for synthetic token ids)."""
+    from workloads.model_io.sources import fetch_model
+    from workloads.train.encode import load_tokenizer, tokenizer_difference
+    from workloads.train.paths import resolve_path
+
+    folder = fetch_model(resolve_path(spec, field="dpo.reference_model", hub_id_allowed=True), cache_dir=cache_dir,
+                         what="dpo.reference_model")
+    if tokenizer is not None:
+        difference = tokenizer_difference(tokenizer, load_tokenizer(str(folder)))
+        if difference:
+            raise ValueError(f"dpo.reference_model {spec!r} does not read text as the policy does: {difference}. The "
+                             "reference scores the policy's tokens: give a model with the policy's tokenizer (its "
+                             "base, or a fine-tune of it), or leave dpo.reference_model empty")
+    return folder
+
+
 class PreferenceObjective:
     """The loop's objective for `objective: dpo` (workloads/train/objective.py has the protocol)."""
 
@@ -90,17 +108,24 @@ class PreferenceObjective:
         self.cfg = cfg
         self.settings = cfg.dpo
         self.reference: Optional[references.Reference] = None
+        self.reference_folder: Optional[Path] = None
+        """`dpo.reference_model`'s local folder, fetched with the data (its tokenizer checked there)."""
         self._last: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     # What a batch holds.
     def build_data(self, cfg: TrainConfig, *, vocab_size: int, model_name_or_path: str, eval_rows: int = 0,
                    cache_dir: str = "") -> Data:
         if cfg.data.kind == "synthetic":
-            return synthetic_pair_data(seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
+            data = synthetic_pair_data(seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
                                        eval_fraction=cfg.data.eval_fraction if cfg.eval_every else 0.0,
                                        shuffle=cfg.data.shuffle)
-        return load_pair_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
-                              tokenizer_name=cfg.data.tokenizer or model_name_or_path, cache_dir=cache_dir)
+        else:
+            data = load_pair_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
+                                  tokenizer_name=cfg.data.tokenizer or model_name_or_path, cache_dir=cache_dir)
+        if self.settings.reference_model:
+            self.reference_folder = reference_model_folder(self.settings.reference_model, cache_dir=cache_dir,
+                                                           tokenizer=data.tokenizer)
+        return data
 
     def batches(self, source, *, position: int, micro_batch: int, rank: int, world_size: int,
                 pin_memory: bool = False) -> Iterator[PairBatch]:
@@ -133,7 +158,19 @@ class PreferenceObjective:
             batches = [b for s in sources for b in all_pair_batches(s, micro_batch=self.cfg.micro_batch, rank=rank,
                                                                      world_size=world_size)]
             pairs = 1 + max(int(s.rows.pair_ids.max()) for s in sources)
-            self.reference = references.precompute(model, batches, pairs=pairs, device=device)
+            if self.reference_folder is None:
+                self.reference = references.precompute(model, batches, pairs=pairs, device=device)
+                return
+            # Another model's log-probabilities: its frozen copy for the one pass, then freed.
+            copy = references.frozen_copy(self.cfg, policy=model, pretrained=self.reference_folder, device=device,
+                                          loss=self.log_probs())
+            self.reference = references.precompute(copy.model, batches, pairs=pairs, device=device)
+            del copy
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        elif self.reference_folder is not None:
+            self.reference = references.frozen_copy(self.cfg, policy=model, pretrained=self.reference_folder,
+                                                     device=device, loss=self.log_probs())
         elif method.untrained(model.lm) is not None:
             self.reference = references.AdaptersOff(model, untrained=method.untrained)
         else:
