@@ -123,3 +123,18 @@ def test_the_memory_model_knows_each_reference():
     assert not assess(tight, arch, target).fits
     assert assess(with_overrides(tight, ["dpo.reference=precomputed"]), arch, target).fits
     assert "--set dpo.reference=precomputed" in [a.label for a in nearest_fits(tight, arch, target)]
+
+
+def test_plan_says_how_the_reference_is_had_and_counts_its_memory_and_work(tmp_path):
+    from workloads.client.plan import format_plan, make_plan
+
+    shape = ["model.name_or_path=qwen2.5-1.5b", "data.tokenizer=toy"]
+    plans = {reference: make_plan(with_overrides(preset("qwen2.5-1.5b-dpo"), [*shape, f"dpo.reference={reference}"]),
+                                  preset_name="qwen2.5-1.5b-dpo", instance_type="g6.12xlarge", nodes=2, cwd=tmp_path)
+             for reference in ("model", "precomputed")}
+    copy, table = plans["model"], plans["precomputed"]
+    assert copy["objective"] == "dpo" and copy["reference"] == "a frozen copy"
+    assert "DPO, full fine-tune (reference: a frozen copy)" in format_plan(copy)
+    assert copy["memory"]["terms_gib"]["reference"] > 0 == table["memory"]["terms_gib"]["reference"]
+    # The reference's forward is work of every step: fewer tokens/s than with a precomputed table.
+    assert copy["speed"]["tokens_per_s_per_gpu"] < table["speed"]["tokens_per_s_per_gpu"]
