@@ -166,24 +166,25 @@ peers)
   ;;
 dpo)
   shift 2
-  # Rows of 4,096 hold a pair's two sequences (each up to 2,048 positions); 2 rows per micro-step and 4
-  # micro-steps (about 17 pairs a step), TRL 2 pairs per micro-step and as many micro-steps as make the
-  # same pairs. Each run is bounded so that both fit one 8-minute call; bench.json keeps what ended.
+  # Rows of 4,096 hold a pair's two sequences (each up to 2,048 positions), about 2.1 pairs: one row per
+  # micro-step and 8 micro-steps (about 17 pairs a step); TRL 2 pairs per micro-step and as many
+  # micro-steps as make the same pairs. Each case is bounded (200 s, 250 s: the 7B weights are made on the host) so that both fit
+  # one 8-minute call; bench.json keeps every run that ended.
   full=(--preset qwen2.5-1.5b-dpo --set model.name_or_path=qwen2.5-1.5b) lora=(--preset qwen2.5-7b-lora-dpo-24gb
-        --set model.name_or_path=qwen2.5-7b) shape=(--seq-len 4096 --micro-batches 2) cpu=() limit=225
-  steps_full=(--steps 10 --warmup 3) steps_lora=(--steps 8 --warmup 3)
+        --set model.name_or_path=qwen2.5-7b) shape=(--seq-len 4096 --micro-batches 1) cpu=()
+  steps_full=(--steps 8 --warmup 3) steps_lora=(--steps 6 --warmup 2) limit_full=200 limit_lora=250
   if [ -n "${DRY_RUN:-}" ]; then
     full=(--preset demo-cpu-dpo) lora=(--preset demo-cpu-dpo --set method=lora --set lora.rank=16)
-    shape=(--seq-len 512 --micro-batches 2) cpu=(--allow-cpu) steps_full=(--steps 4 --warmup 1)
+    shape=(--seq-len 512 --micro-batches 1) cpu=(--allow-cpu) steps_full=(--steps 4 --warmup 1)
     steps_lora=(--steps 4 --warmup 1)
   fi
   python3 -c 'import pyarrow, trl, datasets; print("trl", trl.__version__, "datasets", datasets.__version__,
   "pyarrow", pyarrow.__version__)' 2>&1 | tee "$out/dpo-env.txt"
-  common=(--data pairs --strategies tuned,trl-dpo --matmul-size 0 --set rows_per_step=0 --set grad_accum_steps=4
+  common=(--data pairs --strategies tuned,trl-dpo --matmul-size 0 --set rows_per_step=0 --set grad_accum_steps=8
           --peer-micro-batch 2 "${shape[@]}" "${cpu[@]}")
-  run timeout "$limit" torchrun --nproc-per-node 1 -m workloads.bench "${full[@]}" "${common[@]}" "${steps_full[@]}" \
+  run timeout "$limit_full" torchrun --nproc-per-node 1 -m workloads.bench "${full[@]}" "${common[@]}" "${steps_full[@]}" \
       --out "$out/dpo-1.5b" "$@" 2>&1 | tee "$out/dpo-1.5b.txt"
-  run timeout "$limit" torchrun --nproc-per-node 1 -m workloads.bench "${lora[@]}" "${common[@]}" "${steps_lora[@]}" \
+  run timeout "$limit_lora" torchrun --nproc-per-node 1 -m workloads.bench "${lora[@]}" "${common[@]}" "${steps_lora[@]}" \
       --set model.activation_checkpointing=true --out "$out/dpo-7b-lora" "$@" 2>&1 | tee "$out/dpo-7b-lora.txt"
   run python3 -m workloads.bench.dpo_record "$out/dpo-1.5b" "$out/dpo-7b-lora" --out "$out/dpo.json" 2>&1 \
       | tee "$out/dpo-record.txt"
