@@ -33,6 +33,14 @@
 #   docs/gpu/record.sh stability OUT   one GPU, about 8 minutes: the 1.5B chats fine-tune (the qwen2.5-1.5b preset on
 #                                  the model's shape and generated chats), then its tokens/s drift and memory step over
 #                                  step checked and plotted (workloads/bench/stability.py); CPU_DRY_RUN=1 as above
+#   docs/gpu/record.sh dpo OUT     the loop's DPO against TRL's DPOTrainer (trl 1.16.0, peft for LoRA, liger's layer
+#                                  kernels, padded: TRL 1.16 has no padding-free DPO) on the same generated pairs,
+#                                  about the same pairs per optimizer step, one GPU: Qwen2.5-1.5B full (the
+#                                  reference a frozen bf16 copy on both sides), then Qwen2.5-7B LoRA r16 with
+#                                  activation checkpointing (the reference: adapters off); random weights of the
+#                                  real shapes. Writes OUT/dpo.json (tokens/s, ratio, peaks, the memory model's
+#                                  peak). Needs TRL, datasets and liger-kernel: docs/gpu/dpo_wheels.sh. A CPU dry
+#                                  run of the same steps: DRY_RUN=1 (tiny-qwen2, rows of 512, a few steps)
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -217,4 +225,30 @@ print(write_chat_data(Path(sys.argv[1]), count=int(sys.argv[2]), seed=0))' "$out
   run python3 -m workloads.bench.stability "$out/stability" 2>&1 | tee -a "$out/stability.txt"
   ;;
 *) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|perf3|stability OUT" >&2; exit 2 ;;
+dpo)
+  shift 2
+  # Rows of 4,096 hold a pair's two sequences (each up to 2,048 positions), about 2.1 pairs: one row per
+  # micro-step and 8 micro-steps (about 17 pairs a step); TRL 2 pairs per micro-step and as many
+  # micro-steps as make the same pairs. Each case is bounded (200 s, 250 s: the 7B weights are made on the host) so that both fit
+  # one 8-minute call; bench.json keeps every run that ended.
+  full=(--preset qwen2.5-1.5b-dpo --set model.name_or_path=qwen2.5-1.5b) lora=(--preset qwen2.5-7b-lora-dpo-24gb
+        --set model.name_or_path=qwen2.5-7b) shape=(--seq-len 4096 --micro-batches 1) cpu=()
+  steps_full=(--steps 8 --warmup 3) steps_lora=(--steps 6 --warmup 2) limit_full=200 limit_lora=250
+  if [ -n "${DRY_RUN:-}" ]; then
+    full=(--preset demo-cpu-dpo) lora=(--preset demo-cpu-dpo --set method=lora --set lora.rank=16)
+    shape=(--seq-len 512 --micro-batches 1) cpu=(--allow-cpu) steps_full=(--steps 4 --warmup 1)
+    steps_lora=(--steps 4 --warmup 1)
+  fi
+  python3 -c 'import pyarrow, trl, datasets; print("trl", trl.__version__, "datasets", datasets.__version__,
+  "pyarrow", pyarrow.__version__)' 2>&1 | tee "$out/dpo-env.txt"
+  common=(--data pairs --strategies tuned,trl-dpo --matmul-size 0 --set rows_per_step=0 --set grad_accum_steps=8
+          --peer-micro-batch 2 "${shape[@]}" "${cpu[@]}")
+  run timeout "$limit_full" torchrun --nproc-per-node 1 -m workloads.bench "${full[@]}" "${common[@]}" "${steps_full[@]}" \
+      --out "$out/dpo-1.5b" "$@" 2>&1 | tee "$out/dpo-1.5b.txt"
+  run timeout "$limit_lora" torchrun --nproc-per-node 1 -m workloads.bench "${lora[@]}" "${common[@]}" "${steps_lora[@]}" \
+      --set model.activation_checkpointing=true --out "$out/dpo-7b-lora" "$@" 2>&1 | tee "$out/dpo-7b-lora.txt"
+  run python3 -m workloads.bench.dpo_record "$out/dpo-1.5b" "$out/dpo-7b-lora" --out "$out/dpo.json" 2>&1 \
+      | tee "$out/dpo-record.txt"
+  ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|dpo OUT" >&2; exit 2 ;;
 esac

@@ -19,7 +19,12 @@ Pure functions over an `Architecture` (a decoder-only transformer's shape) and `
 - the loss: the fused/chunked linear cross-entropy's gradient buffers and one chunk of logits, or
   the whole logits for the plain one;
 - transients of backward: one layer's unsharded gradients and the fp32 reduce-scatter buffer, and
-  the gradients of its MLP's activations.
+  the gradients of its MLP's activations;
+- a preference objective's reference (`objective: dpo`): a full fine-tune's frozen copy of the
+  model, sharded in the compute dtype, for the whole run; nothing for LoRA (the policy with its
+  adapters off) or a precomputed reference. Its forward, without gradients, holds less than the
+  policy's backward does. A row holds a pair's two sequences: the tokens of a micro-batch are its
+  rows' positions, whatever they hold.
 
 The peak is the larger of the start of backward (activations whole, the loss's buffers made, the last
 layer's gradients being formed) and the optimizer step. Measured peaks on the H200 check it
@@ -140,6 +145,11 @@ class MemorySettings:
     """liger's chunk bound (workloads/train/loss_chunks.py); runs recorded before it was set ran 1."""
     reshard_after_forward: bool = True
     grad_accum_steps: int = 1
+    objective: str = "sft"
+    """"sft", or "dpo" (per-token log-probabilities instead of the loss, and a reference)."""
+    reference: str = "model"
+    """With objective "dpo": "model" (a frozen copy for method "full", the policy itself for
+    "lora") or "precomputed"."""
 
     def __post_init__(self) -> None:
         if min(self.shard_ranks, self.micro_batch, self.seq_len, self.grad_accum_steps) < 1:
@@ -285,11 +295,18 @@ def offloaded_host_bytes(arch: Architecture, s: MemorySettings) -> int:
 def loss_bytes(arch: Architecture, s: MemorySettings) -> int:
     """The loss's buffers at the end of forward: the gradient of the hidden states (and of a
     trained lm_head, accumulated in fp32) computed in forward by the fused/chunked kernels, and one
-    chunk of logits; the plain loss keeps the fp32 logits and their softmax."""
+    chunk of logits; the plain loss keeps the fp32 logits and their softmax. A preference
+    objective's log-probabilities (workloads/train/logprobs.py): the same gradient buffers (formed
+    at the start of backward for a trained lm_head), a chunk's fp32 logits and their gradient in
+    the compute dtype."""
     v, h, t = arch.vocab_size, arch.hidden_size, s.tokens
     lm_head_trained = s.method == "full"
     if s.loss == "plain":
         return 3 * t * v * FP32
+    if s.objective == "dpo":
+        chunk = min(t, s.loss_chunk_size)
+        return (t * h * s.compute_bytes + (v * h * FP32 if lm_head_trained else 0)
+                + chunk * v * (FP32 + s.compute_bytes))
     grad_hidden = t * h * s.compute_bytes
     grad_weight = v * h * FP32 if lm_head_trained else 0
     if s.loss == "liger":
@@ -304,6 +321,14 @@ MLP_BACKWARD_TENSORS = 3
 """[tokens, intermediate] tensors the MLP's backward holds at once: the gradient of the down
 projection's input, then of the gate and up projections' outputs (the first out-of-memory of a
 checkpointed 7B run asked for exactly one of them: 16,384 x 18,944 in bf16, 592 MiB)."""
+
+
+def reference_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """A full fine-tune's frozen reference copy under objective "dpo": every parameter's shard in
+    the compute dtype; none otherwise."""
+    if s.objective != "dpo" or s.method != "full" or s.reference != "model":
+        return 0
+    return sum(n * padded_numel(p, s.shard_ranks) * s.compute_bytes for p, n in _each(arch, s))
 
 
 def backward_transient_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -344,8 +369,9 @@ def predict(arch: Architecture, s: MemorySettings) -> MemoryPrediction:
         "activations": activation_bytes(arch, s),
         "loss": loss_bytes(arch, s),
         "backward": backward_transient_bytes(arch, s),
+        "reference": reference_bytes(arch, s),
     }
-    persistent = terms["weights"] + terms["optimizer"]
+    persistent = terms["weights"] + terms["optimizer"] + terms["reference"]
     # Gradients are None between steps (zero_grad(set_to_none)); with accumulation the earlier
     # micro-steps' sharded gradients are held through the later ones' forward.
     held_gradients = terms["gradients"] if s.grad_accum_steps > 1 else 0
@@ -368,4 +394,5 @@ def settings_for(cfg, *, shard_ranks: int, loss: Optional[str] = None) -> Memory
         activation_offloading=cfg.model.activation_offloading, mixed_precision=cfg.mixed_precision,
         compile=cfg.compile, loss=implementation, loss_chunk_size=cfg.loss_chunk_size,
         reshard_after_forward=cfg.reshard_after_forward, grad_accum_steps=cfg.grad_accum_steps,
+        objective=cfg.objective, reference=cfg.dpo.reference,
     )

@@ -13,14 +13,18 @@ from workloads.train.config import DataConfig, TrainConfig, preset, with_overrid
 
 REFERENCE, TUNED = "reference", "tuned"
 HF_TRAINER, HF_TRAINER_PADDED = "hf-trainer", "hf-trainer-padded"
-STRATEGY_NAMES = (REFERENCE, TUNED, HF_TRAINER, HF_TRAINER_PADDED)
+TRL_DPO = "trl-dpo"
+STRATEGY_NAMES = (REFERENCE, TUNED, HF_TRAINER, HF_TRAINER_PADDED, TRL_DPO)
 """The strategies the benchmark runs (train_bench.STRATEGIES holds their functions): the seed-style
 reference, the project's loop, and Hugging Face's Trainer (peft for LoRA) padding-free and padded
 (workloads/bench/hf_trainer.py)."""
 CHATS_ONLY = (HF_TRAINER, HF_TRAINER_PADDED)
 """Strategies that train on the generated chats only (they read conversations, not token rows)."""
-DATA_KINDS = ("synthetic", "chats")
+PAIRS_ONLY = (TRL_DPO,)
+"""Strategies that train on generated preference pairs only (workloads/bench/trl_dpo.py)."""
+DATA_KINDS = ("synthetic", "chats", "pairs")
 CHATS_SUFFIX = "-chats"
+PAIRS_SUFFIX = "-pairs"
 PLACEHOLDER_CHATS = (Path("chats.jsonl"), Path("tokenizer"))
 """Stands for the generated chats where a config is only checked or read for its shape."""
 
@@ -48,12 +52,16 @@ class BenchSettings:
     allow_cpu: bool = False
     """Run without CUDA (gloo on the CPU) to check the harness; only with the tiny model."""
     data: tuple[str, ...] = ("synthetic",)
-    """"synthetic" (every strategy) and/or "chats" (the loop on generated chats)."""
+    """"synthetic" (every strategy) and/or "chats" (the loop on generated chats) and/or "pairs"
+    (generated preference pairs: the loop with a preset of objective "dpo", and TRL's DPOTrainer)."""
     overrides: tuple[str, ...] = ()
     """`--set key=value` overrides of the preset, for every run (e.g. model.attn_implementation=sdpa)."""
     memory_cap_gib: Optional[float] = None
     """Cap each process's CUDA memory at this many GiB (torch.cuda.set_per_process_memory_fraction),
     to check that a preset fits a smaller GPU."""
+    peer_micro_batch: Optional[int] = None
+    """Pairs in each of trl-dpo's micro-batches (accumulation makes the loop's pairs per step); None:
+    as many as the loop's micro-batch holds, at most workloads/bench/trl_dpo.py's default."""
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps <= self.warmup:
@@ -66,6 +74,8 @@ class BenchSettings:
         bad_data = [d for d in self.data if d not in DATA_KINDS]
         if bad_data or not self.data:
             raise ValueError(f"--data {','.join(bad_data) or '(empty)'}: choose from {', '.join(DATA_KINDS)}")
+        if self.peer_micro_batch is not None and self.peer_micro_batch < 1:
+            raise ValueError(f"--peer-micro-batch {self.peer_micro_batch}: give a positive number of pairs")
         if self.memory_cap_gib is not None and self.memory_cap_gib <= 0:
             raise ValueError(f"--memory-cap-gib {self.memory_cap_gib}: give a positive number of GiB")
         unknown = [s for s in self.strategies if s not in STRATEGY_NAMES]
@@ -74,6 +84,12 @@ class BenchSettings:
         if any(s in CHATS_ONLY for s in self.strategies) and "chats" not in self.data:
             raise ValueError(f"--strategies {','.join(self.strategies)}: {' and '.join(CHATS_ONLY)} train on "
                              "conversations: add --data chats")
+        if any(s in PAIRS_ONLY for s in self.strategies) and "pairs" not in self.data:
+            raise ValueError(f"--strategies {','.join(self.strategies)}: {' and '.join(PAIRS_ONLY)} trains on "
+                             "preference pairs: add --data pairs")
+        if ("pairs" in self.data) != (preset(self.preset).objective == "dpo"):
+            raise ValueError(f"--data {','.join(self.data)} with --preset {self.preset}: generated preference pairs "
+                             'go with a preset of objective "dpo" (e.g. qwen2.5-1.5b-dpo), and only they')
         if self.seq_len < 1 or self.matmul_size < 0:
             raise ValueError(
                 f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}"
@@ -123,6 +139,8 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
                         help="override a preset field for every run (repeatable), e.g. model.attn_implementation=sdpa")
     parser.add_argument("--memory-cap-gib", type=float, default=None,
                         help="cap each process's CUDA memory, e.g. 22 for a 24 GB GPU")
+    parser.add_argument("--peer-micro-batch", type=int, default=None,
+                        help="pairs per micro-batch of trl-dpo (accumulation makes the loop's pairs per step)")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="run without CUDA (gloo on the CPU) to check the harness, "
                              "with --preset demo-cpu")
@@ -152,4 +170,5 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
         data=tuple(d.strip() for d in args.data.split(",") if d.strip()),
         overrides=tuple(args.overrides),
         memory_cap_gib=args.memory_cap_gib,
+        peer_micro_batch=args.peer_micro_batch,
     )

@@ -14,6 +14,7 @@ out-of-memory is caught per run and recorded as "OOM".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -58,8 +59,9 @@ from workloads.bench.runtime import (
 )
 from workloads.bench.strategy import Strategy, StrategyResult
 from workloads.bench.profile import StepWindowProfiler
-from workloads.bench.settings import (CHATS_ONLY, CHATS_SUFFIX, HF_TRAINER, HF_TRAINER_PADDED, PLACEHOLDER_CHATS,
-                                      REFERENCE, STRATEGY_NAMES, TUNED, BenchSettings, chat_data, preset_config)
+from workloads.bench.settings import (CHATS_ONLY, CHATS_SUFFIX, HF_TRAINER, HF_TRAINER_PADDED, PAIRS_ONLY,
+                                      PAIRS_SUFFIX, PLACEHOLDER_CHATS, REFERENCE, STRATEGY_NAMES, TRL_DPO, TUNED,
+                                      BenchSettings, chat_data, preset_config)
 from workloads.bench.timing import StepClock
 from workloads.train.config import ModelConfig, TrainConfig
 from workloads.context import TrainContext
@@ -69,6 +71,8 @@ from workloads.train.model import named_architecture, shape_of
 CONVERSATIONS_PER_ROW = 2.3
 """Generated conversations per 2,048-token row (about 950 tokens each, packed): how many to write
 for the rows a run reads."""
+PAIRS_PER_ROW = 2.3
+"""Generated preference pairs per 4,096-token row (two sequences of about 930 tokens each, packed)."""
 
 
 def train_tuned(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device) -> StrategyResult:
@@ -97,8 +101,16 @@ def train_hf_trainer_padded(cfg: TrainConfig, *, ctx: TrainContext, device: torc
     return train_peer(cfg, ctx=ctx, device=device, batching="padded")
 
 
+def train_trl_dpo(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device,
+                  pairs_per_micro_batch: Optional[int] = None) -> StrategyResult:
+    from workloads.bench.trl_dpo import train_trl_dpo as train_peer
+
+    return train_peer(cfg, ctx=ctx, device=device, pairs_per_micro_batch=pairs_per_micro_batch)
+
+
 STRATEGIES: Mapping[str, Strategy] = {REFERENCE: train_reference, TUNED: train_tuned,
-                                      HF_TRAINER: train_hf_trainer, HF_TRAINER_PADDED: train_hf_trainer_padded}
+                                      HF_TRAINER: train_hf_trainer, HF_TRAINER_PADDED: train_hf_trainer_padded,
+                                      TRL_DPO: train_trl_dpo}
 assert tuple(STRATEGIES) == STRATEGY_NAMES  # the names settings.py accepts
 
 
@@ -124,6 +136,7 @@ def flops_per_token(cfg: TrainConfig) -> float:
     """The loop's FLOPs-per-token formula, on a parameter-free (meta) copy of the model with the
     method's adapters (LoRA: the base's weights get no gradient)."""
     from workloads.train.method import method_for
+    from workloads.train.objective import objective_for
 
     model: ModelConfig = cfg.model
     config = (named_architecture(model.name_or_path) if model.is_named_architecture
@@ -137,7 +150,23 @@ def flops_per_token(cfg: TrainConfig) -> float:
     return metrics.flops_per_token(
         n_params=params, frozen_params=params - trained, n_layers=shape.n_layers, n_heads=shape.n_heads,
         head_dim=shape.head_dim, seq_len=cfg.seq_len,
-    )
+    ) + objective_for(cfg).extra_flops_per_token(n_params=shape.n_params, n_layers=shape.n_layers,
+                                                 n_heads=shape.n_heads, head_dim=shape.head_dim, seq_len=cfg.seq_len)
+
+
+def predicted_peak_gib(cfg: TrainConfig, *, world_size: int, device: torch.device) -> Optional[float]:
+    """The memory model's peak for the loop's run of `cfg` on `world_size` ranks of one node (flat
+    FSDP), with the loss it runs on this device; None off the GPU."""
+    if device.type != "cuda":
+        return None
+    from workloads.bench.memory import Architecture, predict, settings_for
+    from workloads.train.loss import choose_implementation
+
+    config = (named_architecture(cfg.model.name_or_path) if cfg.model.is_named_architecture
+              else AutoConfig.from_pretrained(cfg.model.name_or_path))
+    loss = choose_implementation(fused=cfg.fused_linear_ce, device=device)
+    return round(predict(Architecture.from_config(config), settings_for(cfg, shard_ranks=world_size,
+                                                                         loss=loss)).peak_gib, 2)
 
 
 def model_label(cfg: TrainConfig) -> str:
@@ -302,7 +331,9 @@ class Document:
                 *chat_comparisons(figures, synthetic=TUNED, chats=TUNED + CHATS_SUFFIX),
                 *peer_comparisons(figures, candidate=TUNED + CHATS_SUFFIX,
                                   peers=[p + CHATS_SUFFIX for p in (HF_TRAINER, HF_TRAINER_PADDED)],
-                                  describe=f"hf-trainer, {self.method}, {self.model}")]
+                                  describe=f"hf-trainer, {self.method}, {self.model}"),
+                *peer_comparisons(figures, candidate=TUNED + PAIRS_SUFFIX, peers=[TRL_DPO + PAIRS_SUFFIX],
+                                  describe=f"trl-dpo, {self.method}, {self.model}")]
 
     def table(self) -> str:
         figures = self.figures()
@@ -321,6 +352,7 @@ def run_benchmark(
     # The first run's config (the chats' paths do not matter to what it is used for here).
     base = job_config(settings, micro_batch=settings.micro_batches[0],
                       chats=None if settings.data[0] == "synthetic" else PLACEHOLDER_CHATS)
+    records = {"chats": None, "pairs": None}
     say(f"[bench] {runtime.world_size} ranks on {environment(runtime)['device']}; measuring the bf16 matmul rate")
     matmul = matmul_rate(settings, runtime=runtime)
     if matmul:
@@ -348,22 +380,36 @@ def run_benchmark(
         total = torch.cuda.get_device_properties(runtime.device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, settings.memory_cap_gib * 2**30 / total), runtime.device)
         say(f"[bench] CUDA memory capped at {settings.memory_cap_gib} GiB per process")
-    chats = None
+    rows = settings.steps * max(settings.micro_batches) * base.grad_accum_steps * runtime.world_size
     if "chats" in settings.data:
-        rows = settings.steps * max(settings.micro_batches) * base.grad_accum_steps * runtime.world_size
         count = max(200, math.ceil(rows * CONVERSATIONS_PER_ROW * settings.seq_len / 2048))
-        chats = write_chat_data(scratch_dir / f"chats-rank{runtime.rank}", count=count, seed=settings.seed)
+        records["chats"] = write_chat_data(scratch_dir / f"chats-rank{runtime.rank}", count=count, seed=settings.seed)
         shape = describe(count, seed=settings.seed, seq_len=settings.seq_len)
         document.data["chats"] = shape
         say(f"[bench] {count} generated chats: {shape}")
+    if "pairs" in settings.data:
+        from workloads.bench.preference_pairs import describe_pairs, generate_pairs, write_pair_data
+
+        count = max(200, math.ceil(rows * PAIRS_PER_ROW * settings.seq_len / 4096))
+        records["pairs"] = write_pair_data(scratch_dir / f"pairs-rank{runtime.rank}", count=count, seed=settings.seed)
+        shape = describe_pairs(generate_pairs(count, seed=settings.seed))
+        document.data["pairs"] = shape
+        say(f"[bench] generated preference pairs: {shape}")
     for micro_batch in settings.micro_batches:
         for data in settings.data:
-            names = ([s for s in settings.strategies if s not in CHATS_ONLY] if data == "synthetic"
-                     else [s for s in settings.strategies if s != REFERENCE])
+            names = {"synthetic": [s for s in settings.strategies if s not in CHATS_ONLY + PAIRS_ONLY],
+                     "chats": [s for s in settings.strategies if s not in (REFERENCE, *PAIRS_ONLY)],
+                     "pairs": [s for s in settings.strategies if s in (TUNED, *PAIRS_ONLY)]}[data]
             for strategy in names:
-                name = strategy if data == "synthetic" else strategy + CHATS_SUFFIX
-                cfg = job_config(settings, micro_batch=micro_batch, chats=chats if data == "chats" else None)
-                document.add(announce_run(name, strategies[strategy], cfg, settings=settings, runtime=runtime,
+                name = strategy + {"synthetic": "", "chats": CHATS_SUFFIX, "pairs": PAIRS_SUFFIX}[data]
+                cfg = job_config(settings, micro_batch=micro_batch, chats=records.get(data))
+                if strategy == TUNED:
+                    document.data.setdefault("memory_model", {})[f"{name}-mb{micro_batch}"] = predicted_peak_gib(
+                        cfg, world_size=runtime.world_size, device=runtime.device)
+                run_strategy = strategies[strategy]
+                if strategy == TRL_DPO and settings.peer_micro_batch:
+                    run_strategy = functools.partial(run_strategy, pairs_per_micro_batch=settings.peer_micro_batch)
+                document.add(announce_run(name, run_strategy, cfg, settings=settings, runtime=runtime,
                                           ctx=ctx, document=document, say=say))
     release_memory(runtime.device)
     return document

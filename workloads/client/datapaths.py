@@ -19,7 +19,7 @@ from pathlib import Path
 from workloads.train.config import NAMED_ARCHITECTURES
 from workloads.train.paths import looks_like_path
 
-PATH_FIELDS = ("data.path", "data.tokenizer", "model.name_or_path")
+PATH_FIELDS = ("data.path", "data.tokenizer", "model.name_or_path", "dpo.reference_model", "lora.stacked_adapter")
 UPLOAD_DIR = "job_files"
 MAX_UPLOAD_BYTES = 256 * 2**20
 """Files beyond this stay off the job's working_dir (Ray refuses a working_dir over 512 MiB)."""
@@ -46,7 +46,7 @@ def config_paths(train: dict, *, cwd: Path) -> list[ConfigPath]:
     found = []
     for field in PATH_FIELDS:
         section, key = field.split(".")
-        value = str(train[section].get(key) or "")
+        value = str((train.get(section) or {}).get(key) or "")
         if not value or (field == "model.name_or_path" and value in NAMED_ARCHITECTURES):
             continue
         if field == "data.path" and train["data"].get("kind") != "jsonl":

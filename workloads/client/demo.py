@@ -23,7 +23,10 @@ from typing import Optional, Union
 from rich.console import Console
 
 DEMO_PRESET = "demo-cpu"
+DPO_DEMO_PRESET = "demo-cpu-dpo"
+"""The demo's DPO variant: toy preference pairs instead of toy chats (`run --local --preset demo-cpu-dpo`)."""
 CONVERSATIONS = 600
+PAIRS = 400
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,8 @@ class DemoInputs:
     """The toy model folder to write (model.name_or_path), or None."""
     chats: Optional[Path] = None
     """The toy chats to write (data.path), or None: the user's data, or no data."""
+    pairs: bool = False
+    """`chats` holds toy preference pairs (the DPO demo's), whose chosen answer follows the rule."""
 
     @property
     def fields(self) -> frozenset[str]:
@@ -48,25 +53,27 @@ def plan_demo_inputs(run_dir: Path, *, preset_name: str, overrides: list[str]) -
     """The demo preset's inputs: the toy model and chats when --set chose neither model nor data; the
     toy model alone when it chose data but no model (a named architecture has no tokenizer to read
     the data with); nothing for another preset, or when --set chose the model."""
-    if preset_name != DEMO_PRESET or any(o.startswith("model.") for o in overrides):
+    if preset_name not in (DEMO_PRESET, DPO_DEMO_PRESET) or any(o.startswith("model.") for o in overrides):
         return DemoInputs()
     model = run_dir / "base-model"
     if any(o.startswith("data.") for o in overrides):
         return DemoInputs(overrides=(f"model.name_or_path={model}",), model=model)
-    chats = run_dir / "chat.jsonl"
+    pairs = preset_name == DPO_DEMO_PRESET
+    chats = run_dir / ("pairs.jsonl" if pairs else "chat.jsonl")
     return DemoInputs(overrides=(f"model.name_or_path={model}", "data.kind=jsonl", f"data.path={chats}",
-                                 "data.eval_fraction=0.1"), model=model, chats=chats)
+                                 "data.eval_fraction=0.1"), model=model, chats=chats, pairs=pairs)
 
 
 def write_demo_inputs(inputs: DemoInputs) -> None:
     if inputs.model is None and inputs.chats is None:
         return
-    from workloads.model_io.toy import toy_conversations, write_chat_jsonl, write_toy_model
+    from workloads.model_io.toy import toy_conversations, toy_preference_pairs, write_chat_jsonl, write_toy_model
 
     if inputs.model is not None:
         write_toy_model(inputs.model)
     if inputs.chats is not None:
-        write_chat_jsonl(inputs.chats, toy_conversations(CONVERSATIONS))
+        records = toy_preference_pairs(PAIRS) if inputs.pairs else toy_conversations(CONVERSATIONS)
+        write_chat_jsonl(inputs.chats, records)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -214,6 +214,9 @@ def nearest_fits(cfg: TrainConfig, arch: Architecture, target: Target) -> list[A
             cfg.model.activation_checkpointing or first([[checkpointed]]) is None):
         offloaded = [OFFLOADED] if cfg.model.activation_checkpointing else [checkpointed, OFFLOADED]
         found.append(first([offloaded] + [[*offloaded, *mb] for mb in _smaller_micro_batches(cfg)]))
+    if cfg.method == "full" and cfg.objective == "dpo" and cfg.dpo.reference == "model":
+        # A full fine-tune's reference copy (bf16) leaves memory when its log-probabilities are precomputed.
+        found.append(first([["dpo.reference=precomputed"], ["dpo.reference=precomputed", checkpointed]]))
     if cfg.method == "full":
         found.append(first([["method=lora"], ["method=lora", checkpointed]]))
     if target.instance_type:

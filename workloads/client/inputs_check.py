@@ -37,8 +37,14 @@ def _records_data(train: dict) -> bool:
     return train["data"]["kind"] in ("jsonl", "hub")
 
 
-def check_records(path: Path, data: Mapping) -> None:
-    """Every record of a JSONL (or Parquet) file the job will read, up to data.max_examples."""
+def check_records(path: Path, data: Mapping, *, objective: str = "sft") -> None:
+    """Every record of a JSONL (or Parquet) file the job will read, up to data.max_examples: as
+    preference pairs under objective "dpo" (workloads/train/pair_records.py)."""
+    if objective == "dpo":
+        from workloads.train.pair_records import read_pairs
+
+        read_pairs([path], limit=int(data.get("max_examples") or 0))
+        return
     from workloads.train.records import read_records
 
     read_records([path], text_field=data["text_field"], messages_field=data["messages_field"],
@@ -120,13 +126,28 @@ def hub_repositories(train: dict, *, local: Mapping[str, Path]) -> list[tuple[st
     return out
 
 
+def _check_reference_model(train: dict, *, local: Mapping[str, Path]) -> None:
+    """A local dpo.reference_model: a model folder whose tokenizer is the policy's (when both are here)."""
+    spec = str(train["dpo"]["reference_model"])
+    folder = check_model_folder(local["dpo.reference_model"], spec=spec, what="dpo.reference_model")
+    policy = local.get("data.tokenizer") or local.get("model.name_or_path")
+    if policy is None or not _has_tokenizer(folder) or not _has_tokenizer(policy):
+        return
+    from workloads.train.encode import load_tokenizer, tokenizer_difference
+
+    difference = tokenizer_difference(load_tokenizer(str(policy)), load_tokenizer(str(folder)))
+    if difference:
+        raise ValueError(f"dpo.reference_model {spec!r} does not read text as the policy does ({policy}): "
+                         f"{difference}: give a model with the policy's tokenizer, or leave dpo.reference_model empty")
+
+
 def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: frozenset[str] = frozenset()) -> None:
     """Check what `train` (TrainConfig.to_dict()) names. `local`: field -> the file or folder on this
     machine that the run reads for it; `skip`: fields whose files are made later (the demo's). A
     value not in `local` is a node path, an s3:// URI or a hub id. ValueError for the first problem."""
     data, model = train["data"], train["model"]
     if "data.path" in local and "data.path" not in skip:
-        check_records(local["data.path"], data)
+        check_records(local["data.path"], data, objective=train.get("objective") or "sft")
     name = str(model["name_or_path"])
     if "model.name_or_path" in local and "model.name_or_path" not in skip:
         folder = check_model_folder(local["model.name_or_path"], spec=name, what="model.name_or_path")
@@ -139,6 +160,8 @@ def check_inputs(train: dict, *, local: Mapping[str, Path], hub: bool, skip: fro
         cached = cache_root(train.get("cache_dir") or "") / entry_name("hub", name, model.get("revision") or "default")
         if hub and not cached.is_dir():
             check_hub(name, kind="models", what="hub model", revision=model.get("revision") or "")
+    if "dpo.reference_model" in local:
+        _check_reference_model(train, local=local)
     tokenizer = str(data.get("tokenizer") or "")
     if tokenizer and _records_data(train):
         if "data.tokenizer" in local:

@@ -416,6 +416,12 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     inputs = demo.plan_demo_inputs(run_dir, preset_name=args.preset, overrides=args.set)
     base = preset(args.preset)
     cfg = with_overrides(base, [*inputs.overrides, *user_overrides(base.to_dict(), args.set), "transport.expect=any"])
+    if not inputs.model:  # model.name_or_path naming a run (an SFT run for DPO): its model
+        from workloads.train.starting import with_starting_model
+
+        cfg, started = with_starting_model(cfg)
+        if started:
+            say(started)
     train = resolved_for_local_run(cfg.to_dict(), cwd=Path.cwd(), made=inputs.fields)
     local = local_inputs(train, cwd=Path.cwd(), made=inputs.fields)
     check_inputs(train, local=local, hub=True)

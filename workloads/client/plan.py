@@ -57,6 +57,8 @@ def step_model(cfg, arch, memory_settings, *, kind: str):
     attention = 12.0 * arch.layers * arch.heads * arch.head_dim * cfg.seq_len
     flops = flops_per_token(n_params=total, frozen_params=frozen, n_layers=arch.layers, n_heads=arch.heads,
                             head_dim=arch.head_dim, seq_len=cfg.seq_len)
+    if cfg.objective == "dpo" and cfg.dpo.reference == "model":  # the reference's forward, every step
+        flops += 2.0 * total + attention / 3
     shape = ModelShape(layers=arch.layers, params_per_layer=per_layer, root_params=root, flops_per_token=flops,
                        trained_per_layer=trained_layer, trained_root=trained_root,
                        forward_flops_per_token=2.0 * total + attention / 3)
@@ -91,7 +93,8 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     cfg, run = sized, fit.cfg  # run: the micro-batch and micro-steps the target's ranks train with
     world = target.world_size
     plan = {
-        "preset": preset_name, "model": cfg.model.name_or_path, "method": cfg.method,
+        "preset": preset_name, "model": cfg.model.name_or_path, "method": cfg.method, "objective": cfg.objective,
+        "reference": reference_kind(cfg),
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "activation_offloading": cfg.model.activation_offloading,
         "offloading_turned_on": turned_on,
@@ -133,9 +136,22 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     return plan
 
 
+def reference_kind(cfg) -> "str | None":
+    """How a preference objective's reference is had (None for SFT), as `plan` says it."""
+    if cfg.objective != "dpo":
+        return None
+    if cfg.dpo.reference == "precomputed":
+        return "precomputed before step 1"
+    if cfg.dpo.reference_model:
+        return f"a frozen copy of {cfg.dpo.reference_model}"
+    return "the adapters switched off" if cfg.method == "lora" else "a frozen copy"
+
+
 def format_plan(plan: dict) -> str:
     memory, speed = plan["memory"], plan["speed"]
     method = "LoRA" if plan["method"] == "lora" else "full fine-tune"
+    if plan.get("objective") == "dpo":
+        method = f"DPO, {method} (reference: {plan['reference']})"
     extra = ", activation checkpointing" if plan["activation_checkpointing"] else ""
     if plan["activation_offloading"]:
         extra += (" and offloading (turned on: without it the run does not fit)" if plan["offloading_turned_on"]

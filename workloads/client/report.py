@@ -11,7 +11,7 @@ import collections
 import json
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -160,6 +160,11 @@ def format_record(record: dict, *, total_steps: Optional[int] = None) -> str:
         text += f"  {float(record[RATE_KEY]):,.0f} tokens/s/worker"
     if record.get("mfu") is not None:
         text += f"  MFU {100 * float(record['mfu']):.1f}%"
+    if record.get("rewards/margins") is not None:  # a preference objective's (TRL's names)
+        text += (f"  margin {float(record['rewards/margins']):.4f}  accuracy "
+                 f"{float(record['rewards/accuracies']):.2f}")
+    if record.get("eval_rewards/accuracies") is not None:
+        text += f"  eval accuracy {float(record['eval_rewards/accuracies']):.2f}"
     return text
 
 
@@ -174,6 +179,11 @@ def format_data(record: dict) -> Optional[str]:
     if "records" not in record:
         return None
     held = f", {record['held_out']} held out for the eval loss" if record.get("held_out") else ""
+    if record.get("objective") == "dpo":
+        line = (f"{record['records']} preference records{held}: {record.get('pairs', '?')} pairs in "
+                f"{record.get('rows', '?')} rows of {record.get('seq_len', '?')} tokens (a pair's two sequences share "
+                f"a row), {record.get('label_tokens', '?')} answer tokens")
+        return f"{line}; {record['pairs_note']}" if record.get("pairs_note") else line
     line = (f"{record['records']} records{held}: {record.get('examples', '?')} examples in {record.get('rows', '?')} "
             f"rows of {record.get('seq_len', '?')} tokens, {record.get('label_tokens', '?')} tokens to learn")
     truncated, dropped = int(record.get("truncated") or 0), int(record.get("dropped") or 0)
@@ -265,6 +275,9 @@ class Curves:
     """Learning rate of the logged steps."""
     warmup: Optional[tuple[int, int]] = None
     """The run's learning-rate warm-up steps (first, last) that the plot covers; None when none is."""
+    preference: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """A preference objective's rewards/margins and rewards/accuracies (and their eval_ values) by
+    name, for a second panel; empty for SFT."""
 
 
 def curves(records: list[dict], *, final: Optional[dict] = None, warmup_steps: int = 0) -> Curves:
@@ -278,7 +291,13 @@ def curves(records: list[dict], *, final: Optional[dict] = None, warmup_steps: i
         eval_loss=[(int(r["step"]), float(r["eval_loss"])) for r in records if r.get("eval_loss") is not None],
         lr=[(int(r["step"]), float(r["lr"])) for r in records if r.get("lr") is not None],
         warmup=(first_step, warmup_steps) if warmup_steps >= first_step else None,
+        preference={name: points for name in PREFERENCE_PANEL
+                    if (points := [(int(r["step"]), float(r[name])) for r in records if r.get(name) is not None])},
     )
+
+
+PREFERENCE_PANEL = ("rewards/margins", "eval_rewards/margins", "rewards/accuracies", "eval_rewards/accuracies")
+"""What the loss plot's second panel shows of a preference objective's metrics."""
 
 
 def draw_curves(series: Curves, *, title: str):
@@ -290,7 +309,12 @@ def draw_curves(series: Curves, *, title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.4), dpi=100)
+    if series.preference:
+        fig, (ax, rewards) = plt.subplots(2, 1, figsize=(7, 7.4), dpi=100, sharex=True,
+                                          gridspec_kw={"height_ratios": (3, 2)})
+        _draw_preference(rewards, series.preference)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.4), dpi=100)
     lines = ax.plot(*zip(*series.loss), marker="o", markersize=3, label="training loss")
     if series.eval_loss:
         lines += ax.plot(*zip(*series.eval_loss), marker="s", markersize=4, label="eval loss")
@@ -310,8 +334,27 @@ def draw_curves(series: Curves, *, title: str):
         lr_axis.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     fig.legend(lines, [line.get_label() for line in lines], loc="lower center", ncol=len(lines), frameon=False)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.07 if not series.preference else 0.04, 1, 1))
     return fig
+
+
+def _draw_preference(ax, series: dict[str, list[tuple[int, float]]]) -> None:
+    """Reward margins (left axis) and accuracies (right axis, 0 to 1), training and held-out."""
+    for name in ("rewards/margins", "eval_rewards/margins"):
+        if name in series:
+            ax.plot(*zip(*series[name]), marker="o" if name.startswith("rewards") else "s", markersize=3, label=name)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_ylabel("reward margin")
+    ax.set_xlabel("step")
+    ax.grid(True, alpha=0.3)
+    accuracy = ax.twinx()
+    for name in ("rewards/accuracies", "eval_rewards/accuracies"):
+        if name in series:
+            accuracy.plot(*zip(*series[name]), linestyle="--", marker=".", label=name)
+    accuracy.set_ylim(0, 1)
+    accuracy.set_ylabel("reward accuracy")
+    handles = ax.get_legend_handles_labels()[0] + accuracy.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower right", fontsize=8, frameon=False)
 
 
 def _label_log_axis(ax) -> None:

@@ -170,6 +170,7 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str, ta
     largest the target's GPU memory takes (its rows per step stay), unless --set gives one."""
     from workloads.client.fit import sized_for
     from workloads.train.config import TrainConfig, preset, with_overrides
+    from workloads.train.starting import with_starting_model
 
     if args.config is not None:
         try:
@@ -179,6 +180,7 @@ def _train_config(args: argparse.Namespace, *, expect: str, preset_name: str, ta
     else:
         cfg = preset(preset_name)
     cfg = with_overrides(cfg, [*user_overrides(cfg.to_dict(), args.set), f"transport.expect={expect}"])
+    cfg, _ = with_starting_model(cfg)  # model.name_or_path naming a run: its model (workloads/train/starting.py)
     if target is not None and args.config is None and "micro_batch" not in given_keys(args.set):
         cfg = sized_for(cfg, target, cwd=Path.cwd())
     return cfg.to_dict()

@@ -65,6 +65,23 @@ def toy_conversations(count: int, *, seed: int = 0) -> list[dict]:
     return records
 
 
+def toy_preference_pairs(count: int, *, seed: int = 0) -> list[dict]:
+    """`count` preference records in TRL's conversational shape ({"prompt", "chosen", "rejected"}):
+    a toy question, some with a system prompt; the chosen answer follows the rule (the right capital,
+    the right opposite), the rejected one is another of the same kind."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(count):
+        prompt = [{"role": "system", "content": SYSTEM_PROMPT}] if rng.random() < 0.3 else []
+        question, answer = _question_answer(rng)
+        kind = CAPITALS if "capital" in question else {k: v.capitalize() for k, v in OPPOSITES.items()}
+        wrong = rng.choice(sorted(f"{v}." for v in kind.values() if f"{v}." != answer))
+        prompt.append({"role": "user", "content": question})
+        records.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": answer}],
+                        "rejected": [{"role": "assistant", "content": wrong}]})
+    return records
+
+
 def _toy_texts() -> list[str]:
     """Every sentence the toy conversations can contain, with the role names."""
     texts = [SYSTEM_PROMPT, "system\nuser\nassistant\n"]

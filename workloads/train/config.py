@@ -58,11 +58,20 @@ class ModelConfig:
     every layer's. CUDA only (on the CPU nothing moves); the loss and gradients are those without it.
     `plan` and the fit check turn it on where a run would not fit otherwise, and say so."""
 
+    adapter: str = "merge"
+    """Where name_or_path is a LoRA run (or its exported model) and method is "lora": "merge" starts
+    from its merged weights; "stack" starts from its base model with its adapter loaded beneath the
+    new ones and kept frozen (`lora.stacked_adapter`; the reference of a preference objective is
+    then the base with that adapter). workloads/model_io/run_model.py finds what a run names."""
+
     def __post_init__(self) -> None:
         if self.activation_offloading and not self.activation_checkpointing:
             raise ValueError("model.activation_offloading moves what each checkpointed layer keeps to host memory, "
                              "and model.activation_checkpointing is false: set "
                              "model.activation_checkpointing=true as well, or model.activation_offloading=false")
+        if self.adapter not in ("merge", "stack"):
+            raise ValueError(f"model.adapter is {self.adapter!r}: use 'merge' (a LoRA run's merged weights) or 'stack' "
+                             "(its base with its adapter kept beneath the new ones)")
         if not self.name_or_path.strip():
             raise ValueError(
                 f"model.name_or_path is empty: use one of {', '.join(NAMED_ARCHITECTURES)}, "
@@ -156,6 +165,10 @@ class LoraSettings:
     """Names of the linear modules that get adapters (the last part of their path, e.g. q_proj);
     empty: every linear layer of the decoder layers (for Qwen2: q, k, v, o, gate, up and down)."""
 
+    stacked_adapter: str = ""
+    """A peft adapter folder (local or s3://) loaded beneath the trained adapters and kept frozen: an
+    SFT run's, which `model.adapter: stack` sets from the run. Empty: none."""
+
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or self.rank < 1:
             raise ValueError(f"lora.rank is {self.rank}: use a positive rank such as 16")
@@ -166,6 +179,71 @@ class LoraSettings:
         if not all(isinstance(m, str) and m.strip() for m in self.target_modules):
             raise ValueError(f"lora.target_modules is {list(self.target_modules)}: give module names such as "
                              '["q_proj", "v_proj"], or [] for every linear layer of the decoder')
+
+
+OBJECTIVES = ("sft", "dpo")
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+DPO_REFERENCES = ("model", "precomputed")
+PREFERENCE_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                      "logps/rejected")
+"""A preference objective's step metrics (TRL's names): means over the step's pairs; `eval_` + each on
+the held-out pairs (workloads/train/preference.py)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DpoSettings:
+    """Direct preference optimization (`objective: dpo`; workloads/train/preference.py), with TRL's
+    names: each record is a prompt with a chosen and a rejected answer, and the loss raises the
+    policy's log-probability ratio to the reference of the chosen answer over the rejected one."""
+
+    beta: float = 0.1
+    """How far the policy may move from the reference: the rewards are beta * (log pi - log pi_ref)
+    of each answer (for IPO, the regularization tau)."""
+
+    loss_type: str = "sigmoid"
+    """"sigmoid": DPO's -log sigmoid(beta * margin); "ipo": IPO's (margin / answer tokens - 1 /
+    (2 beta))^2, the margins averaged per answer token as TRL computes it."""
+
+    label_smoothing: float = 0.0
+    """cDPO: the share of pairs whose preference is taken to be flipped, so the sigmoid loss is
+    -(1 - e) log sigmoid(beta * margin) - e log sigmoid(-beta * margin); 0: plain DPO."""
+
+    rpo_alpha: float = 0.0
+    """The weight of an SFT term, the mean negative log-likelihood of the chosen answers' tokens,
+    added to the loss (RPO; TRL's loss_type ["sigmoid", "sft"] with loss_weights [1, rpo_alpha]); 0: none."""
+
+    reference: str = "model"
+    """Where the reference log-probabilities come from. "model": computed at each step, by the
+    policy with its adapters switched off for method "lora" (no second copy), by a frozen sharded
+    copy of the starting model for method "full"; "precomputed": one pass of the starting model
+    over every pair before the first step, kept with the run's checkpoints (no reference in memory
+    while training; `plan` shows the memory of each)."""
+
+    reference_model: str = ""
+    """The model whose log-probabilities are the reference, when it is not the one training starts
+    from (TRL's ref_model): a hub id, an s3:// prefix or a model folder, reading text with the
+    policy's tokenizer (checked before the run starts). Empty: the starting model (or, for LoRA, the
+    policy with its adapters off). A frozen sharded copy of it, or the table it precomputes."""
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"dpo.beta is {self.beta}: use a positive value such as 0.1")
+        if self.reference_model in NAMED_ARCHITECTURES:
+            raise ValueError(f"dpo.reference_model is {self.reference_model!r}, a named architecture (random weights): "
+                             "give a pretrained model (hub id, s3:// prefix or folder), or leave it empty for the "
+                             "starting model")
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"dpo.loss_type is {self.loss_type!r}: use one of {', '.join(DPO_LOSS_TYPES)}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"dpo.label_smoothing is {self.label_smoothing}: use a share in [0, 0.5), e.g. 0.1")
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise ValueError(f"dpo.label_smoothing is {self.label_smoothing} but dpo.loss_type is "
+                             f"{self.loss_type!r}: label smoothing (cDPO) applies to the sigmoid loss; set one or "
+                             "the other")
+        if not self.rpo_alpha >= 0:
+            raise ValueError(f"dpo.rpo_alpha is {self.rpo_alpha}: use 0 (no SFT term) or a positive weight such as 1")
+        if self.reference not in DPO_REFERENCES:
+            raise ValueError(f"dpo.reference is {self.reference!r}: use one of {', '.join(DPO_REFERENCES)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +322,13 @@ class TrainConfig:
 
     lora: LoraSettings = field(default_factory=LoraSettings)
     """The adapters, with method "lora" (ignored otherwise)."""
+
+    objective: str = "sft"
+    """What the loss trains for: "sft", the next-token loss on the records' answers (or whole
+    texts); "dpo", preference pairs (`dpo`; records of a prompt, a chosen and a rejected answer)."""
+
+    dpo: DpoSettings = field(default_factory=DpoSettings)
+    """The preference loss and its reference, with objective "dpo" (ignored otherwise)."""
 
     seq_len: int = 64
     """Tokens per sample."""
@@ -404,7 +489,20 @@ class TrainConfig:
                              "set eval_every (e.g. 50) and a held-out share (data.eval_fraction)")
         if self.method not in METHODS:
             raise ValueError(f"method is {self.method!r}: use one of {', '.join(METHODS)}")
+        self._check_objective()
         self._check_parallelism()
+
+    def _check_objective(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective is {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
+        if self.objective != "dpo":
+            return
+        if self.data.format != "auto":
+            raise ValueError(f'data.format is {self.data.format!r} but objective is "dpo", which reads preference '
+                             "records (prompt/chosen/rejected, strings or conversations): leave data.format at auto")
+        if self.seq_len < 4:
+            raise ValueError(f'seq_len is {self.seq_len}: with objective "dpo" a row holds a pair\'s two sequences, '
+                             "each up to seq_len / 2 positions: use at least 4 (e.g. 4096)")
 
     def _check_parallelism(self) -> None:
         if self.parallelism not in ("auto", "fsdp", "hsdp"):
@@ -578,6 +676,14 @@ def _demo_cpu() -> TrainConfig:
     )
 
 
+def _demo_cpu_dpo() -> TrainConfig:
+    # The demo's DPO variant (`run --local --preset demo-cpu-dpo`): the demo writes the toy model and
+    # toy preference pairs whose chosen answer follows a rule (workloads/client/demo.py); on its own,
+    # generated token-id pairs. Each sequence is under 40 positions: rows of 128 hold two pairs or so.
+    return dataclasses.replace(_demo_cpu(), objective="dpo", seq_len=128, micro_batch=4, steps=60, lr=1e-2,
+                               checkpoint_every=30, log_every=10, eval_every=20, eval_batches=4)
+
+
 def _qwen25_1_5b_synthetic() -> TrainConfig:
     return TrainConfig(
         model=ModelConfig(name_or_path="qwen2.5-1.5b"),
@@ -668,20 +774,61 @@ def _qwen25_7b() -> TrainConfig:
     )
 
 
+DEFAULT_PREFERENCE_DATASET = "trl-lib/ultrafeedback_binarized"
+"""What the DPO presets train on: UltraFeedback's binarized pairs in TRL's conversational shape (MIT)."""
+QWEN25_1_5B_INSTRUCT = "Qwen/Qwen2.5-1.5B-Instruct"
+DPO_SEQ_LEN = 4096
+"""Rows of the DPO presets: a pair's two sequences share a row, each up to 2,048 positions."""
+DPO_ROWS_PER_STEP = 48
+"""Rows per optimizer step of the DPO presets: about 140 UltraFeedback pairs (about 2.9 to a row)."""
+
+
+def _qwen25_1_5b_dpo() -> TrainConfig:
+    # DPO of Qwen2.5-1.5B-Instruct (or an SFT run of it: --set model.name_or_path=RUN) on UltraFeedback,
+    # full fine-tune with a frozen bf16 copy as the reference. Rows of 4,096 positions hold a pair's
+    # two sequences; 8 of them are the 32,768 tokens of the SFT preset's 16 x 2,048. On 80 GB GPUs and,
+    # sized by `submit`'s memory model to a smaller micro-batch, on 2 x g6.12xlarge (8 L4): 48 rows per
+    # step on either. One pass over 20,000 pairs in about 140 steps; lr 5e-7 and beta 0.1 as the
+    # alignment handbook's DPO recipes.
+    return dataclasses.replace(
+        _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_1_5B_INSTRUCT), objective="dpo",
+        dpo=DpoSettings(beta=0.1), data=DataConfig(kind="hub", path=DEFAULT_PREFERENCE_DATASET, split="train",
+                                                    max_examples=20_000, eval_fraction=0.02),
+        seq_len=DPO_SEQ_LEN, micro_batch=8, rows_per_step=DPO_ROWS_PER_STEP, steps=140, lr=5e-7, warmup_steps=10,
+        reshard_after_forward=True, eval_every=25,
+    )
+
+
+def _qwen25_7b_lora_dpo_24gb() -> TrainConfig:
+    # LoRA DPO of Qwen2.5-7B-Instruct on one g6.12xlarge (4 L4): the reference is the model with its
+    # adapters switched off (no second copy); each decoder layer checkpointed, micro-batches of 4 rows of
+    # 4,096 (the 16,384 tokens of the LoRA SFT preset's 8 x 2,048), 3 micro-steps x 4 ranks = 48 rows.
+    return dataclasses.replace(
+        _qwen25_1_5b_dpo(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
+        method="lora", lora=LoraSettings(rank=16, alpha=32.0), micro_batch=4, lr=5e-6,
+    )
+
+
 PRESETS = {
     "demo-cpu": _demo_cpu,
+    "demo-cpu-dpo": _demo_cpu_dpo,
     "qwen2.5-1.5b": _qwen25_1_5b,
     "qwen2.5-1.5b-24gb": _qwen25_1_5b_24gb,
     "qwen2.5-1.5b-synthetic": _qwen25_1_5b_synthetic,
     "qwen2.5-7b": _qwen25_7b,
     "qwen2.5-7b-24gb": _qwen25_7b_24gb,
     "qwen2.5-7b-lora-24gb": _qwen25_7b_lora_24gb,
+    "qwen2.5-1.5b-dpo": _qwen25_1_5b_dpo,
+    "qwen2.5-7b-lora-dpo-24gb": _qwen25_7b_lora_dpo_24gb,
 }
 """demo-cpu: the tiny model on CPU (`make demo`); qwen2.5-1.5b(-24gb): the fine-tune of the
 pretrained model on the hub dataset, for 80 GB (24 GB) GPUs; qwen2.5-1.5b-synthetic: the same
 shape with random weights on synthetic tokens, for benchmarks and GPU checks without a network;
 qwen2.5-7b: the full fine-tune of Qwen2.5-7B-Instruct on 80 GB GPUs; qwen2.5-7b-24gb: the same on
-2 x g6.12xlarge (8 x 24 GB); qwen2.5-7b-lora-24gb: its LoRA fine-tune on one g6.12xlarge."""
+2 x g6.12xlarge (8 x 24 GB); qwen2.5-7b-lora-24gb: its LoRA fine-tune on one g6.12xlarge;
+demo-cpu-dpo: the demo's DPO variant; qwen2.5-1.5b-dpo: DPO of Qwen2.5-1.5B-Instruct on UltraFeedback
+pairs (full, reference a frozen copy; 80 GB GPUs or 2 x g6.12xlarge); qwen2.5-7b-lora-dpo-24gb: LoRA
+DPO of Qwen2.5-7B-Instruct on one g6.12xlarge."""
 
 MODEL_SIZES = ("1.5b", "7b")
 """The model sizes `submit --model-size` chooses presets for."""

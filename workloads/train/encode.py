@@ -117,3 +117,16 @@ def end_of_turn_id(tokenizer) -> Optional[int]:
         if start <= s < end and token in special:
             return token
     return None
+
+
+def tokenizer_difference(tokenizer, other) -> Optional[str]:
+    """How `other` reads text differently from `tokenizer` (their vocabularies: another token id for a
+    token, or tokens only one has), or None when they are the same."""
+    mine, theirs = tokenizer.get_vocab(), other.get_vocab()
+    if mine == theirs:
+        return None
+    moved = sorted(t for t in mine.keys() & theirs.keys() if mine[t] != theirs[t])
+    only = sorted(mine.keys() ^ theirs.keys())
+    example = (f"{moved[0]!r} is token {mine[moved[0]]} in one and {theirs[moved[0]]} in the other" if moved
+               else f"{only[0]!r} is in only one of them")
+    return f"{len(moved)} token(s) have other ids and {len(only)} are in one vocabulary only ({example})"

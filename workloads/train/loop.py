@@ -29,9 +29,9 @@ from workloads.model_io.export import MODEL_DIR, ModelMetadata, generation_confi
 from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig
-from workloads.train.data import Batch, Data, batches, build_data, eval_batches, reading_of_data, samples_per_step
+from workloads.train.data import Batch, Data, reading_of_data, samples_per_step
 from workloads.train.encode import load_tokenizer
-from workloads.train.loss import IGNORE_INDEX, LinearCrossEntropy, choose_implementation
+from workloads.train.loss import IGNORE_INDEX
 from workloads.train.model import (
     CausalLMWithLoss,
     Shape,
@@ -42,10 +42,11 @@ from workloads.train.model import (
     shape_of,
 )
 from workloads.train.method import FineTuneMethod, FullFineTune, method_for, trainable_parameters
+from workloads.train.objective import Objective, objective_for
+from workloads.train.starting import with_starting_model
 from workloads.train.optim import build_optimizer, schedule
 from workloads.train.elastic import ELASTIC_PREFIX, accumulation_for
 from workloads.train.preemption import PREEMPTION_PREFIX, PreemptionWatch, notice_record
-from workloads.train.step import train_step
 from workloads.train.paths import resolve_path
 from workloads.train.parallel import (
     GradientSync,
@@ -79,22 +80,19 @@ def fetch_pretrained(cfg: TrainConfig) -> Optional[Path]:
 
 def build_model(
     cfg: TrainConfig, *, device: torch.device, pretrained: Optional[Path] = None,
-    method: Optional[FineTuneMethod] = None,
+    method: Optional[FineTuneMethod] = None, objective: Optional[Objective] = None,
 ) -> tuple[CausalLMWithLoss, Shape]:
     """Random weights for a named architecture; for a pretrained folder, parameters on the meta
     device, to be filled after sharding (`load_weights`). Then the method adapts it (LoRA's
-    adapters); the shape is the base model's."""
+    adapters) and the objective wraps it (the SFT loss, or a preference objective's log-probs);
+    the shape is the base model's."""
     if pretrained is None:
         lm = build_causal_lm(cfg.model, device=device, seed=cfg.seed)
     else:
         lm = causal_lm_on_meta(model_config(cfg.model, pretrained=pretrained))
     shape = shape_of(lm)
     (method or method_for(cfg)).adapt(lm, mixed_precision=cfg.mixed_precision, seed=cfg.seed)
-    loss = LinearCrossEntropy(
-        implementation=choose_implementation(fused=cfg.fused_linear_ce, device=device),
-        chunk_size=cfg.loss_chunk_size,
-    )
-    return CausalLMWithLoss(lm, loss=loss), shape
+    return (objective or objective_for(cfg)).wrap(lm, device=device), shape
 
 
 def node_of_each_rank(ctx: TrainContext, *, device: torch.device) -> list[int]:
@@ -193,10 +191,11 @@ def model_metadata(cfg: TrainConfig, *, config, pretrained: Optional[Path], data
 
 
 def device_batches(
-    source, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, position: int
+    source, cfg: TrainConfig, *, ctx: TrainContext, device: torch.device, position: int,
+    objective: Optional[Objective] = None,
 ) -> Iterator[Batch]:
     on_cuda = device.type == "cuda"
-    for batch in batches(
+    for batch in (objective or objective_for(cfg)).batches(
         source,
         position=position,
         micro_batch=cfg.micro_batch,
@@ -221,9 +220,11 @@ def save_checkpoint(
     planned_world_size: int = 0,
     hub_revisions: Optional[dict[str, str]] = None,
     eval_loss: Optional[float] = None,
+    objective: Optional[Objective] = None,
 ) -> Path:
     """Save the sharded state (what the method keeps); rank 0 adds `model/` (config, generation
-    config, tokenizer) and, with `export_weights`, the method's export of the weights there."""
+    config, tokenizer) and, with `export_weights`, the method's export of the weights there, and
+    what the objective keeps (a precomputed reference)."""
     method = method or FullFineTune()
     folder = checkpoint.checkpoint_dir(ctx.scratch_dir, step=step)
     progress = checkpoint.Progress(step=step, data_position=data_position, world_size=ctx.world_size,
@@ -236,23 +237,9 @@ def save_checkpoint(
         method.write_metadata(folder / MODEL_DIR)
     if export_weights:
         method.write_export(model.lm, folder / MODEL_DIR, dtype=metadata.dtype, writer_rank=ctx.rank == 0)
+    if objective is not None:
+        objective.save(folder, writer_rank=ctx.rank == 0)
     return folder
-
-
-def evaluate(model: CausalLMWithLoss, held_out: list[Batch], *, device: torch.device) -> float:
-    """The mean loss over every held-out label, all ranks together (a collective)."""
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
-    one = torch.ones((), dtype=torch.int64, device=device)
-    model.eval()
-    with torch.no_grad():
-        for batch in held_out:
-            batch = batch.to(device)
-            # divisor 1: the summed loss (a batch of ignored surplus samples adds nothing).
-            total = model(batch.input_ids, batch.labels, batch.position_ids, divisor=one, **batch.attention())
-            totals += torch.stack([total.double(), (batch.labels != IGNORE_INDEX).sum().double()])
-    model.train()
-    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    return (totals[0] / totals[1].clamp(min=1)).item()
 
 
 LEAK_RTOL = 1e-4
@@ -277,8 +264,9 @@ def packed_attention_leaks(model: CausalLMWithLoss, batch: Batch, *, vocab_size:
         break
     model.eval()
     with torch.no_grad():
-        before = model(batch.input_ids, labels, batch.position_ids, **batch.attention())
-        after = model(altered, labels, batch.position_ids, **batch.attention())
+        # The sum: one value for the SFT loss and a preference objective's per-token log-probs alike.
+        before = model(batch.input_ids, labels, batch.position_ids, **batch.attention()).sum()
+        after = model(altered, labels, batch.position_ids, **batch.attention()).sum()
     model.train()
     leak = torch.tensor(
         [float(judged and abs(after.item() - before.item()) > LEAK_RTOL * max(1.0, abs(before.item())))],
@@ -374,6 +362,9 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     cfg, kept = resumed.keep_hub_revisions(cfg, saved)
     if ctx.rank == 0 and kept:
         print("\n".join(kept), flush=True)
+    cfg, started_from = with_starting_model(cfg)  # a run named by a path only the nodes see (the client does the rest)
+    if ctx.rank == 0 and started_from:
+        print(started_from, flush=True)
     nodes = nodes_in_run(ctx, device=device)
     started = time.perf_counter()
     pretrained = fetch_pretrained(cfg)
@@ -382,21 +373,21 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     vocab_size = config.vocab_size
     # Held out for the planned world size: an elastic run on fewer ranks splits its data the same way.
     eval_rows = cfg.eval_batches * cfg.micro_batch * planned_world_size if cfg.eval_every else 0
-    data = build_data(cfg.data, seq_len=cfg.seq_len, seed=cfg.seed, vocab_size=vocab_size,
-                      model_name_or_path=str(pretrained or cfg.model.name_or_path), eval_rows=eval_rows,
-                      cache_dir=cfg.cache_dir)
+    objective = objective_for(cfg)
+    data = objective.build_data(cfg, vocab_size=vocab_size, eval_rows=eval_rows, cache_dir=cfg.cache_dir,
+                                model_name_or_path=str(pretrained or cfg.model.name_or_path))
     print_rank0(ctx, DATA_PREFIX, {**data.stats, **reading_of_data(
         data.stats, steps=cfg.steps,
         rows_per_step=samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size))})
     if cfg.eval_every and data.eval is None:
         raise ValueError("eval_every is set but no data is held out: raise data.eval_fraction or set eval_every=0")
-    held_out = [] if data.eval is None else eval_batches(
+    held_out = [] if data.eval is None else objective.eval_batches(
         data.eval, rows=data.eval_rows, micro_batch=cfg.micro_batch, rank=ctx.rank, world_size=ctx.world_size,
         max_rows=cfg.eval_batches * cfg.micro_batch * planned_world_size)
 
     built = time.perf_counter()
     method = method_for(cfg)
-    model, shape = build_model(cfg, device=device, pretrained=pretrained, method=method)
+    model, shape = build_model(cfg, device=device, pretrained=pretrained, method=method, objective=objective)
     plan = mesh_plan(cfg, ctx=ctx, device=device, model=model)
     # Counted before sharding: the base's weights and the method's additions, and which train.
     all_params, trained_params = sum(p.numel() for p in model.parameters()), trainable_parameters(model)
@@ -414,12 +405,16 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     metadata = model_metadata(cfg, config=config, pretrained=pretrained, data=data)
     optimizer = build_optimizer(model, cfg, device=device)
     progress = resume(ctx, model=model, optimizer=optimizer, method=method)
+    objective.prepare(model, method=method, data=data, pretrained=pretrained, device=device,
+                      resume_from=ctx.latest_checkpoint() if progress.step else None, rank=ctx.rank,
+                      world_size=ctx.world_size)
     if ctx.planned_world_size or planned_world_size != ctx.world_size:  # says on how many ranks it goes on
         print_rank0(ctx, ELASTIC_PREFIX, {"world_size": ctx.world_size, "planned_world_size": planned_world_size,
                                           "nodes": nodes, "grad_accum_steps": cfg.grad_accum_steps,
                                           "samples_per_step": cfg.samples_per_rank_per_step * ctx.world_size,
                                           "resumed_from_step": progress.step, "parallelism": plan.kind})
-    stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position)
+    stream = device_batches(data.train, cfg, ctx=ctx, device=device, position=progress.data_position,
+                            objective=objective)
     first_batch = next(stream)
     if first_batch.position_ids is not None and packed_attention_leaks(model, first_batch, vocab_size=shape.vocab_size):
         raise RuntimeError(
@@ -438,7 +433,8 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         n_heads=shape.n_heads,
         head_dim=shape.head_dim,
         seq_len=cfg.seq_len,
-    )
+    ) + objective.extra_flops_per_token(n_params=shape.n_params, n_layers=shape.n_layers, n_heads=shape.n_heads,
+                                        head_dim=shape.head_dim, seq_len=cfg.seq_len)
     per_step = samples_per_step(micro_batch=cfg.samples_per_rank_per_step, world_size=ctx.world_size)
     peak_flops = metrics.device_peak_flops(device, configured=cfg.peak_flops)
     watch = PreemptionWatch(ctx.preemption_notice, every=cfg.preemption_check_every)
@@ -451,7 +447,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     for step in range(progress.step + 1, cfg.steps + 1):
         lr = schedule(cfg, step)
         micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
-        loss, grad_norm = train_step(model, optimizer, micro_batches, lr=lr, grad_clip=cfg.grad_clip, sync=sync)
+        loss, grad_norm = objective.step(model, optimizer, micro_batches, lr=lr, grad_clip=cfg.grad_clip, sync=sync)
         throughput.add(micro_batches)
         if first_loss is None:
             first_loss = loss
@@ -479,11 +475,13 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
             "peak_mem_gib": round(metrics.peak_memory_gib(device), 2),
             "mem_in_use_gib": round(metrics.memory_in_use_gib(device), 3),
             "grad_norm": grad_norm.item(),
+            **objective.step_metrics(),
         }
         best = False
         if eval_now:
-            eval_loss = evaluate(model, held_out, device=device)
-            last["eval_loss"] = eval_loss
+            evaluation = objective.evaluate(model, held_out, device=device)
+            eval_loss = evaluation["eval_loss"]
+            last.update(evaluation)
             best = cfg.checkpoint.keep_best and eval_loss < best_eval
             best_eval = min(best_eval, eval_loss)
         print_rank0(ctx, TRAIN_PREFIX, last)
@@ -494,7 +492,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
                                      metadata=metadata, export_weights=(final or best) and cfg.export_model,
                                      tracking_run_id=tracker.run_id, method=method,
                                      planned_world_size=planned_world_size, hub_revisions=resumed.hub_revisions(cfg),
-                                     eval_loss=eval_loss if eval_now else None)
+                                     eval_loss=eval_loss if eval_now else None, objective=objective)
             ctx.report(last, checkpoint_dir=folder)
             if notice is not None:
                 print_rank0(ctx, PREEMPTION_PREFIX, notice_record(notice, step=step, seen_unix_s=notice_seen,
@@ -532,6 +530,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         "rows_per_step": per_step,
         "loss_implementation": model.loss.implementation,
         **method.describe(),
+        **objective.describe(),
         "trained_params": trained_params,
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "activation_offloading": cfg.model.activation_offloading and device.type == "cuda",

@@ -18,10 +18,11 @@ loaded into the shards, for a model built on the meta device), `saves_frozen` (c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
+from typing import ContextManager, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -43,6 +44,8 @@ ADAPTER_NAME = "default"
 """peft's name for the one adapter (it appears in parameter names: `lora_A.default.weight`)."""
 BASE_LAYER = ".base_layer"
 """What peft adds to the path of a wrapped linear layer's own weight and bias."""
+STACKED_NAME = "stacked"
+"""peft's name for an adapter stacked beneath the trained one (`lora.stacked_adapter`), kept frozen."""
 
 
 class FineTuneMethod(Protocol):
@@ -70,6 +73,11 @@ class FineTuneMethod(Protocol):
     def describe(self) -> dict:
         """For the run's summary and tracker."""
 
+    def untrained(self, lm: nn.Module) -> Optional[ContextManager]:
+        """A context in which `lm` computes as the model training started from, without a copy of
+        it (a preference objective's reference: workloads/train/reference.py); None where the
+        method has none (a full fine-tune changes every weight: its reference is a copy)."""
+
 
 @dataclass(frozen=True)
 class FullFineTune:
@@ -93,6 +101,9 @@ class FullFineTune:
 
     def describe(self) -> dict:
         return {"method": self.name}
+
+    def untrained(self, lm: nn.Module) -> Optional[ContextManager]:
+        return None
 
 
 def decoder_linear_names(lm: nn.Module) -> list[str]:
@@ -130,6 +141,10 @@ class LoraFineTune:
     """Adapter values made by `adapt` for a model on the meta device, to fill its shards with."""
     targets: list[str] = dataclasses.field(default_factory=list)
     """The adapted module names, resolved against the model by `adapt`."""
+    stacked: Optional[Path] = None
+    """The local folder of a peft adapter stacked beneath the trained one (an SFT run's), frozen: the
+    model computes W + its delta + the trained adapters' delta; its reference (`untrained`) is W +
+    its delta."""
 
     def peft_config(self, target_modules: list[str]):
         from peft import LoraConfig
@@ -159,12 +174,43 @@ class LoraFineTune:
                 module.reset_lora_parameters(ADAPTER_NAME, True)
                 for part, adapter in zip(("lora_A", "lora_B"), adapters):
                     self.initial[f"{module_name}.{part}.{ADAPTER_NAME}.weight"] = adapter.weight.detach().clone()
+        if self.stacked is not None:
+            self._stack(lm)
         if mixed_precision:
             # The frozen base computes in bf16 anyway (FSDP2's param dtype): keeping it in bf16 halves
             # its memory and leaves nothing for FSDP2 to cast. Tied weights are one parameter.
             for param in lm.parameters():
                 if not param.requires_grad:
                     param.data = param.data.to(torch.bfloat16)
+
+    def _stack(self, lm: nn.Module) -> None:
+        """Inject the stacked adapter as peft saved it, with its values, active beneath the trained
+        one and frozen (its values kept with `initial` for a model on the meta device)."""
+        from peft import LoraConfig, inject_adapter_in_model
+        from safetensors.torch import load_file
+
+        inject_adapter_in_model(LoraConfig.from_pretrained(str(self.stacked)), lm, adapter_name=STACKED_NAME)
+        saved = {}
+        for key, value in load_file(str(self.stacked / ADAPTER_WEIGHTS)).items():
+            # peft's names: base_model.model.<module>.lora_A.weight
+            module, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
+            saved[f"{module}.lora_{part.removesuffix('.weight')}.{STACKED_NAME}.weight"] = value
+        for module_name, module in lm.named_modules():
+            if STACKED_NAME not in getattr(module, "lora_A", {}):
+                continue
+            for part in ("lora_A", "lora_B"):
+                adapter, name = getattr(module, part)[STACKED_NAME], f"{module_name}.{part}.{STACKED_NAME}.weight"
+                if name not in saved:
+                    raise ValueError(f"lora.stacked_adapter {self.stacked}: {ADAPTER_WEIGHTS} holds no tensor for "
+                                     f"{name.replace(f'.{STACKED_NAME}.', '.')}: it is not this model's adapter")
+                if adapter.weight.is_meta:
+                    adapter.to_empty(device="cpu")
+                    self.initial[name] = saved[name]
+                with torch.no_grad():
+                    adapter.weight.copy_(saved[name])
+            module._active_adapter = [ADAPTER_NAME, STACKED_NAME]
+        for name, param in lm.named_parameters():
+            param.requires_grad_(f".{ADAPTER_NAME}." in name)
 
     def fill_adapters(self, lm: nn.Module) -> None:
         if self.initial:
@@ -191,16 +237,18 @@ class LoraFineTune:
             owner, _, leaf = name.rpartition(".")
             module = adapted.get(owner.removesuffix(BASE_LAYER)) if owner.endswith(BASE_LAYER) else None
             if module is not None and leaf == "weight":
-                a = gathered(module.lora_A[ADAPTER_NAME].weight).float()
-                b = gathered(module.lora_B[ADAPTER_NAME].weight).float()
-                full = full.float() + (b @ a) * module.scaling[ADAPTER_NAME]
+                full = full.float()
+                for adapter in module.lora_A:  # the trained adapter, and one stacked beneath it
+                    a = gathered(module.lora_A[adapter].weight).float()
+                    b = gathered(module.lora_B[adapter].weight).float()
+                    full = full + (b @ a) * module.scaling[adapter]
             yield out_name, full
 
     def adapter_tensors(self, lm: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """The adapters, gathered, under the names peft's `save_pretrained` gives them."""
         state = named_tensors(lm)
         for name in tensor_aliases(lm):
-            if ".lora_" in name:
+            if ".lora_" in name and f".{ADAPTER_NAME}." in name:
                 peft_name = file_name(name).replace(f".{ADAPTER_NAME}.", ".")
                 yield f"base_model.model.{peft_name}", gathered(state[name])
 
@@ -218,10 +266,43 @@ class LoraFineTune:
     def describe(self) -> dict:
         return {"method": self.name, "lora": dataclasses.asdict(self.settings)}
 
+    def untrained(self, lm: nn.Module) -> ContextManager:
+        """The trained adapters switched off: each adapted layer computes its base layer alone, or
+        with the stacked adapter beneath. peft's own switches (`enable_adapters`, `set_adapter`) also
+        set the adapters' requires_grad, which FSDP2 fixed when it sharded them, so the layers'
+        flags are set directly."""
+        return _adapters_off(lm, keep=STACKED_NAME if self.stacked is not None else None)
+
+
+@contextlib.contextmanager
+def _adapters_off(lm: nn.Module, *, keep: Optional[str] = None) -> Iterator[None]:
+    layers = [module for module in lm.modules() if hasattr(module, "lora_A")]
+    active = [layer._active_adapter for layer in layers]
+    for layer in layers:
+        if keep is None:
+            layer._disable_adapters = True
+        else:
+            layer._active_adapter = [keep]
+    try:
+        yield
+    finally:
+        for layer, adapters in zip(layers, active):
+            layer._disable_adapters = False
+            layer._active_adapter = adapters
+
 
 def method_for(cfg: TrainConfig) -> FineTuneMethod:
     if cfg.method == "lora":
-        return LoraFineTune(settings=cfg.lora, base_model=cfg.model.name_or_path, base_revision=cfg.model.revision)
+        stacked = None
+        if cfg.lora.stacked_adapter:
+            from workloads.model_io.run_model import fetch_adapter
+            from workloads.train.paths import resolve_path
+
+            # hub_id_allowed: an s3:// URI passes through (a folder uploaded with the job is found).
+            spec = resolve_path(cfg.lora.stacked_adapter, field="lora.stacked_adapter", hub_id_allowed=True)
+            stacked = fetch_adapter(spec, cache_dir=cfg.cache_dir)
+        return LoraFineTune(settings=cfg.lora, base_model=cfg.model.name_or_path, base_revision=cfg.model.revision,
+                            stacked=stacked)
     return FullFineTune()
 
 

@@ -177,3 +177,11 @@ def hold_out(count: int, *, fraction: float, seed: int) -> set[int]:
         return set()
     n = min(count - 1, max(1, round(count * fraction)))
     return set(random.Random(seed).sample(range(count), n))
+
+
+def file_objects(path: Path, *, columns: list[str]) -> Iterator[tuple[str, object]]:
+    """Each object of a JSONL or Parquet file (only `columns` of a Parquet file) with its place,
+    `file:line` or `file:row N`: for readers of other kinds of records (preference pairs)."""
+    if not path.is_file():
+        raise ValueError(f"data file {str(path)!r} is not a file")
+    return _parquet_objects(path, columns=columns) if path.suffix == ".parquet" else _jsonl_objects(path)

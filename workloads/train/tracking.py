@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from workloads.context import TRACKING_PREFIX
-from workloads.train.config import TrackingConfig, TrainConfig
+from workloads.train.config import PREFERENCE_METRICS, TrackingConfig, TrainConfig
 
 if TYPE_CHECKING:  # both import torch, which the driver's use of this module does not need
     from workloads.train.checkpoint import Progress
@@ -55,6 +55,9 @@ STEP_METRICS = {
     "mfu": "mfu",
     "grad_norm": "grad_norm",
     "peak_mem_gib": "peak_mem_gib",
+    # A preference objective's (workloads/train/preference.py), under TRL's names.
+    **{name: name for name in PREFERENCE_METRICS},
+    **{f"eval_{name}": f"eval_{name}" for name in PREFERENCE_METRICS},
 }
 """The loop's step record keys -> the tracker's metric names."""
 
