@@ -45,6 +45,7 @@ from workloads.client.overrides import user_overrides
 from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
                                      write_report)
+from workloads.evaluate.settings import EXIT_GATE_FAILED
 from workloads.launch.task_history import TASK_HISTORY_ENV
 
 STARTED_MARK = "Ray runtime started"
@@ -419,7 +420,23 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     train, pinned = revisions.pin_hub_revisions(train, local=local)
     for line in pinned:
         say(line)
-    return train, inputs
+    return evaluated_locally(train, runs_dir=args.runs_dir, say=say), inputs
+
+
+def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None]) -> dict:
+    """The run's evaluation checked before the cluster starts (workloads/evaluate/stage.py), and its
+    base's scores kept beside the runs, where the next local run on the same base finds them."""
+    from workloads.evaluate.cache import CACHE_DIR
+    from workloads.evaluate.settings import HELDOUT_TASK, task_names
+    from workloads.evaluate.stage import check_before_training
+    from workloads.evaluate.tasks import hub_reachable
+
+    standard = any(task != HELDOUT_TASK for task in task_names(train["evaluate"]["tasks"]))
+    for note in check_before_training(train, network=hub_reachable() if standard else True):
+        say(f"evaluate: {note}")
+    if train["evaluate"]["cache"]:
+        return train
+    return {**train, "evaluate": {**train["evaluate"], "cache": str(runs_dir.resolve() / CACHE_DIR)}}
 
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -479,7 +496,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     except BaseException:
         update_run(run_dir, status="failed", ended=now())
         raise
-    update_run(run_dir, status="succeeded" if code == submit.EXIT_OK else "failed", ended=now())
+    status = "succeeded" if code == submit.EXIT_OK else "gate failed" if code == EXIT_GATE_FAILED else "failed"
+    update_run(run_dir, status=status, ended=now())
     return code
 
 
@@ -527,17 +545,22 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
         return outcome.exit_code or submit.EXIT_FAILED
     final = loop_summary(outcome.logs.splitlines())
     summary = summarize(outcome.records, final=final)
+    evaluation = show_evaluation(outcome.logs, run_dir=run_dir, console=console)
     json_path, png_path = write_report(run_dir, records=outcome.records, summary=summary, meta={
         "title": run_title(run_name, train, nodes=spec.nodes), "job_id": outcome.job_id,
         "status": outcome.status, "preset": args.preset, "config": train, "run_name": run_name,
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
-        "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()),
+        "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()), "evaluation": evaluation,
     }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     for warning in eval_warnings(outcome.records, data=(final or {}).get("data")):
         console.print(f"[bold yellow]warning[/] {warning}", highlight=False)
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
+    if outcome.exit_code == EXIT_GATE_FAILED:
+        console.print(f"[bold red]model[/]   not made the run's model ({run_dir / 'model'}): it missed its evaluation "
+                      f"gate; its checkpoint is kept in {run_dir / 'checkpoints'} (python -m workloads export "
+                      f"{run_dir} --out FOLDER takes it anyway)", highlight=False)
     if outcome.exit_code == submit.EXIT_OK:
         from workloads.model_io.toy import DEMO_PROMPT
 
@@ -548,6 +571,23 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
     show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",
                  console=console)
     return outcome.exit_code
+
+
+def show_evaluation(logs: str, *, run_dir: Path, console: Console) -> Optional[dict]:
+    """The job's evaluation (workloads/evaluate): its table on the console, its plot in the run's folder."""
+    from workloads.evaluate.report import EVALUATION_PLOT, format_evaluation, plot_evaluation
+    from workloads.evaluate.stage import evaluation_from_logs
+
+    record = evaluation_from_logs(logs)
+    if record is None:
+        return None
+    if record.get("rows"):
+        from rich.markup import escape
+
+        for line in format_evaluation(record).splitlines():
+            console.print(f"[bold]evaluate[/] {escape(line)}", highlight=False)
+        plot_evaluation(record, run_dir / EVALUATION_PLOT)
+    return record
 
 
 @contextmanager

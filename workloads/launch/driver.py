@@ -445,6 +445,28 @@ def tell_tracker_it_failed(train: dict) -> bool:
     return False
 
 
+def check_evaluation(train: dict) -> None:
+    """The evaluation the run asks for is possible, before any training (ValueError otherwise):
+    workloads/evaluate/stage.py."""
+    from workloads.evaluate.stage import check_before_training
+
+    for line in check_before_training(train):
+        _say(f"evaluate: {line}")
+
+
+def evaluate_trained(train: dict, *, checkpoint, plan: WorkerPlan) -> Optional[dict]:
+    """The stage after training on the workers the run held (workloads/evaluate/stage.py); its
+    `[evaluate] {...}` line tells the client the comparison and the gate. Never fails the job."""
+    from workloads.evaluate.stage import evaluate_after_training
+
+    location = checkpoint.path if checkpoint.filesystem.type_name == "local" else \
+        f"{checkpoint.filesystem.type_name}://{checkpoint.path}"
+    storage = location.rstrip("/").rpartition("/")[0].rpartition("/")[0]  # <storage>/<run>/<checkpoint>
+    _leave_a_removed_folder()
+    return evaluate_after_training(train, checkpoint_uri=location, storage_path=storage, use_gpu=plan.use_gpu,
+                                   cpus_per_unit=plan.cpus_per_worker, say=lambda line: _say(f"evaluate: {line}"))
+
+
 def checkpoint_config(train: dict, *, keep: int):
     """Ray Train's checkpoint retention: the `keep` newest, or with `checkpoint.keep_best` the `keep`
     of the lowest eval loss (Ray Train keeps the latest besides, for a resume)."""
@@ -487,6 +509,7 @@ def run(args: DriverArgs) -> int:
                                                  every_s=10.0)
         else:
             nodes = read_nodes()
+        check_evaluation(train)
         plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
         workers = worker_range(plan, min_nodes=args.min_nodes)
         _emit({"event": "plan", "run_name": args.run_name, **asdict(plan),
@@ -530,6 +553,7 @@ def run(args: DriverArgs) -> int:
                 _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
                 if result.checkpoint is not None:
                     tell_tracker_where(train, filesystem=result.checkpoint.filesystem, path=result.checkpoint.path)
+                    evaluate_trained(train, checkpoint=result.checkpoint, plan=plan)
                 return 0
     finally:
         ray.shutdown()
