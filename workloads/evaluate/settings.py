@@ -56,7 +56,9 @@ _RULE = re.compile(r"^\s*(?P<task>[^:\s]+)\s*:\s*(?P<metric>[^<>=\s]+)\s*(?P<op>
 def parse_gate(text: str) -> tuple[GateRule, ...]:
     """The rules of `evaluate.gate` (comma-separated); ValueError naming the one that does not parse."""
     rules = []
-    for part in (p for p in text.split(",") if p.strip()):
+    # Commas separate rules, and lm-eval names a filtered metric with one (exact_match,strict-match):
+    # a rule starts where a comma is followed by TASK:.
+    for part in (p for p in re.split(r",(?=\s*[^,:<>=\s]+\s*:)", text) if p.strip()):
         match = _RULE.match(part)
         if match is None:
             raise ValueError(f"evaluate.gate rule {part.strip()!r} does not parse: write TASK:METRIC>=base-0.01 "
