@@ -24,6 +24,10 @@
 #   docs/gpu/record.sh peers OUT   the loop against Hugging Face's Trainer (peft for LoRA) on the same chats:
 #                                  Qwen2.5-1.5B full at micro-batch 16 (30 steps), then Qwen2.5-7B LoRA r16 at
 #                                  micro-batch 8 (12 steps; needs peft and liger-kernel)
+#   docs/gpu/record.sh evaluate OUT  the evaluation stage (python -m workloads evaluate: tuned and base on RECORDS=300
+#                                  held-out chats, the base's cache) against lm-eval's own CLI on the same task folder,
+#                                  models and GPU, each timed end to end (workloads/bench/evaluate_peer.py; needs the
+#                                  wheels of docs/gpu/evaluate-wheels.sh). ARCH=tiny-qwen2 runs it on CPU as a dry run
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -156,5 +160,22 @@ peers)
       --set model.name_or_path=qwen2.5-7b --set model.activation_checkpointing=false --set rows_per_step=0 \
       --set grad_accum_steps=1 --set peak_flops=989e12 --out "$out/peers-7b-lora" "$@" 2>&1 | tee "$out/peers-7b-lora.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers OUT" >&2; exit 2 ;;
+evaluate)
+  # No hub here: two Qwen2.5-1.5B-shaped folders with random weights (bf16) and the toy tokenizer, the
+  # "tuned" one another seed of the base, and toy chats (workloads/model_io/toy.py). Random weights never
+  # end a turn, so every answer runs its 64 tokens: the generation's worst case, and the same work on
+  # both sides. OUT/figures.json: each command's seconds, the scores and the generation speed.
+  arch=${ARCH:-qwen2.5-1.5b} records=${RECORDS:-300} device=cuda
+  [ "$gpus" -gt 0 ] || device=cpu
+  for seed in 0 1; do
+    run python3 -m workloads.model_io.toy --architecture "$arch" --dtype bfloat16 --seed $seed --out "$out/model-$seed" \
+        --chat-jsonl "$out/chat.jsonl" --conversations $((records * 10)) 2>&1 | tee -a "$out/evaluate-make.txt"
+  done
+  run python3 -m workloads.bench.evaluate_peer --model "$out/model-1" --base "$out/model-0" --chats "$out/chat.jsonl" \
+      --records "$records" --device "$device" --out "$out/evaluate" 2>&1 | tee "$out/evaluate.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/evaluate.txt"
+  cp "$out/evaluate/figures.json" "$out/figures.json" 2>/dev/null
+  rm -rf "$out"/model-*/*.safetensors "$out"/evaluate/peer-*/*/*samples* "$out/evaluate/evaluation-cache"
+  ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|evaluate OUT" >&2; exit 2 ;;
 esac

@@ -63,11 +63,13 @@ def resolve_target(target: str, *, runs_dir: Path) -> tuple[Optional[Path], dict
     raise ValueError(f"{target!r} is neither a run in {runs_dir}, a run folder, a model folder nor a hub id")
 
 
-def evaluation_config(train: dict, args: argparse.Namespace) -> dict:
+def evaluation_config(train: dict, args: argparse.Namespace, *, tuned: str) -> dict:
+    """The run's config (a model outside a run: the defaults, the model as model.name_or_path) with
+    --tasks, --base and --set on top."""
     from workloads.client.overrides import user_overrides
     from workloads.train.config import TrainConfig, with_overrides
 
-    cfg = TrainConfig.from_dict(train) if train else TrainConfig()
+    cfg = TrainConfig.from_dict(train) if train else with_overrides(TrainConfig(), [f"model.name_or_path={tuned}"])
     sets = list(args.set)
     if args.tasks is not None:
         sets.append(f"evaluate.tasks={args.tasks}")
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
     from workloads.evaluate.tasks import hub_reachable
 
     run_dir, train, tuned = resolve_target(args.target, runs_dir=args.runs_dir)
-    train = evaluation_config(train, args)
+    train = evaluation_config(train, args, tuned=tuned)
     if run_dir is None and not train["evaluate"]["base"]:
         raise ValueError("a model outside a run needs --base (the model to compare it with)")
     standard = any(task != HELDOUT_TASK for task in task_names(train["evaluate"]["tasks"]))
