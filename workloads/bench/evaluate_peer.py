@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from workloads.evaluate.tasks import build_heldout_task
     from workloads.train.config import TrainConfig, with_overrides
 
-    train = with_overrides(TrainConfig(), sets).to_dict()
+    train = with_overrides(TrainConfig(), [f"model.name_or_path={args.model}", *sets]).to_dict()
     task = build_heldout_task(train, args.out / "task", tokenizer_folder=args.model)
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     for name, model in (("peer-tuned", args.model), ("peer-base", args.base)):
