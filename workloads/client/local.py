@@ -420,10 +420,11 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     train, pinned = revisions.pin_hub_revisions(train, local=local)
     for line in pinned:
         say(line)
-    return evaluated_locally(train, runs_dir=args.runs_dir, say=say), inputs
+    return evaluated_locally(train, runs_dir=args.runs_dir, say=say,
+                             base_made_later="model.name_or_path" in inputs.fields), inputs
 
 
-def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None]) -> dict:
+def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None], base_made_later: bool = False) -> dict:
     """The run's evaluation checked before the cluster starts (workloads/evaluate/stage.py), and its
     base's scores kept beside the runs, where the next local run on the same base finds them."""
     from workloads.evaluate.cache import CACHE_DIR
@@ -432,7 +433,8 @@ def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None]
     from workloads.evaluate.tasks import hub_reachable
 
     standard = any(task != HELDOUT_TASK for task in task_names(train["evaluate"]["tasks"]))
-    for note in check_before_training(train, network=hub_reachable() if standard else True):
+    for note in check_before_training(train, network=hub_reachable() if standard else True,
+                                      base_made_later=base_made_later and not train["evaluate"]["base"]):
         say(f"evaluate: {note}")
     if train["evaluate"]["cache"]:
         return train

@@ -230,7 +230,7 @@ def check_evaluation(train: dict, *, offline: bool, console: Console) -> None:
     cluster that cannot reach PyPI (--offline) cannot reach the hub's task datasets either."""
     from workloads.evaluate.stage import check_before_training
 
-    for note in check_before_training(train, network=not offline):
+    for note in check_before_training(train, network=not offline, evaluated_here=False):
         console.print(f"[bold cyan]evaluate[/] {note}", highlight=False)
 
 

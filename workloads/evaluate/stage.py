@@ -16,9 +16,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+# The driver imports this module before it connects to Ray, and with it every module of the project
+# the stage needs, at once: on a machine whose nodes share the job's working_dir, the workers' runtime
+# env can remove it while the job runs, and a module first imported after that is not found.
+from workloads.evaluate import harness, report, tasks  # noqa: F401
 from workloads.evaluate.compare import Score, compare, judge
 from workloads.evaluate.settings import HELDOUT_TASK, EvaluateConfig
 from workloads.evaluate.units import Models, Unit, plan_units, run_unit
+from workloads.model_io import sources, storage  # noqa: F401
+from workloads.train import checkpoint, tracking  # noqa: F401
 
 EVALUATE_PREFIX = "[evaluate] "
 """Prefix of the stage's lines in the job's log; `[evaluate] {...}` holds the result."""
@@ -77,10 +83,14 @@ def tasks_for(train: dict) -> tuple[tuple[str, ...], list[str]]:
     return tasks, notes
 
 
-def check_before_training(train: dict, *, network: Optional[bool] = None) -> list[str]:
+def check_before_training(train: dict, *, network: Optional[bool] = None, evaluated_here: bool = True,
+                          base_made_later: bool = False) -> list[str]:
     """What can be known before any GPU time: the tasks exist, each gate names a metric its task
     has, a hub task has a network to read it from, the base can be found, lm-eval is installed.
-    ValueError (one line) for a mistake; the notes to print otherwise."""
+    ValueError (one line) for a mistake; the notes to print otherwise. `evaluated_here`: this
+    machine's Python runs the evaluation (the driver, a local run); `submit` passes False: the job
+    installs lm-eval itself, and task names are checked here only when lm-eval is installed here.
+    `base_made_later`: the base is the model the demo writes just before the job."""
     from workloads.evaluate.tasks import check_tasks, hub_offline
 
     tasks, notes = tasks_for(train)
@@ -90,7 +100,7 @@ def check_before_training(train: dict, *, network: Optional[bool] = None) -> lis
 
     settings = TrainConfig.from_dict(train).evaluate
     base, _ = base_of(train)
-    if base:
+    if base and not base_made_later:
         from workloads.model_io.sources import check_model_folder, source_kind
 
         if source_kind(base, what="evaluate.base") == "local":
@@ -102,6 +112,8 @@ def check_before_training(train: dict, *, network: Optional[bool] = None) -> lis
     try:
         import lm_eval  # noqa: F401
     except ImportError:
+        if not evaluated_here:
+            return [*notes, "lm-eval is not installed here: the job checks the task names before it trains"]
         if settings.rules:
             raise ValueError("evaluate.gate needs lm-eval, which is not installed here: pip install -e "
                              "'.[evaluate]'") from None
