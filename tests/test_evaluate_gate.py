@@ -13,7 +13,8 @@ import pytest
 from workloads.client.outcome import EXIT_EVALUATION_GATE, EXIT_FAILED, EXIT_OK, JobOutcome, evaluation_check
 from workloads.evaluate.compare import Row, Score, compare, judge
 from workloads.evaluate.settings import EvaluateConfig, parse_gate
-from workloads.evaluate.stage import EVALUATE_PREFIX, check_before_training, failed_record, tasks_for
+from workloads.evaluate.report import EVALUATE_PREFIX
+from workloads.evaluate.stage import check_before_training, failed_record, tasks_for
 from workloads.train.config import preset, with_overrides
 
 
@@ -148,3 +149,24 @@ def test_runs_shows_the_headline_score_and_best_never_picks_a_checkpoint_that_mi
         (run / name / "progress.json").write_text(json.dumps({"eval_loss": loss}))
         (run / name / "evaluation.json").write_text(json.dumps({"passed": passed}))
     assert best_checkpoint(locate(str(run)), ["checkpoint-1", "checkpoint-2"]) == "checkpoint-1"
+
+
+def test_a_gpu_job_that_is_evaluated_installs_lm_eval_at_the_pins_of_the_evaluate_extra():
+    import tomllib
+
+    from workloads.client import submission
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert list(submission.EVALUATE_PACKAGES) == pyproject["project"]["optional-dependencies"]["evaluate"]
+    assert set(submission.EVALUATE_PACKAGES) <= set(pyproject["project"]["optional-dependencies"]["dev"])
+
+    def packages(train: dict, expect: str) -> list[str]:
+        sub = submission.build_submission(train=train, run_name="r", storage_path="s3://b/r", max_failures=1,
+                                          working_dir="/w", expect=expect)
+        return (sub.runtime_env.get("pip") or {}).get("packages", [])
+
+    evaluated = preset("qwen2.5-1.5b").to_dict()
+    assert set(submission.EVALUATE_PACKAGES) <= set(packages(evaluated, "efa"))
+    off = with_overrides(preset("qwen2.5-1.5b"), ["evaluate.tasks="]).to_dict()
+    assert not set(submission.EVALUATE_PACKAGES) & set(packages(off, "efa"))
+    assert packages(evaluated, "any") == []  # a CPU cluster installs nothing at job start

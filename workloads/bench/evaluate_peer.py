@@ -45,7 +45,8 @@ def train_overrides(args: argparse.Namespace, cache: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench.evaluate_peer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.bench.evaluate_peer",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the tuned model folder")
     parser.add_argument("--base", type=Path, required=True, help="the base model folder")
     parser.add_argument("--chats", type=Path, required=True, help="the run's chat JSONL")

@@ -424,7 +424,8 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
                              base_made_later="model.name_or_path" in inputs.fields), inputs
 
 
-def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None], base_made_later: bool = False) -> dict:
+def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None],
+                      base_made_later: bool = False) -> dict:
     """The run's evaluation checked before the cluster starts (workloads/evaluate/stage.py), and its
     base's scores kept beside the runs, where the next local run on the same base finds them."""
     from workloads.evaluate.cache import CACHE_DIR
@@ -576,19 +577,14 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
 
 
 def show_evaluation(logs: str, *, run_dir: Path, console: Console) -> Optional[dict]:
-    """The job's evaluation (workloads/evaluate): its table on the console, its plot in the run's folder."""
-    from workloads.evaluate.report import EVALUATION_PLOT, format_evaluation, plot_evaluation
-    from workloads.evaluate.stage import evaluation_from_logs
+    """The job's evaluation (workloads/evaluate; the job's lines showed its table): its plot in the run's
+    folder, its record for report.json."""
+    from workloads.evaluate.report import EVALUATION_PLOT, evaluation_from_logs, plot_evaluation
 
     record = evaluation_from_logs(logs)
-    if record is None:
-        return None
-    if record.get("rows"):
-        from rich.markup import escape
-
-        for line in format_evaluation(record).splitlines():
-            console.print(f"[bold]evaluate[/] {escape(line)}", highlight=False)
+    if record is not None and record.get("rows"):
         plot_evaluation(record, run_dir / EVALUATION_PLOT)
+        console.print(f"[bold]evaluate[/] {run_dir / EVALUATION_PLOT}", highlight=False)
     return record
 
 

@@ -100,8 +100,7 @@ def _ended_on_one_rank(logs: str, *, expect: Literal["efa", "any"]) -> GateOutco
 
 def evaluation_check(logs: str) -> GateOutcome:
     """The stage after training (workloads/evaluate): its gate, when the run set one."""
-    from workloads.evaluate.report import gate_summary
-    from workloads.evaluate.stage import evaluation_from_logs
+    from workloads.evaluate.report import evaluation_from_logs, gate_summary
 
     record = evaluation_from_logs(logs)
     if record is None:

@@ -124,8 +124,9 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
                      "hours_per_billion_tokens": round(hours, 2),
                      "usd_per_billion_tokens": (None if plan["usd_per_hour"] is None
                                                 else round(hours * plan["usd_per_hour"], 2))}
-    plan["run"] = run_time(cfg, step_s=step.step_s, parameters=shape.layers * shape.params_per_layer + shape.root_params,
-                           gpu=kind.gpu_model, peak_flops=peak, gpus=world, usd_per_hour=plan["usd_per_hour"], cwd=cwd)
+    parameters = shape.layers * shape.params_per_layer + shape.root_params
+    plan["run"] = run_time(cfg, step_s=step.step_s, parameters=parameters, gpu=kind.gpu_model, peak_flops=peak,
+                           gpus=world, usd_per_hour=plan["usd_per_hour"], cwd=cwd)
     return plan
 
 
@@ -181,7 +182,8 @@ def format_plan(plan: dict) -> str:
                      + (f" + {evaluation['seconds'] / 60:,.1f} min of evaluation ({evaluation['units']} lm-eval units "
                         f"of {', '.join(f'{t} {n}' for t, n in evaluation['examples_per_task'].items())} examples; "
                         f"{evaluation['assumptions']})" if evaluation else ", no evaluation")
-                     + f" = {run['total_s'] / 3600:,.2f} h" + (f", ${run['usd']:,.2f}" if run["usd"] is not None else ""))
+                     + f" = {run['total_s'] / 3600:,.2f} h"
+                     + (f", ${run['usd']:,.2f}" if run["usd"] is not None else ""))
     if not memory["fits"]:
         ways = [f"{w['change']} ({w['predicted_gib']:.1f} GiB)" for w in plan.get("fits_with", [])]
         lines.append("fits with       " + (", or ".join(ways) if ways else "nothing nearby: use GPUs with more memory"))

@@ -10,6 +10,8 @@ from typing import Any, Callable, Optional
 
 from workloads.evaluate.compare import GateResult, Row, format_table
 
+EVALUATE_PREFIX = "[evaluate] "
+"""Prefix of the stage's result line in the job's log: `[evaluate] {...}` (workloads/evaluate/stage.py)."""
 EVALUATION_FILE = "evaluation.json"
 EVALUATION_PLOT = "evaluation.png"
 EVALUATION_TABLE = "evaluation.txt"
@@ -212,3 +214,25 @@ def gate_failed(checkpoint) -> bool:
         return not json.loads(checkpoint.join(EVALUATION_FILE).read_bytes()).get("passed", True)
     except (ValueError, AttributeError):
         return False
+
+
+def parse_evaluation_line(line: str) -> Optional[dict]:
+    """The result of a `[evaluate] {"event": "evaluation", ...}` line, or None."""
+    start = line.find(EVALUATE_PREFIX + "{")
+    if start < 0:
+        return None
+    try:
+        record = json.loads(line[start + len(EVALUATE_PREFIX):])
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and record.get("event") == "evaluation" else None
+
+
+def evaluation_from_logs(logs: str) -> Optional[dict]:
+    """The last evaluation result in a job's log (a resubmitted run's last), or None."""
+    found = None
+    for line in logs.splitlines():
+        record = parse_evaluation_line(line)
+        if record is not None:
+            found = record
+    return found

@@ -19,37 +19,18 @@ from typing import Callable, Optional
 # The driver imports this module before it connects to Ray, and with it every module of the project
 # the stage needs, at once: on a machine whose nodes share the job's working_dir, the workers' runtime
 # env can remove it while the job runs, and a module first imported after that is not found.
-from workloads.evaluate import harness, report, tasks  # noqa: F401
+import workloads.evaluate.harness  # noqa: F401
+import workloads.evaluate.report  # noqa: F401
+import workloads.evaluate.tasks  # noqa: F401
+import workloads.model_io.sources  # noqa: F401
+import workloads.model_io.storage  # noqa: F401
+import workloads.train.checkpoint  # noqa: F401
+import workloads.train.tracking  # noqa: F401
 from workloads.evaluate.compare import Score, compare, judge
+from workloads.evaluate.report import EVALUATE_PREFIX
 from workloads.evaluate.settings import HELDOUT_TASK, EvaluateConfig
 from workloads.evaluate.units import Models, Unit, plan_units, run_unit
-from workloads.model_io import sources, storage  # noqa: F401
-from workloads.train import checkpoint, tracking  # noqa: F401
 
-EVALUATE_PREFIX = "[evaluate] "
-"""Prefix of the stage's lines in the job's log; `[evaluate] {...}` holds the result."""
-
-
-def parse_evaluation_line(line: str) -> Optional[dict]:
-    """The result of a `[evaluate] {"event": "evaluation", ...}` line, or None."""
-    start = line.find(EVALUATE_PREFIX + "{")
-    if start < 0:
-        return None
-    try:
-        record = json.loads(line[start + len(EVALUATE_PREFIX):])
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) and record.get("event") == "evaluation" else None
-
-
-def evaluation_from_logs(logs: str) -> Optional[dict]:
-    """The last evaluation result in a job's log (a resubmitted run's last), or None."""
-    found = None
-    for line in logs.splitlines():
-        record = parse_evaluation_line(line)
-        if record is not None:
-            found = record
-    return found
 
 
 def base_of(train: dict) -> tuple[str, str]:
@@ -74,7 +55,8 @@ def tasks_for(train: dict) -> tuple[tuple[str, ...], list[str]]:
     cfg = TrainConfig.from_dict(train)
     tasks, notes = cfg.evaluate.task_list, []
     if HELDOUT_TASK in tasks and (cfg.data.kind == "synthetic" or cfg.data.eval_fraction == 0):
-        why = "trains on synthetic tokens" if cfg.data.kind == "synthetic" else "holds nothing out (data.eval_fraction 0)"
+        why = ("trains on synthetic tokens" if cfg.data.kind == "synthetic"
+               else "holds nothing out (data.eval_fraction 0)")
         if any(rule.task == HELDOUT_TASK for rule in cfg.evaluate.rules):
             raise ValueError(f"evaluate.gate names the heldout task, and the run {why}: set data.eval_fraction on "
                              "record data, or gate another task")

@@ -85,11 +85,13 @@ def estimate(cfg, *, parameters: int, gpu: Optional[str], peak_flops: Optional[f
                 (min(STANDARD_EXAMPLES, settings.limit) if settings.limit else STANDARD_EXAMPLES) for t in tasks}
     unit_s = {}
     for task, count in examples.items():
-        new_tokens = settings.max_new_tokens if not (task == HELDOUT_TASK and settings.metric == "loglikelihood") else 0
+        scored_without_generation = task == HELDOUT_TASK and settings.metric == "loglikelihood"
+        new_tokens = 0 if scored_without_generation else settings.max_new_tokens
         prefill = 2.0 * parameters * count * PROMPT_TOKENS / (peak_flops * PREFILL_MFU)
-        unit_s[task] = round(UNIT_OVERHEAD_S + prefill + math.ceil(count / settings.batch_size) * new_tokens * step_s, 1)
+        decode = math.ceil(count / settings.batch_size) * new_tokens * step_s
+        unit_s[task] = round(UNIT_OVERHEAD_S + prefill + decode, 1)
     roles = 3 if cfg.method == "lora" else 2  # tuned, base (+ base with the adapter)
-    per_role = sorted((s for s in unit_s.values()), reverse=True) * roles
+    per_role = list(unit_s.values()) * roles
     lanes = [0.0] * max(1, gpus)  # longest first onto the least loaded GPU, as Ray fills free ones
     for seconds in sorted(per_role, reverse=True):
         lanes[lanes.index(min(lanes))] += seconds

@@ -66,6 +66,19 @@ def local_folder(uri: str, *, cache_dir: str) -> Path:
     return entry.path
 
 
+def node_here() -> str:
+    """The Ray node's address inside a Ray task (the local cluster's nodes share one host name), else
+    the host's name."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return socket.gethostname()
+
+
 def device_here() -> str:
     import torch
 
@@ -103,7 +116,7 @@ def run_unit(unit: Unit, *, train: dict, models: Models, storage_path: str, devi
             cached = cache.read_cached(where, key)
             if cached is not None:
                 return {**asdict(unit), "scores": {m: asdict(s) for m, s in cached.items()}, "higher_is_better": {},
-                        "seconds": round(time.monotonic() - started, 2), "cached": True, "node": socket.gethostname()}
+                        "seconds": round(time.monotonic() - started, 2), "cached": True, "node": node_here()}
         pretrained, peft = (tuned, None) if unit.role == "tuned" else (
             (base, tuned / ADAPTER_DIR) if unit.role == "adapter" else (base, None))
         result = harness.evaluate_model(pretrained=pretrained, peft=peft, tasks=[unit.task], settings=settings,
@@ -117,4 +130,4 @@ def run_unit(unit: Unit, *, train: dict, models: Models, storage_path: str, devi
                                                       "task": unit.task, "lm_eval": result.lm_eval_version})
     return {**asdict(unit), "scores": {m: asdict(s) for m, s in scores.items()},
             "higher_is_better": result.higher_is_better.get(unit.task, {}),
-            "seconds": round(time.monotonic() - started, 2), "cached": False, "node": socket.gethostname()}
+            "seconds": round(time.monotonic() - started, 2), "cached": False, "node": node_here()}
