@@ -170,3 +170,42 @@ def test_a_gpu_job_that_is_evaluated_installs_lm_eval_at_the_pins_of_the_evaluat
     off = with_overrides(preset("qwen2.5-1.5b"), ["evaluate.tasks="]).to_dict()
     assert not set(submission.EVALUATE_PACKAGES) & set(packages(off, "efa"))
     assert packages(evaluated, "any") == []  # a CPU cluster installs nothing at job start
+
+
+def test_export_carries_the_evaluation_into_the_model_card_of_the_folder_it_writes(tmp_path):
+    from workloads.evaluate.report import carry_model_card
+
+    checkpoint, out = tmp_path / "checkpoint-0000200", tmp_path / "exported"
+    checkpoint.mkdir()
+    out.mkdir()
+    record = {"rows": [Row(task="heldout", metric="exact_match", tuned=0.9, tuned_stderr=0.03, base=0.1,
+                           base_stderr=0.03, samples=60).to_dict()], "passed": True,
+              "gate": [{"rule": "heldout:exact_match>=base", "passed": True, "message": "m"}],
+              "base": "Qwen/Qwen2.5-1.5B@abc", "lm_eval": "0.4.13"}
+    assert not carry_model_card(checkpoint_uri=str(checkpoint), out_uri=str(out))  # nothing evaluated
+    (checkpoint / "evaluation.json").write_text(json.dumps(record))
+    assert carry_model_card(checkpoint_uri=str(checkpoint), out_uri=str(out))
+    card = (out / "README.md").read_text()
+    assert "| heldout | exact_match | 0.9000 ± 0.0300 | 0.1000 ± 0.0300 | +0.8000 | better |" in card
+    assert "Gate `heldout:exact_match>=base`: passed." in card and "`Qwen/Qwen2.5-1.5B@abc`" in card
+    assert not carry_model_card(checkpoint_uri=str(checkpoint), out_uri=str(out))  # a card is there: kept
+
+
+def test_plan_adds_the_evaluations_time_to_the_runs_time_and_cost():
+    from workloads.client.plan import format_plan, make_plan
+
+    def planned(*overrides: str) -> dict:
+        cfg = with_overrides(preset("qwen2.5-1.5b"), list(overrides))
+        return make_plan(cfg, preset_name="qwen2.5-1.5b", instance_type="p5.48xlarge", nodes=1, cwd=Path.cwd())
+
+    plan = planned()
+    run = plan["run"]
+    # 20,000 conversations, 2% held out: 400 records; the tuned model and the base on 8 GPUs at once.
+    assert run["evaluation"]["examples_per_task"] == {"heldout": 400} and run["evaluation"]["units"] == 2
+    assert run["total_s"] == pytest.approx(run["training_s"] + run["evaluation"]["seconds"], abs=0.11)
+    assert run["usd"] == pytest.approx(run["total_s"] / 3600 * plan["usd_per_hour"], abs=0.01)
+    longer = planned("evaluate.max_new_tokens=256")["run"]["evaluation"]["seconds"]
+    assert longer > run["evaluation"]["seconds"]  # the decode steps are the time
+    assert "min of evaluation (2 lm-eval units of heldout 400 examples" in format_plan(plan)
+    off = planned("evaluate.tasks=")["run"]
+    assert off["evaluation"] is None and off["total_s"] == off["training_s"]
