@@ -420,8 +420,7 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     train, pinned = revisions.pin_hub_revisions(train, local=local)
     for line in pinned:
         say(line)
-    return evaluated_locally(train, runs_dir=args.runs_dir, say=say,
-                             base_made_later="model.name_or_path" in inputs.fields), inputs
+    return train, inputs
 
 
 def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None],
@@ -436,7 +435,7 @@ def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None]
     standard = any(task != HELDOUT_TASK for task in task_names(train["evaluate"]["tasks"]))
     for note in check_before_training(train, network=hub_reachable() if standard else True,
                                       base_made_later=base_made_later and not train["evaluate"]["base"]):
-        say(f"evaluate: {note}")
+        say(f"[bold cyan]evaluate[/] {note}")
     if train["evaluate"]["cache"]:
         return train
     return {**train, "evaluate": {**train["evaluate"], "cache": str(runs_dir.resolve() / CACHE_DIR)}}
@@ -477,6 +476,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
                       f"{latest_checkpoint_step(run_dir) or 0} of {train['steps']})")
     else:
         train, inputs = local_train_config(args, run_dir, say=hub_said)
+        train = evaluated_locally(train, runs_dir=args.runs_dir, say=lambda line: console.print(line, highlight=False),
+                                  base_made_later="model.name_or_path" in inputs.fields)
         run_name = args.run_name or f"{args.preset}-{stamp}"
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
