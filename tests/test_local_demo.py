@@ -79,6 +79,8 @@ class Demos:
             [sys.executable, "-m", "workloads", "run", "--local", "--runs-dir", str(self.runs_dir), *extra],
             cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, preexec_fn=sigint_at_default,  # so that a Ctrl-C test's SIGINT is not lost
+            # The evaluation after training (lm-eval, datasets) reads only the run's files: nothing from the hub.
+            env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
         )
         self.started.append(proc)
         return proc
