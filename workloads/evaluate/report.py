@@ -165,11 +165,16 @@ def log_to_tracker(settings, *, run_id: str, record: dict, files: tuple[Path, ..
 
 
 def write_files(folder: Path, record: dict) -> tuple[Path, ...]:
-    """evaluation.json, evaluation.txt and evaluation.png in a local folder."""
+    """evaluation.json, evaluation.txt and evaluation.png in a local folder (no plot where matplotlib
+    is not installed: a bare GPU host)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / EVALUATION_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     (folder / EVALUATION_TABLE).write_text(format_evaluation(record) + "\n")
-    return folder / EVALUATION_FILE, folder / EVALUATION_TABLE, plot_evaluation(record, folder / EVALUATION_PLOT)
+    try:
+        plot = (plot_evaluation(record, folder / EVALUATION_PLOT),)
+    except ImportError:
+        plot = ()
+    return (folder / EVALUATION_FILE, folder / EVALUATION_TABLE, *plot)
 
 
 def gate_summary(record: dict) -> str:
