@@ -388,9 +388,10 @@ def worker_range(plan: WorkerPlan, *, min_nodes: int) -> int | tuple[int, int]:
     return (min_nodes * plan.num_workers // plan.nodes, plan.num_workers)
 
 
-def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
+def tell_tracker_where(train: dict, *, filesystem, path: str, model: bool = True) -> bool:
     """Tag the run's tracker run (its id kept in the final checkpoint) with where that checkpoint and
-    the exported model are, when the run is tracked. Waits a bounded time; never fails the job."""
+    the exported model are, when the run is tracked (not the model's when `model` is off: it missed
+    its evaluation gate). Waits a bounded time; never fails the job."""
     from workloads.train import tracking
     from workloads.train.checkpoint import PROGRESS_FILE
     from workloads.train.config import TrainConfig
@@ -408,7 +409,7 @@ def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
         _say(f"tracking: the final checkpoint names no tracker run ({exc})")
         return False
     location = path if filesystem.type_name == "local" else f"{filesystem.type_name}://{path}"
-    tags = {"checkpoint": location, **({"model_location": f"{location}/model"} if exported else {})}
+    tags = {"checkpoint": location, **({"model_location": f"{location}/model"} if exported and model else {})}
     if tracking.annotate_run(settings, run_id=run_id, tags=tags, say=print):
         _say(f"tracking: run {run_id or settings.run_name} tagged with "
              f"{', '.join(f'{k}={v}' for k, v in tags.items())}")
@@ -553,8 +554,9 @@ def run(args: DriverArgs) -> int:
                 checkpoint = result.checkpoint.path if result.checkpoint else None
                 _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
                 if result.checkpoint is not None:
-                    tell_tracker_where(train, filesystem=result.checkpoint.filesystem, path=result.checkpoint.path)
-                    evaluate_trained(train, checkpoint=result.checkpoint, plan=plan)
+                    evaluation = evaluate_trained(train, checkpoint=result.checkpoint, plan=plan)
+                    tell_tracker_where(train, filesystem=result.checkpoint.filesystem, path=result.checkpoint.path,
+                                       model=(evaluation or {}).get("passed", True))
                 return 0
     finally:
         ray.shutdown()
