@@ -209,3 +209,19 @@ def test_plan_adds_the_evaluations_time_to_the_runs_time_and_cost():
     assert "min of evaluation (2 lm-eval units of heldout 400 examples" in format_plan(plan)
     off = planned("evaluate.tasks=")["run"]
     assert off["evaluation"] is None and off["total_s"] == off["training_s"]
+
+
+def test_the_evaluate_command_refuses_what_it_cannot_evaluate_in_one_line(tmp_path, capsys):
+    from workloads.evaluate import cli
+
+    (tmp_path / "runs" / "no-model").mkdir(parents=True)
+    (tmp_path / "runs" / "no-model" / "run.json").write_text(json.dumps({"name": "no-model", "train": {}}))
+    (tmp_path / "folder").mkdir()
+    for args, message in ((["no-model"], "run no-model has no exported model"),
+                          (["nothing-here"], "'nothing-here' is neither a run in"),
+                          ([str(tmp_path / "folder")], "a model outside a run needs --base"),
+                          ([str(tmp_path / "folder"), "--base", "org/base", "--set",
+                            "evaluate.gate=heldout:exact_match=>base"], "does not parse")):
+        assert cli.main("evaluate", [*args, "--runs-dir", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("evaluate: error: ") and message in err and err.count("\n") == 1, err
