@@ -225,3 +225,11 @@ def test_the_evaluate_command_refuses_what_it_cannot_evaluate_in_one_line(tmp_pa
         assert cli.main("evaluate", [*args, "--runs-dir", str(tmp_path / "runs")]) == 2
         err = capsys.readouterr().err
         assert err.startswith("evaluate: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_a_relative_gate_on_the_model_the_demo_makes_before_the_job_is_not_taken_for_random_weights(tmp_path):
+    train = chats_config(tmp_path, f"model.name_or_path={tmp_path / 'base-model'}",
+                         "evaluate.gate=heldout:exact_match>=base")
+    assert check_before_training(train, base_made_later=True) == []
+    with pytest.raises(ValueError, match="evaluate.base .*base-model' is not a folder"):
+        check_before_training(train)  # not made: refused before anything starts

@@ -87,7 +87,7 @@ def check_before_training(train: dict, *, network: Optional[bool] = None, evalua
 
         if source_kind(base, what="evaluate.base") == "local":
             check_model_folder(Path(base).expanduser(), spec=base, what="evaluate.base")
-    elif settings.rules and any(rule.relative for rule in settings.rules):
+    if not base and any(rule.relative for rule in settings.rules):
         raise ValueError("evaluate.gate compares with the base, and the run starts from random weights "
                          f"({TrainConfig.from_dict(train).model.name_or_path}): set evaluate.base to a model, or "
                          "give absolute bounds (TASK:METRIC>=0.5)")
