@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from interrupts import sigint_at_default
 
+from workloads.client.runs import NOT_RUNS
+
 pytestmark = pytest.mark.slow
 
 
@@ -132,7 +134,7 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert "placement check passed: 2 ranks trained on 2 node(s), as planned" in out
     assert "on 2 node(s)" in out.split("summary", 1)[1]
 
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name not in NOT_RUNS]
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "SUCCEEDED" and report["cluster"]["worker_nodes"] == 2
     assert report["trained_on_nodes"] == 2 and report["summary"]["nodes"] == 2
@@ -212,7 +214,7 @@ def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path, demos):
     out = _rest_of_output(proc, timeout_s=90, runs_dir=tmp_path)
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name not in NOT_RUNS]
     assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
     assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
     # The run says it was interrupted, and how to go on with it.

@@ -30,8 +30,9 @@ RUNS_DIR = PROJECT_DIR / "runs"
 """Where local runs go, wherever the command runs from (`run --local --out` names another)."""
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
-NOT_RUNS = ("mlflow",)
-"""Folders of runs/ that are no run (the local tracking store)."""
+NOT_RUNS = ("mlflow", "evaluation-cache")
+"""Folders of runs/ that are no run (the local tracking store, the base models' evaluation scores:
+workloads/evaluate/cache.py)."""
 
 
 def now() -> str:
