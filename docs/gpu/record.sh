@@ -24,7 +24,7 @@
 #   docs/gpu/record.sh peers OUT   the loop against Hugging Face's Trainer (peft for LoRA) on the same chats:
 #                                  Qwen2.5-1.5B full at micro-batch 16 (30 steps), then Qwen2.5-7B LoRA r16 at
 #                                  micro-batch 8 (12 steps; needs peft and liger-kernel)
-#   docs/gpu/record.sh evaluate OUT  the evaluation stage (python -m workloads evaluate: tuned and base on RECORDS=300
+#   docs/gpu/record.sh evaluate OUT  the evaluation stage (python -m workloads evaluate: tuned and base on RECORDS=256
 #                                  held-out chats, the base's cache) against lm-eval's own CLI on the same task folder,
 #                                  models and GPU, each timed end to end (workloads/bench/evaluate_peer.py; needs the
 #                                  wheels of docs/gpu/evaluate-wheels.sh). ARCH=tiny-qwen2 runs it on CPU as a dry run
@@ -165,7 +165,7 @@ evaluate)
   # "tuned" one another seed of the base, and toy chats (workloads/model_io/toy.py). Random weights never
   # end a turn, so every answer runs its 64 tokens: the generation's worst case, and the same work on
   # both sides. OUT/figures.json: each command's seconds, the scores and the generation speed.
-  arch=${ARCH:-qwen2.5-1.5b} records=${RECORDS:-300} device=cuda
+  arch=${ARCH:-qwen2.5-1.5b} records=${RECORDS:-256} device=cuda
   [ "$gpus" -gt 0 ] || device=cpu
   for seed in 0 1; do
     run python3 -m workloads.model_io.toy --architecture "$arch" --dtype bfloat16 --seed $seed --out "$out/model-$seed" \
