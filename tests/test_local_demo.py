@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from interrupts import sigint_at_default
 
+from workloads.client.runs import NOT_RUNS
+
 pytestmark = pytest.mark.slow
 
 
@@ -79,6 +81,8 @@ class Demos:
             [sys.executable, "-m", "workloads", "run", "--local", "--runs-dir", str(self.runs_dir), *extra],
             cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, preexec_fn=sigint_at_default,  # so that a Ctrl-C test's SIGINT is not lost
+            # The evaluation after training (lm-eval, datasets) reads only the run's files: nothing from the hub.
+            env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
         )
         self.started.append(proc)
         return proc
@@ -119,7 +123,8 @@ def _assert_all_stopped(groups: set[int]) -> None:
 
 
 def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp_path, demos):
-    proc = demos.start("--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10")
+    proc = demos.start("--set", "steps=20", "--set", "log_every=5", "--set", "eval_every=10",
+                       "--set", "evaluate.max_new_tokens=6")
     head = _read_until(proc, "Jobs API at")
     groups = demos.node_groups(proc)
     out = "".join(head) + _rest_of_output(proc, timeout_s=300, runs_dir=tmp_path)
@@ -129,11 +134,12 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert "placement check passed: 2 ranks trained on 2 node(s), as planned" in out
     assert "on 2 node(s)" in out.split("summary", 1)[1]
 
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name not in NOT_RUNS]
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "SUCCEEDED" and report["cluster"]["worker_nodes"] == 2
     assert report["trained_on_nodes"] == 2 and report["summary"]["nodes"] == 2
-    assert [c["passed"] for c in report["checks"]] == [True, True]
+    assert [c["passed"] for c in report["checks"]] == [True, True, True]
+    _assert_evaluated(run_dir, report, out)
     assert [r["step"] for r in report["steps"]] == [5, 10, 15, 20]
     summary = report["summary"]
     assert summary["last_loss"] < 0.8 * summary["first_loss"]
@@ -157,6 +163,21 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     _assert_tracked(tmp_path, run_dir, report, out)
 
 
+def _assert_evaluated(run_dir: Path, report: dict, out: str) -> None:
+    """The stage after training: lm-eval on the run's 60 held-out chats, the tuned model and its base
+    each a Ray task on its own worker node, the result where the user looks."""
+    evaluation = report["evaluation"]
+    (row,) = evaluation["rows"]
+    assert (row["task"], row["metric"], row["samples"]) == ("heldout", "exact_match", 60)
+    assert {u["role"]: u["node"] for u in evaluation["units"]}.keys() == {"tuned", "base"}
+    assert {u["node"] for u in evaluation["units"]} == {"127.0.0.2", "127.0.0.3"}  # spread over the nodes
+    assert "evaluate: 2/2 " in out and "evaluation: heldout:exact_match" in out
+    assert (run_dir / "evaluation.png").read_bytes()[:4] == b"\x89PNG"
+    (final,) = {p.parent for p in run_dir.glob("checkpoints/*/*/evaluation.json")}
+    assert json.loads((final / "evaluation.json").read_text())["rows"] == evaluation["rows"]
+    assert "| heldout | exact_match |" in (run_dir / "model" / "README.md").read_text()
+
+
 def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> None:
     """The run is in runs/mlflow with every step's metrics, its report, plot and model, and the demo
     said how to open the UI on it."""
@@ -174,7 +195,9 @@ def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> No
     assert run.data.params["steps"] == "20" and run.data.params["model.name_or_path"] == str(run_dir / "base-model")
     assert run.data.tags["model_location"] == str(run_dir / "model")
     assert run.data.tags["checkpoint"].startswith(str(run_dir / "checkpoints"))
-    assert {"summary.json", "report.json", "loss.png"} <= {a.path for a in mlflow.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "report.json", "loss.png", "evaluation.json", "evaluation.png"} <= {
+        a.path for a in mlflow.list_artifacts(run.info.run_id)}
+    assert run.data.metrics["eval/heldout/exact_match/tuned"] == report["evaluation"]["rows"][0]["tuned"]
     # No experiment of the store points at a folder that is gone (its Default one did: a rank's temp folder).
     default = mlflow.get_experiment("0")
     assert default.artifact_location == (runs_dir / "mlflow" / "artifacts" / "0").as_uri()
@@ -191,7 +214,7 @@ def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path, demos):
     out = _rest_of_output(proc, timeout_s=90, runs_dir=tmp_path)
     assert proc.returncode == 130, out
     assert "the local Ray cluster was stopped" in out
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name not in NOT_RUNS]
     assert f"the job's log so far is in {run_dir / 'job.log'}" in " ".join(out.split()).replace("\n", "")
     assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
     # The run says it was interrupted, and how to go on with it.

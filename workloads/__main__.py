@@ -18,6 +18,7 @@ COMMANDS = {
     "export": ("workloads.client.export", "a run's checkpoint as a Hugging Face folder (local or s3://)"),
     "runs": ("workloads.client.runs", "list the local runs: status, steps, losses, model"),
     "chat": ("workloads.client.chat", "talk to a trained model, one line a turn, with its chat template"),
+    "evaluate": ("workloads.evaluate.cli", "score a run's model against its base with lm-eval, with a gate"),
 }
 
 

@@ -41,6 +41,10 @@
 #                                  real shapes. Writes OUT/dpo.json (tokens/s, ratio, peaks, the memory model's
 #                                  peak). Needs TRL, datasets and liger-kernel: docs/gpu/dpo_wheels.sh. A CPU dry
 #                                  run of the same steps: DRY_RUN=1 (tiny-qwen2, rows of 512, a few steps)
+#   docs/gpu/record.sh evaluate OUT  the evaluation stage (python -m workloads evaluate: tuned and base on RECORDS=256
+#                                  held-out chats, the base's cache) against lm-eval's own CLI on the same task folder,
+#                                  models and GPU, each timed end to end (workloads/bench/evaluate_peer.py; needs the
+#                                  wheels of docs/gpu/evaluate-wheels.sh). ARCH=tiny-qwen2 runs it on CPU as a dry run
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2
@@ -251,4 +255,22 @@ dpo)
       | tee "$out/dpo-record.txt"
   ;;
 *) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|dpo OUT" >&2; exit 2 ;;
+evaluate)
+  # No hub here: two Qwen2.5-1.5B-shaped folders with random weights (bf16) and the toy tokenizer, the
+  # "tuned" one another seed of the base, and toy chats (workloads/model_io/toy.py). Random weights never
+  # end a turn, so every answer runs its 64 tokens: the generation's worst case, and the same work on
+  # both sides. OUT/figures.json: each command's seconds, the scores and the generation speed.
+  arch=${ARCH:-qwen2.5-1.5b} records=${RECORDS:-256} device=cuda
+  [ "$gpus" -gt 0 ] || device=cpu
+  for seed in 0 1; do
+    run python3 -m workloads.model_io.toy --architecture "$arch" --dtype bfloat16 --seed $seed --out "$out/model-$seed" \
+        --chat-jsonl "$out/chat.jsonl" --conversations $((records * 10)) 2>&1 | tee -a "$out/evaluate-make.txt"
+  done
+  run python3 -m workloads.bench.evaluate_peer --model "$out/model-1" --base "$out/model-0" --chats "$out/chat.jsonl" \
+      --records "$records" --device "$device" --out "$out/evaluate" 2>&1 | tee "$out/evaluate.txt"
+  echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/evaluate.txt"
+  cp "$out/evaluate/figures.json" "$out/figures.json" 2>/dev/null
+  rm -rf "$out"/model-*/*.safetensors "$out"/evaluate/peer-*/*/*samples* "$out/evaluate/evaluation-cache"
+  ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|evaluate OUT" >&2; exit 2 ;;
 esac

@@ -85,6 +85,10 @@ def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:
                         keep_local=scratch / "model" if args.generate else None, base=base,
                         submitted_base=submitted_base)
     print(f"model    {result.out}  ({result.dtype}, {result.how} from {result.checkpoint})")
+    from workloads.evaluate.report import carry_model_card
+
+    if carry_model_card(checkpoint_uri=result.checkpoint, out_uri=result.out):
+        print(f"card     {result.out}/README.md  (the evaluation against the base)")
     if args.generate:
         assert result.local_folder is not None
         answer = greedy_generate(result.local_folder, args.generate, max_new_tokens=args.max_new_tokens,

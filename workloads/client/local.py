@@ -46,6 +46,7 @@ from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, no
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
                                      write_report)
 from workloads.client.socket_owners import holds_listener
+from workloads.evaluate.settings import EXIT_GATE_FAILED
 from workloads.launch.task_history import TASK_HISTORY_ENV
 
 STARTED_MARK = "Ray runtime started"
@@ -440,6 +441,24 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
     return train, inputs
 
 
+def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None],
+                      base_made_later: bool = False) -> dict:
+    """The run's evaluation checked before the cluster starts (workloads/evaluate/stage.py), and its
+    base's scores kept beside the runs, where the next local run on the same base finds them."""
+    from workloads.evaluate.cache import CACHE_DIR
+    from workloads.evaluate.settings import HELDOUT_TASK, task_names
+    from workloads.evaluate.stage import check_before_training
+    from workloads.evaluate.tasks import hub_reachable
+
+    standard = any(task != HELDOUT_TASK for task in task_names(train["evaluate"]["tasks"]))
+    for note in check_before_training(train, network=hub_reachable() if standard else True,
+                                      base_made_later=base_made_later and not train["evaluate"]["base"]):
+        say(f"[bold cyan]evaluate[/] {note}")
+    if train["evaluate"]["cache"]:
+        return train
+    return {**train, "evaluate": {**train["evaluate"], "cache": str(runs_dir.resolve() / CACHE_DIR)}}
+
+
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -475,6 +494,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
                       f"{latest_checkpoint_step(run_dir) or 0} of {train['steps']})")
     else:
         train, inputs = local_train_config(args, run_dir, say=hub_said)
+        train = evaluated_locally(train, runs_dir=args.runs_dir, say=lambda line: console.print(line, highlight=False),
+                                  base_made_later="model.name_or_path" in inputs.fields)
         run_name = args.run_name or f"{args.preset}-{stamp}"
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
@@ -497,7 +518,8 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     except BaseException:
         update_run(run_dir, status="failed", ended=now())
         raise
-    update_run(run_dir, status="succeeded" if code == submit.EXIT_OK else "failed", ended=now())
+    status = "succeeded" if code == submit.EXIT_OK else "gate failed" if code == EXIT_GATE_FAILED else "failed"
+    update_run(run_dir, status=status, ended=now())
     return code
 
 
@@ -545,17 +567,22 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
         return outcome.exit_code or submit.EXIT_FAILED
     final = loop_summary(outcome.logs.splitlines())
     summary = summarize(outcome.records, final=final)
+    evaluation = show_evaluation(outcome.logs, run_dir=run_dir, console=console)
     json_path, png_path = write_report(run_dir, records=outcome.records, summary=summary, meta={
         "title": run_title(run_name, train, nodes=spec.nodes), "job_id": outcome.job_id,
         "status": outcome.status, "preset": args.preset, "config": train, "run_name": run_name,
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
-        "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()),
+        "loop_summary": final, "resizes": resize_events(outcome.logs.splitlines()), "evaluation": evaluation,
     }, final=final)
     console.print(f"[bold]summary[/] {format_summary(summary)}")
     for warning in eval_warnings(outcome.records, data=(final or {}).get("data")):
         console.print(f"[bold yellow]warning[/] {warning}", highlight=False)
     console.print(f"[bold]report[/]  {json_path}  {png_path}")
+    if outcome.exit_code == EXIT_GATE_FAILED:
+        console.print(f"[bold red]model[/]   not made the run's model ({run_dir / 'model'}): it missed its evaluation "
+                      f"gate; its checkpoint is kept in {run_dir / 'checkpoints'} (python -m workloads export "
+                      f"{run_dir} --out FOLDER takes it anyway)", highlight=False)
     if outcome.exit_code == submit.EXIT_OK:
         from workloads.model_io.toy import DEMO_PROMPT
 
@@ -566,6 +593,18 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
     show_tracked(outcome.logs, train=train, uri=tracking_uri, files=(json_path, png_path), model=run_dir / "model",
                  console=console)
     return outcome.exit_code
+
+
+def show_evaluation(logs: str, *, run_dir: Path, console: Console) -> Optional[dict]:
+    """The job's evaluation (workloads/evaluate; the job's lines showed its table): its plot in the run's
+    folder, its record for report.json."""
+    from workloads.evaluate.report import EVALUATION_PLOT, evaluation_from_logs, plot_evaluation
+
+    record = evaluation_from_logs(logs)
+    if record is not None and record.get("rows"):
+        plot_evaluation(record, run_dir / EVALUATION_PLOT)
+        console.print(f"[bold]evaluate[/] {run_dir / EVALUATION_PLOT}", highlight=False)
+    return record
 
 
 @contextmanager

@@ -10,9 +10,12 @@ from rich.console import Console
 
 from workloads.client.report import loop_summary, parse_prefixed, train_records
 from workloads.context import GATE_PREFIX
+from workloads.evaluate.settings import EXIT_GATE_FAILED
 from workloads.launch.driver import parse_driver_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_EVALUATION_GATE = EXIT_GATE_FAILED
+"""5: trained and checkpointed, but the tuned model missed its evaluation gate (evaluate.gate)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +98,18 @@ def _ended_on_one_rank(logs: str, *, expect: Literal["efa", "any"]) -> GateOutco
                                f"{gates[-1].get('message')}")
 
 
+def evaluation_check(logs: str) -> GateOutcome:
+    """The stage after training (workloads/evaluate): its gate, when the run set one."""
+    from workloads.evaluate.report import evaluation_from_logs, gate_summary
+
+    record = evaluation_from_logs(logs)
+    if record is None:
+        return GateOutcome(applies=False, passed=True, name="evaluation",
+                           message="evaluation: none (evaluate.tasks is empty, or nothing could be evaluated)")
+    return GateOutcome(applies=bool(record.get("gate")), passed=bool(record.get("passed", True)), name="evaluation",
+                       message=gate_summary(record))
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobOutcome:
     job_id: str
@@ -112,6 +127,9 @@ class JobOutcome:
     @property
     def exit_code(self) -> int:
         passed = self.status == "SUCCEEDED" and all(check.passed for check in self.checks)
+        if not passed and self.status == "SUCCEEDED" and all(
+                check.passed for check in self.checks if check.name != "evaluation"):
+            return EXIT_EVALUATION_GATE
         return EXIT_OK if passed else EXIT_FAILED
 
 
@@ -123,7 +141,7 @@ def finish(client, job_id: str, status, *, expect: Literal["efa", "any"]) -> Job
         message = client.get_job_info(job_id).message or ""
         return JobOutcome(job_id=job_id, status=str(status), records=records, reason=last or message, logs=logs)
     return JobOutcome(job_id=job_id, status=str(status), records=records, logs=logs,
-                      checks=(placement_check(logs), transport_check(logs, expect=expect)))
+                      checks=(placement_check(logs), transport_check(logs, expect=expect), evaluation_check(logs)))
 
 
 def report_outcome(outcome: JobOutcome, console: Console) -> None:

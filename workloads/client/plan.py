@@ -133,6 +133,9 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
                      "hours_per_billion_tokens": round(hours, 2),
                      "usd_per_billion_tokens": (None if plan["usd_per_hour"] is None
                                                 else round(hours * plan["usd_per_hour"], 2))}
+    parameters = shape.layers * shape.params_per_layer + shape.root_params
+    plan["run"] = run_time(cfg, step_s=step.step_s, parameters=parameters, gpu=kind.gpu_model, peak_flops=peak,
+                           gpus=world, usd_per_hour=plan["usd_per_hour"], cwd=cwd)
     return plan
 
 
@@ -145,6 +148,19 @@ def reference_kind(cfg) -> "str | None":
     if cfg.dpo.reference_model:
         return f"a frozen copy of {cfg.dpo.reference_model}"
     return "the adapters switched off" if cfg.method == "lora" else "a frozen copy"
+
+
+def run_time(cfg, *, step_s: float, parameters: int, gpu: str, peak_flops: float, gpus: int,
+             usd_per_hour: float | None, cwd: Path) -> dict:
+    """The whole run: its steps, then the evaluation after training (workloads/evaluate/timing.py)."""
+    from workloads.evaluate.timing import estimate
+
+    evaluation = estimate(cfg, parameters=parameters, gpu=gpu, peak_flops=peak_flops, gpus=gpus, cwd=cwd)
+    training_s = cfg.steps * step_s
+    total_s = training_s + (evaluation.seconds if evaluation else 0.0)
+    return {"steps": cfg.steps, "training_s": round(training_s, 1),
+            "evaluation": None if evaluation is None else evaluation.to_dict(), "total_s": round(total_s, 1),
+            "usd": None if usd_per_hour is None else round(total_s / 3600 * usd_per_hour, 2)}
 
 
 def format_plan(plan: dict) -> str:
@@ -187,6 +203,15 @@ def format_plan(plan: dict) -> str:
                      f"{hours} per billion tokens" if plan["usd_per_hour"] is None else
                      f"cost            ${plan['usd_per_hour']:.2f} per hour; "
                      f"{hours} and ${speed['usd_per_billion_tokens']:,.0f} per billion tokens")
+    if plan.get("run"):
+        run = plan["run"]
+        evaluation = run["evaluation"]
+        lines.append(f"run             {run['steps']} steps: {run['training_s'] / 60:,.1f} min of training"
+                     + (f" + {evaluation['seconds'] / 60:,.1f} min of evaluation ({evaluation['units']} lm-eval units "
+                        f"of {', '.join(f'{t} {n}' for t, n in evaluation['examples_per_task'].items())} examples; "
+                        f"{evaluation['assumptions']})" if evaluation else ", no evaluation")
+                     + f" = {run['total_s'] / 3600:,.2f} h"
+                     + (f", ${run['usd']:,.2f}" if run["usd"] is not None else ""))
     if not memory["fits"]:
         ways = [f"{w['change']} ({w['predicted_gib']:.1f} GiB)" for w in plan.get("fits_with", [])]
         lines.append("fits with       " + (", or ".join(ways) if ways else "nothing nearby: use GPUs with more memory"))

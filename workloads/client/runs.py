@@ -30,8 +30,9 @@ RUNS_DIR = PROJECT_DIR / "runs"
 """Where local runs go, wherever the command runs from (`run --local --out` names another)."""
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
-NOT_RUNS = ("mlflow",)
-"""Folders of runs/ that are no run (the local tracking store)."""
+NOT_RUNS = ("mlflow", "evaluation-cache")
+"""Folders of runs/ that are no run (the local tracking store, the base models' evaluation scores:
+workloads/evaluate/cache.py)."""
 
 
 def now() -> str:
@@ -86,6 +87,8 @@ class LocalRun:
     """"first -> last (eval E)" from the report; "-" without one."""
     model: Optional[Path]
     """The exported Hugging Face folder, or None."""
+    score: str = ""
+    """The evaluation's headline, tuned against base (workloads/evaluate/report.py); "" without one."""
 
 
 def describe(run_dir: Path) -> Optional[LocalRun]:
@@ -111,8 +114,17 @@ def describe(run_dir: Path) -> Optional[LocalRun]:
             loss += f" (eval {summary['eval_loss']:.4f})"
     status = record.get("status") or str((report or {}).get("status", "?")).lower()
     model = run_dir / "model"
+    evaluation = (report or {}).get("evaluation")
+    if evaluation is None and (run_dir / "evaluation.json").is_file():  # `python -m workloads evaluate RUN`'s
+        try:
+            evaluation = json.loads((run_dir / "evaluation.json").read_text())
+        except (OSError, ValueError):
+            evaluation = None
+    from workloads.evaluate.report import headline
+
     return LocalRun(folder=run_dir, name=run_dir.name, status=status, steps=steps, loss=loss,
-                    model=model if (model / "config.json").is_file() else None)
+                    model=model if (model / "config.json").is_file() else None,
+                    score=headline(evaluation) if evaluation else "")
 
 
 def local_runs(runs_dir: Path) -> list[LocalRun]:
@@ -133,10 +145,12 @@ def format_runs(runs: list[LocalRun], *, cwd: Path) -> str:
         except ValueError:
             return str(path)
 
-    rows = [("NAME", "STATUS", "STEPS", "LOSS", "MODEL")]
-    rows += [(r.name, r.status, r.steps, r.loss, shown(r.model)) for r in runs]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4]
+    scored = any(r.score for r in runs)  # the SCORE column once a run has been evaluated
+    rows = [("NAME", "STATUS", "STEPS", "LOSS", *(("SCORE",) if scored else ()), "MODEL")]
+    rows += [(r.name, r.status, r.steps, r.loss, *((r.score or "-",) if scored else ()), shown(r.model))
+             for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
                      for row in rows)
 
 

@@ -32,6 +32,11 @@ TRACKING_PACKAGES = ("mlflow-skinny==3.17.2", "sagemaker-mlflow==0.5.0")
 MLflow's client, and the plugin that signs its requests with the pod's IAM credentials. The same
 pins as pyproject's `tracking` extra."""
 
+EVALUATE_PACKAGES = ("lm-eval==0.4.13", "datasets==5.2.0", "evaluate==0.4.6", "rouge-score==0.1.2")
+"""Installed into a GPU job's runtime_env when the run is evaluated (evaluate.tasks, the default):
+EleutherAI's lm-evaluation-harness and the pins of what it needs that the image lacks. The same pins
+as pyproject's `evaluate` extra."""
+
 JOB_ENV = {
     "RAY_DEDUP_LOGS": "0",
     "PYTHONUNBUFFERED": "1",
@@ -48,7 +53,7 @@ class Submission:
 
 
 def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: bool = True,
-                tracking_uri: str = "") -> dict:
+                tracking_uri: str = "", evaluate: bool = False) -> dict:
     """The job's pinned runtime_env. Only an EFA (GPU) run declares the transport and installs
     GPU_PACKAGES, and, when tracked, TRACKING_PACKAGES (also installed for a SageMaker ARN on any
     cluster: nothing else reads one), unless `install` is off (a cluster that cannot reach PyPI: the
@@ -57,6 +62,8 @@ def runtime_env(*, working_dir: str, expect: Literal["efa", "any"], install: boo
     packages = list(GPU_PACKAGES) if expect == "efa" else []
     if tracking_uri and (expect == "efa" or tracking_uri.startswith("arn:")):
         packages += TRACKING_PACKAGES
+    if evaluate and expect == "efa":
+        packages += EVALUATE_PACKAGES
     env_vars = {**JOB_ENV, **EFA_TRANSPORT_ENV} if expect == "efa" else dict(JOB_ENV)
     env: dict = {"working_dir": working_dir, "env_vars": env_vars}
     if install and packages:
@@ -85,7 +92,8 @@ def build_submission(*, train: dict, run_name: str, storage_path: str, max_failu
     return Submission(
         entrypoint=shlex.join(driver_args),
         runtime_env=runtime_env(working_dir=working_dir, expect=expect, install=install,
-                                tracking_uri=(train.get("tracking") or {}).get("uri", "")),
+                                tracking_uri=(train.get("tracking") or {}).get("uri", ""),
+                                evaluate=bool(((train.get("evaluate") or {}).get("tasks") or "").strip())),
         metadata={"run_name": run_name, "storage_path": storage_path},
     )
 

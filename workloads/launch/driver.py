@@ -388,9 +388,10 @@ def worker_range(plan: WorkerPlan, *, min_nodes: int) -> int | tuple[int, int]:
     return (min_nodes * plan.num_workers // plan.nodes, plan.num_workers)
 
 
-def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
+def tell_tracker_where(train: dict, *, filesystem, path: str, model: bool = True) -> bool:
     """Tag the run's tracker run (its id kept in the final checkpoint) with where that checkpoint and
-    the exported model are, when the run is tracked. Waits a bounded time; never fails the job."""
+    the exported model are, when the run is tracked (not the model's when `model` is off: it missed
+    its evaluation gate). Waits a bounded time; never fails the job."""
     from workloads.train import tracking
     from workloads.train.checkpoint import PROGRESS_FILE
     from workloads.train.config import TrainConfig
@@ -408,7 +409,7 @@ def tell_tracker_where(train: dict, *, filesystem, path: str) -> bool:
         _say(f"tracking: the final checkpoint names no tracker run ({exc})")
         return False
     location = path if filesystem.type_name == "local" else f"{filesystem.type_name}://{path}"
-    tags = {"checkpoint": location, **({"model_location": f"{location}/model"} if exported else {})}
+    tags = {"checkpoint": location, **({"model_location": f"{location}/model"} if exported and model else {})}
     if tracking.annotate_run(settings, run_id=run_id, tags=tags, say=print):
         _say(f"tracking: run {run_id or settings.run_name} tagged with "
              f"{', '.join(f'{k}={v}' for k, v in tags.items())}")
@@ -445,6 +446,28 @@ def tell_tracker_it_failed(train: dict) -> bool:
     return False
 
 
+def check_evaluation(train: dict) -> None:
+    """The evaluation the run asks for is possible, before any training (ValueError otherwise):
+    workloads/evaluate/stage.py."""
+    from workloads.evaluate.stage import check_before_training
+
+    for line in check_before_training(train):
+        _say(f"evaluate: {line}")
+
+
+def evaluate_trained(train: dict, *, checkpoint, plan: WorkerPlan) -> Optional[dict]:
+    """The stage after training on the workers the run held (workloads/evaluate/stage.py); its
+    `[evaluate] {...}` line tells the client the comparison and the gate. Never fails the job."""
+    from workloads.evaluate.stage import evaluate_after_training
+
+    location = checkpoint.path if checkpoint.filesystem.type_name == "local" else \
+        f"{checkpoint.filesystem.type_name}://{checkpoint.path}"
+    storage = location.rstrip("/").rpartition("/")[0].rpartition("/")[0]  # <storage>/<run>/<checkpoint>
+    _leave_a_removed_folder()
+    return evaluate_after_training(train, checkpoint_uri=location, storage_path=storage, use_gpu=plan.use_gpu,
+                                   cpus_per_unit=plan.cpus_per_worker, say=lambda line: _say(f"evaluate: {line}"))
+
+
 def checkpoint_config(train: dict, *, keep: int):
     """Ray Train's checkpoint retention: the `keep` newest, or with `checkpoint.keep_best` the `keep`
     of the lowest eval loss (Ray Train keeps the latest besides, for a resume)."""
@@ -460,6 +483,7 @@ def run(args: DriverArgs) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    import workloads.evaluate.stage  # noqa: F401  (before the job's folder can go: workloads/evaluate/stage.py)
     from workloads.launch.credentials import load_credentials
     from workloads.launch.ray_train import PreflightRecorder, ResizeReporter, WorkerGroupWait, train_worker
     from workloads.launch.storage import resolve_storage
@@ -487,6 +511,7 @@ def run(args: DriverArgs) -> int:
                                                  every_s=10.0)
         else:
             nodes = read_nodes()
+        check_evaluation(train)
         plan = plan_workers(nodes, cpus_per_worker=args.cpus_per_worker)
         workers = worker_range(plan, min_nodes=args.min_nodes)
         _emit({"event": "plan", "run_name": args.run_name, **asdict(plan),
@@ -529,7 +554,9 @@ def run(args: DriverArgs) -> int:
                 checkpoint = result.checkpoint.path if result.checkpoint else None
                 _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
                 if result.checkpoint is not None:
-                    tell_tracker_where(train, filesystem=result.checkpoint.filesystem, path=result.checkpoint.path)
+                    evaluation = evaluate_trained(train, checkpoint=result.checkpoint, plan=plan)
+                    tell_tracker_where(train, filesystem=result.checkpoint.filesystem, path=result.checkpoint.path,
+                                       model=(evaluation or {}).get("passed", True))
                 return 0
     finally:
         ray.shutdown()

@@ -315,11 +315,15 @@ BEST = "best"
 
 def best_checkpoint(source, folders: list[str]) -> str:
     """The folder, among a run's complete checkpoints, whose progress.json records the lowest eval
-    loss (the newest of equals); ValueError when none records one."""
+    loss (the newest of equals); ValueError when none records one. A checkpoint whose model missed
+    its evaluation gate is never the best (workloads/evaluate)."""
+    from workloads.evaluate.report import gate_failed
     from workloads.train.checkpoint import PROGRESS_FILE
 
     scored = []
     for index, folder in enumerate(folders):
+        if gate_failed(source.join(folder)):
+            continue
         try:
             loss = json.loads(source.join(folder, PROGRESS_FILE).read_bytes()).get("eval_loss")
         except (OSError, ValueError, AttributeError):

@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from workloads.evaluate.settings import EvaluateConfig
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
 from workloads.train.records import DATA_FORMATS
 from workloads.transport.gate import GateConfig
@@ -454,6 +455,10 @@ class TrainConfig:
 
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     """Which checkpoints are kept (`checkpoint.keep_best`)."""
+
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """The stage after training: the tuned model and its base on the same tasks, and the gate
+    (workloads/evaluate)."""
 
     def __post_init__(self) -> None:
         positive = ("seq_len", "micro_batch", "steps", "log_every", "loss_chunk_size", "eval_batches")
