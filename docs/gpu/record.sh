@@ -237,7 +237,7 @@ dpo)
   # one 8-minute call; bench.json keeps every run that ended.
   full=(--preset qwen2.5-1.5b-dpo --set model.name_or_path=qwen2.5-1.5b) lora=(--preset qwen2.5-7b-lora-dpo-24gb
         --set model.name_or_path=qwen2.5-7b) shape=(--seq-len 4096 --micro-batches 1) cpu=()
-  steps_full=(--steps 8 --warmup 3) steps_lora=(--steps 6 --warmup 2) limit_full=200 limit_lora=250
+  steps_full=(--steps 8 --warmup 3) steps_lora=(--steps 6 --warmup 2) limit_full=${LIMIT_FULL:-200} limit_lora=${LIMIT_LORA:-250}
   if [ -n "${DRY_RUN:-}" ]; then
     full=(--preset demo-cpu-dpo) lora=(--preset demo-cpu-dpo --set method=lora --set lora.rank=16)
     shape=(--seq-len 512 --micro-batches 1) cpu=(--allow-cpu) steps_full=(--steps 4 --warmup 1)
