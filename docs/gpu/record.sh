@@ -228,7 +228,6 @@ print(write_chat_data(Path(sys.argv[1]), count=int(sys.argv[2]), seed=0))' "$out
   echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/stability.txt"
   run python3 -m workloads.bench.stability "$out/stability" 2>&1 | tee -a "$out/stability.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|perf3|stability OUT" >&2; exit 2 ;;
 dpo)
   shift 2
   # Rows of 4,096 hold a pair's two sequences (each up to 2,048 positions), about 2.1 pairs: one row per
@@ -254,7 +253,6 @@ dpo)
   run python3 -m workloads.bench.dpo_record "$out/dpo-1.5b" "$out/dpo-7b-lora" --out "$out/dpo.json" 2>&1 \
       | tee "$out/dpo-record.txt"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|dpo OUT" >&2; exit 2 ;;
 evaluate)
   # No hub here: two Qwen2.5-1.5B-shaped folders with random weights (bf16) and the toy tokenizer, the
   # "tuned" one another seed of the base, and toy chats (workloads/model_io/toy.py). Random weights never
@@ -272,5 +270,5 @@ evaluate)
   cp "$out/evaluate/figures.json" "$out/figures.json" 2>/dev/null
   rm -rf "$out"/model-*/*.safetensors "$out"/evaluate/peer-*/*/*samples* "$out/evaluate/evaluation-cache"
   ;;
-*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|evaluate OUT" >&2; exit 2 ;;
+*) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|perf3|stability|dpo|evaluate OUT" >&2; exit 2 ;;
 esac
