@@ -260,15 +260,19 @@ evaluate)
   # both sides. OUT/figures.json: each command's seconds, the scores and the generation speed.
   arch=${ARCH:-qwen2.5-1.5b} records=${RECORDS:-256} device=cuda
   [ "$gpus" -gt 0 ] || device=cpu
+  # The models (3 GB each at 1.5B) live outside OUT, so that OUT holds only the record even when this
+  # case is cut short.
+  models=$(mktemp -d)
+  trap 'rm -rf "$models"' EXIT
   for seed in 0 1; do
-    run python3 -m workloads.model_io.toy --architecture "$arch" --dtype bfloat16 --seed $seed --out "$out/model-$seed" \
+    run python3 -m workloads.model_io.toy --architecture "$arch" --dtype bfloat16 --seed $seed --out "$models/model-$seed" \
         --chat-jsonl "$out/chat.jsonl" --conversations $((records * 10)) 2>&1 | tee -a "$out/evaluate-make.txt"
   done
-  run python3 -m workloads.bench.evaluate_peer --model "$out/model-1" --base "$out/model-0" --chats "$out/chat.jsonl" \
+  run python3 -m workloads.bench.evaluate_peer --model "$models/model-1" --base "$models/model-0" --chats "$out/chat.jsonl" \
       --records "$records" --device "$device" --out "$out/evaluate" 2>&1 | tee "$out/evaluate.txt"
   echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/evaluate.txt"
   cp "$out/evaluate/figures.json" "$out/figures.json" 2>/dev/null
-  rm -rf "$out"/model-*/*.safetensors "$out"/evaluate/peer-*/*/*samples* "$out/evaluate/evaluation-cache"
+  rm -rf "$out"/evaluate/peer-*/*/*samples* "$out/evaluate/evaluation-cache"
   ;;
 *) echo "usage: $0 gate|nccl|bench|chats|cap24|topology|rehearsal|load|memory|peers|perf3|stability|dpo|evaluate OUT" >&2; exit 2 ;;
 esac
