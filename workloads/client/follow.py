@@ -4,6 +4,7 @@ cluster lost with its head told apart from a lost connection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 import time
 from dataclasses import dataclass
@@ -138,29 +139,55 @@ class _Shown:
 
 async def _tail(client, job_id: str, printer: LogPrinter, shown: _Shown) -> None:
     """Feed the job's log to printer, leaving out what it has had already (the Jobs API streams a
-    log from its start)."""
+    log from its start). The stream is closed here, on this loop, however the feeding ends: an
+    interruption raised while a chunk is printed would otherwise leave it to the generator's
+    finalizer, which schedules its closing on a loop about to be closed."""
     seen = 0
-    async for chunk in client.tail_job_logs(job_id):
-        fresh = chunk[max(0, shown.chars - seen):]
-        seen += len(chunk)
-        if fresh:
-            printer.feed(fresh)
-            shown.chars = seen
+    async with contextlib.aclosing(client.tail_job_logs(job_id)) as chunks:
+        async for chunk in chunks:
+            fresh = chunk[max(0, shown.chars - seen):]
+            seen += len(chunk)
+            if fresh:
+                printer.feed(fresh)
+                shown.chars = seen
 
 
 def _run_interruptibly(coro) -> None:
     """Run `coro` to its end on an event loop of its own, where Ctrl-C raises KeyboardInterrupt at
     once. `asyncio.run` would only cancel the task on a first Ctrl-C, and a task that ends without the
     cancellation reaching it (a library's cleanup that swallows it) returns normally: the interrupt
-    would be lost and following would go on (tests/test_submit.py has such a stream)."""
+    would be lost and following would go on (tests/test_submit.py has such a stream).
+
+    An interruption arrives while the task waits inside the log stream (Ray's `tail_job_logs`, an
+    async generator over an aiohttp session): the task is cancelled and run to its end on this loop
+    first, which closes the generator and its session, before the interruption goes on. Left to
+    `shutdown_asyncgens`, the generator, still running, cannot be closed ("aclose(): asynchronous
+    generator is already running"), and the session's transports are closed after the loop ("Event
+    loop is closed", "Unclosed client session")."""
     loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
     try:
-        loop.run_until_complete(coro)
+        loop.run_until_complete(task)
+    except BaseException:
+        _cancel_and_wait(loop, task)
+        raise
     finally:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
+
+
+CLOSE_WAIT_S = 5.0
+"""How long an interrupted log stream may take to close its connection."""
+
+
+def _cancel_and_wait(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    if not task.done():
+        task.cancel()
+        loop.run_until_complete(asyncio.wait({task}, timeout=CLOSE_WAIT_S))
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: the interruption is what goes on, not the stream's own ending
 
 
 def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):

@@ -41,6 +41,8 @@ from workloads.client import demo, revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
+from workloads.client.interrupts import INTERRUPTIONS, Terminated, sigterm_raises
+from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import user_overrides
 from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
@@ -349,12 +351,7 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path,
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so that no library's `except Exception` swallows it."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
+_Terminated = Terminated
 
 
 @contextmanager
@@ -594,17 +591,15 @@ def main(command: str, argv: list[str]) -> int:
         args = _arg_parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return run_local(args, console)
+        with sigterm_raises():
+            return run_local(args, console)
     except ValueError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return submit.EXIT_USAGE
     except RuntimeError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return submit.EXIT_FAILED
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS as stop:
         console.print("interrupted: the local Ray cluster was stopped")
-        return submit.EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return interruption_exit_code(stop)

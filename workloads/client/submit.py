@@ -16,7 +16,7 @@ Exit codes: 0 the job succeeded (its ranks ran on the nodes the driver planned a
 NCCL connections passed the transport check); 1 it failed, was stopped, or failed a check; 2 bad
 input; 3 the cluster could not be reached or refused the token; 4 the connection was lost while
 following and could not be restored (the job keeps running; the message says how to reattach);
-130 interrupted (the job keeps running).
+130 interrupted by Ctrl-C, 143 by SIGTERM (the job keeps running).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_fact
                                       read_token_file)
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
+from workloads.client.interrupts import INTERRUPTIONS, sigterm_raises
+from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import given_keys, user_overrides
 from workloads.client.report import eval_warnings, loop_summary
 from workloads.client.usage import Parser, UsageError
@@ -303,10 +305,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                 outcome = submit_and_follow(conn, request, console=console, on_submitted=job_ids.append)
             if waking is not None and outcome.exit_code != EXIT_OK and waking.failure_note():
                 outcome = dataclasses.replace(outcome, reason=f"{outcome.reason} ({waking.failure_note()})")
-        except KeyboardInterrupt:
+        except INTERRUPTIONS as stop:
             if job_ids:
                 console.print(reattach_hint(job_ids[-1], conn.target_args))
-            return EXIT_INTERRUPTED
+            return interruption_exit_code(stop)
         except FollowLostError as exc:
             console.print(reattach_hint(job_ids[-1], conn.target_args, why=f"lost the connection ({exc})"))
             return EXIT_DETACHED
@@ -348,9 +350,9 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
         try:
             status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=False),
                             say=lambda m: console.print(f"[yellow]{m}[/]"))
-        except KeyboardInterrupt:
+        except INTERRUPTIONS as stop:
             console.print(reattach_hint(args.job_id, conn.target_args))
-            return EXIT_INTERRUPTED
+            return interruption_exit_code(stop)
         except FollowLostError as exc:
             console.print(reattach_hint(args.job_id, conn.target_args, why=f"lost the connection ({exc})"))
             return EXIT_DETACHED
@@ -396,15 +398,16 @@ def main(command: str, argv: list[str]) -> int:
     console = Console(highlight=False, soft_wrap=True)
     try:
         args = _arg_parser(command).parse_args(argv)
-        return COMMANDS[command](args, console)
+        with sigterm_raises():
+            return COMMANDS[command](args, console)
     except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except UnreachableError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except INTERRUPTIONS as stop:
+        return interruption_exit_code(stop)
     except Exception as exc:
         # Ray's class is imported only here: importing ray takes about a second of CPU, which a
         # command refused for its arguments (or its --help) need not spend.
