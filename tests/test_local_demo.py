@@ -166,7 +166,8 @@ def _assert_tracked(runs_dir: Path, run_dir: Path, report: dict, out: str) -> No
     assert f"mlflow ui --backend-store-uri {store} --port 5000" in " ".join(out.split())
     mlflow = MlflowClient(tracking_uri=store)
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("local").experiment_id])
-    assert run.info.status == "FINISHED" and run.info.run_name == f"demo-cpu-{run_dir.name}"
+    assert run.info.status == "FINISHED" and run.info.run_name == run_dir.name  # one name per run
+    assert run_dir.name.startswith("demo-cpu-") and f"run {run_dir.name}" in out
     assert f"tracking run {run.info.run_id} in experiment local;" in " ".join(out.split())
     assert [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "train_loss")] == [
         (r["step"], r["loss"]) for r in report["steps"]]

@@ -144,3 +144,26 @@ def test_chat_finds_a_runs_model_by_name_folder_or_model_folder(tmp_path):
     with pytest.raises(ValueError, match="'nosuch' is neither a run of"):
         model_folder("nosuch", runs_dir=root)
     assert stopped.is_dir()
+
+
+def test_a_run_without_a_name_has_one_name_for_its_folder_its_job_and_every_command(trains, tmp_path):
+    """The demo printed `run demo-cpu-<time>` and titled its plot so, `run --help` promised
+    `<preset>-<UTC time>`, but the folder was `<time>`: `chat demo-cpu-<time>` found nothing."""
+    calls, _ = trains
+    assert local.run_local(_args(tmp_path, "--set", "data.path=chats.jsonl"), Console(quiet=True)) == 0
+    name, run_dir = calls[-1]["run_name"], calls[-1]["run_dir"]
+    assert name.startswith("demo-cpu-") and run_dir == tmp_path / "runs" / name
+    assert runs.read_run(run_dir)["name"] == name
+    (run_dir / "model").mkdir()
+    (run_dir / "model" / "config.json").write_text("{}")
+    assert model_folder(name, runs_dir=tmp_path / "runs") == run_dir / "model"
+
+
+def test_a_run_made_before_its_folder_took_its_name_is_found_by_its_name(tmp_path):
+    root = tmp_path / "runs"
+    old = _run_folder(root, "20261205-130115", status="succeeded", steps=2, done=2, model=True, record=False)
+    runs.write_run(old, {"name": "demo-cpu-20261205-130115", "status": "succeeded", "train": {"steps": 2}})
+    assert runs.find_run(root, "demo-cpu-20261205-130115") == old
+    assert runs.find_run(root, "20261205-130115") == old
+    assert runs.find_run(root, "nosuch") is None
+    assert model_folder("demo-cpu-20261205-130115", runs_dir=root) == old / "model"

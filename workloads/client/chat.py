@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
-from workloads.client.runs import RUNS_DIR
+from workloads.client.runs import RUNS_DIR, find_run
 from workloads.client.usage import Parser, UsageError
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -36,7 +36,7 @@ def _arg_parser() -> Parser:
 
 def model_folder(run: str, *, runs_dir: Path) -> Path:
     """The Hugging Face folder RUN names (module docstring); ValueError with what to do otherwise."""
-    for candidate in (Path(run), runs_dir / run):
+    for candidate in (Path(run), find_run(runs_dir, run) or runs_dir / run):
         if (candidate / "config.json").is_file():
             return candidate
         if (candidate / "model" / "config.json").is_file():

@@ -4,7 +4,7 @@
     python -m workloads export --stack NAME --run NAME [...]
 
 RUN is a run folder (local, or s3://bucket/prefix/RUN: Ray Train's storage of the run, a torchrun
---out folder, a `make demo` runs/<stamp> folder) or one checkpoint folder; with --stack, the run is
+--out folder, a `make demo` runs/<name> folder) or one checkpoint folder; with --stack, the run is
 looked up in the stack's checkpoint bucket. The newest checkpoint is exported unless --checkpoint
 names one; --out (default: `model/` next to the checkpoints) may be local or s3://. --generate
 loads the result with from_pretrained and prints a greedy continuation of a prompt.

@@ -44,7 +44,8 @@ from workloads.client.inputs_check import check_inputs
 from workloads.client.interrupts import INTERRUPTIONS, Terminated, sigterm_raises
 from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import user_overrides
-from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
+from workloads.client.runs import (RUN_FILE, RUNS_DIR, find_run, latest_checkpoint_step, now, read_run, update_run,
+                                   write_run)
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
                                      write_report)
 from workloads.launch.task_history import TASK_HISTORY_ENV
@@ -443,7 +444,9 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     if args.run_name is not None and not RUN_NAME.match(args.run_name):
         raise ValueError(f"--run-name {args.run_name!r}: use letters, digits, '.', '_' and '-' (a folder of "
                          f"{args.runs_dir} is named after it)")
-    run_dir = (args.runs_dir / (args.run_name or stamp)).resolve()
+    # One name for the run everywhere: its folder, its job and plot, its tracker run, chat and export.
+    name = args.run_name or f"{args.preset}-{stamp}"
+    run_dir = (find_run(args.runs_dir, name) or args.runs_dir / name).resolve()
     record = read_run(run_dir)
     if record is None and run_dir.is_dir() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} holds no run to resume (no {RUN_FILE}): choose another --run-name")
@@ -454,7 +457,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
                       f"{latest_checkpoint_step(run_dir) or 0} of {train['steps']})")
     else:
         train, inputs = local_train_config(args, run_dir, say=hub_said)
-        run_name = args.run_name or f"{args.preset}-{stamp}"
+        run_name = name
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
     # in its config (entrypoint, report.json, logs).

@@ -1,7 +1,8 @@
 """Local runs (`run --local`) as folders of runs/, and `python -m workloads runs`, which lists them.
 
 Each run has a folder under the project's runs/ (or `run --local --out`), named after the run
-(`--run-name NAME`, else the start's UTC time). `run.json` there says what the run is from its
+(`--run-name NAME`, else `<preset>-<UTC time>`: the name the run's job, plot, tracker run and
+every command use). `run.json` there says what the run is from its
 start on: its name (Ray Train's and the tracker's), its preset and config, and its status (running,
 succeeded, failed, interrupted). The report, the loss plot, the job's log, the checkpoints and the
 exported model/ join it as the run goes. `run --local --run-name NAME` of a run that has a folder
@@ -62,6 +63,18 @@ def update_run(run_dir: Path, **changes) -> None:
     record = read_run(run_dir)
     if record is not None:
         write_run(run_dir, {**record, **changes})
+
+
+def find_run(runs_dir: Path, name: str) -> Optional[Path]:
+    """The folder of the run called `name` in `runs_dir`: the folder of that name, else one whose
+    run.json names it (runs made before a run's folder took its name were folders named after their
+    start's time only); None when there is none."""
+    if (runs_dir / name).is_dir():
+        return runs_dir / name
+    if not runs_dir.is_dir() or "/" in name:
+        return None
+    return next((folder for folder in sorted(runs_dir.iterdir())
+                 if folder.is_dir() and (read_run(folder) or {}).get("name") == name), None)
 
 
 def latest_checkpoint_step(run_dir: Path) -> Optional[int]:
