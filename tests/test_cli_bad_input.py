@@ -133,7 +133,7 @@ CASES = (
          "instance type 'm7i.xlarge' is not a GPU type this project knows"),
     Case("workloads", ("plan", "--nodes", "0"), 2, "--nodes 0: give 1 or more"),
     Case("workloads", ("export",), 2, "name the run: RUN"),
-    Case("workloads", ("export", "no-such-run"), 2, "no-such-run: nothing is stored there"),
+    Case("workloads", ("export", "no-such-run"), 2, "'no-such-run' is neither a folder here nor a run of"),
     Case("workloads", ("export", "some.log", "--dtype", "int8"), 2, "invalid choice: 'int8'"),
     Case("infra", (), 2, "the following arguments are required: command"),
     Case("infra", ("render", "--stack", "nope"), 2,

@@ -167,3 +167,21 @@ def test_a_run_made_before_its_folder_took_its_name_is_found_by_its_name(tmp_pat
     assert runs.find_run(root, "20261205-130115") == old
     assert runs.find_run(root, "nosuch") is None
     assert model_folder("demo-cpu-20261205-130115", runs_dir=root) == old / "model"
+
+
+def test_export_takes_a_run_name_as_chat_does_and_names_the_run_meant(tmp_path, monkeypatch):
+    from workloads.client import export
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    finished = _run_folder(root, "my-ft", status="succeeded", steps=2, done=2, model=True)
+
+    def uri(*argv: str) -> str:
+        return export.run_uri(export._arg_parser().parse_args([*argv, "--runs-dir", str(root)]))
+
+    assert uri("my-ft") == str(finished)
+    assert uri(str(finished)) == str(finished)
+    assert uri("s3://bucket/prefix/my-ft") == "s3://bucket/prefix/my-ft"
+    with pytest.raises(ValueError, match=r"'my-fr' is neither a folder here nor a run of .*runs; did you mean "
+                                         r"my-ft \(runs/my-ft\)\?"):
+        uri("my-fr")
