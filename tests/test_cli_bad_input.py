@@ -149,6 +149,14 @@ CASES = (
          'Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.30: is a number to YAML, not text: '
          'unquoted, 1.30 is read as 1.3 (trailing zeros dropped). Fix: quote it in the stack file: '
          'ray-eks:kubernetesVersion: "1.30"'),
+    # A misspelt region is the region's fault, not its AZ's (whose fix, a probe of the misspelt
+    # region, failed too).
+    Case("infra", ("render", "--stack", "wrongregion"), 2,
+         "Pulumi.wrongregion.yaml:2: aws:region = 'us-wset-2': is not an AWS region. Fix: did you mean us-west-2?"),
+    # An unknown stack is bad input, said before anything else (it went on to `pulumi is not on PATH`, exit 3).
+    Case("workloads", ("submit", "--stack", "us-wst-2"), 2,
+         "Pulumi.us-wst-2.yaml: does not exist. Fix: did you mean --stack us-west-2?"),
+    Case("workloads", ("logs", "--stack", "us-wst-2", "r1-job1"), 2, "did you mean --stack us-west-2?"),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
     Case("workloads.bench", (), 2, "no CUDA GPU is visible: the benchmarks measure GPUs"),
@@ -169,6 +177,8 @@ STACK_FILES = {
     "Pulumi.several.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
                            "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n"
                            "  rayeks:gpuNodeCount: 3\n  ray-eks:kubernetesVersion: 1.30\n",
+    "Pulumi.wrongregion.yaml": "config:\n  aws:region: us-wset-2\n  ray-eks:gpuAvailabilityZone: "
+                               "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n",
     "some.log": "not an NCCL log\n",
 }
 

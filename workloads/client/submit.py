@@ -398,6 +398,10 @@ def main(command: str, argv: list[str]) -> int:
     console = Console(highlight=False, soft_wrap=True)
     try:
         args = _arg_parser(command).parse_args(argv)
+        if args.stack and not args.address:  # an unknown stack is bad input, said before anything else
+            from infra.config import require_stack_file
+
+            require_stack_file(args.stack, PROJECT_DIR)
         with sigterm_raises():
             return COMMANDS[command](args, console)
     except (UsageError, ValueError) as exc:
