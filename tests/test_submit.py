@@ -139,6 +139,26 @@ def test_the_printer_shows_the_loops_gate_line_once():
     assert out.getvalue().splitlines() == ["gate transport gate does not apply: gloo"]
 
 
+def test_the_printer_shows_each_record_once_when_ray_forwards_two_records_twice_interleaved():
+    """Ray forwards each worker line twice; two records forwarded so, interleaved (A, B, A, B), were
+    both shown twice: a record was dropped only when it equalled the line just before it."""
+    printer, out = _printer(quiet=True)
+    gate = {"applies": False, "passed": True, "message": "transport gate does not apply: gloo"}
+    data = {"records": 17, "chats": 17, "seq_len": 64, "examples": 15, "rows": 12, "label_tokens": 135,
+            "note": "the run reads its data 3 times"}
+    step = {"step": 5, "loss": 2.5}
+    lines = [f"(RayTrainWorker pid=7) {GATE_PREFIX}{json.dumps(gate)}\n",
+             f"(RayTrainWorker pid=7) {DATA_PREFIX}{json.dumps(data)}\n",
+             f'(RayTrainWorker pid=7) [train] {json.dumps(step)}\n']
+    printer.feed("".join(lines[:2] + lines[:2] + lines[2:] + lines[1:]))
+    assert out.getvalue().splitlines() == [
+        "gate transport gate does not apply: gloo",
+        "data 17 records: 15 examples in 12 rows of 64 tokens, 135 tokens to learn",
+        "data the run reads its data 3 times",
+        "train step      5/60  loss 2.5000",
+    ]
+
+
 def test_the_printer_says_on_the_console_what_the_data_lost_to_seq_len():
     """Truncated and dropped conversations were counted only in job.log and report.json."""
     printer, out = _printer(quiet=True)

@@ -4,6 +4,7 @@ cluster lost with its head told apart from a lost connection."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import shlex
 import time
@@ -29,8 +30,9 @@ class LogPrinter:
         self._partial = ""
         self.plan: Optional[dict] = None
         """The driver's plan record, once the job has logged it."""
-        # Ray Train forwards each worker line to the job logs twice; show a record once.
-        self._last_shown: Optional[str] = None
+        # Ray Train forwards each worker line to the job logs twice, and two records' copies may
+        # interleave (A, B, A, B): a record is shown once however far its copy comes after it.
+        self._shown_records: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tracking_shown: set[str] = set()
 
     def feed(self, chunk: str) -> None:
@@ -111,10 +113,17 @@ class LogPrinter:
         keyed = parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
         if not keyed:
             return False
-        if line == self._last_shown:
+        if line in self._shown_records:
             return True
-        self._last_shown = line
+        self._shown_records[line] = None
+        if len(self._shown_records) > SHOWN_RECORDS_KEPT:
+            self._shown_records.popitem(last=False)
         return False
+
+
+SHOWN_RECORDS_KEPT = 4096
+"""Records a printer remembers to drop their forwarded copies: far more than come between a line
+and its copy, few enough that following a long run holds little."""
 
 
 class FollowLostError(Exception):
