@@ -205,7 +205,7 @@ def test_ctrl_c_stops_the_demo_its_cluster_and_its_tracker_run(tmp_path, demos, 
     assert "Running entrypoint for job demo-cpu-" in (run_dir / "job.log").read_text()  # <run name>-job1
     # The run says it was interrupted, and how to go on with it.
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
-    assert f"run --local --run-name {run_dir.name} resumes it" in " ".join(out.split())
+    assert f"python -m workloads run --run-name {run_dir.name} resumes it" in " ".join(out.split())
     _assert_all_stopped(groups)
     # Its tracker run ended KILLED: neither left RUNNING, nor FAILED as its ranks and the driver saw
     # the worker nodes go (the demo ends it once its cluster is down).

@@ -373,8 +373,8 @@ def log_kept_on_interrupt(conn, job_ids: list[str], *, path: Path, console: Cons
 
 def _arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads run", description=__doc__.splitlines()[0])
-    parser.add_argument("--local", action="store_true", required=True,
-                        help="start the Ray cluster on this machine (the only mode of `run`)")
+    parser.add_argument("--local", action="store_true",
+                        help="start the Ray cluster on this machine: the only mode of `run`, so it may be left out")
     parser.add_argument("--preset", default="demo-cpu", help="training preset (default: demo-cpu)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set steps=20 (repeatable)")
@@ -483,6 +483,11 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+def resume_command(run_name: str) -> str:
+    """The command that resumes a local run from its latest checkpoint."""
+    return f"python -m workloads run --run-name {run_name}"
+
+
 def run_title(run_name: str, train: dict, *, nodes: int) -> str:
     """The loss plot's title: the run, what it trained and on what (not the preset's name alone)."""
     model = train["model"]["name_or_path"]
@@ -517,8 +522,8 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
             with environment_with(uri_credentials):
                 tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
                                          say=lambda line: console.print(line, highlight=False, markup=False))
-        console.print(f"[bold cyan]local[/] run --local --run-name {run_dir.name} resumes it from its latest "
-                      "checkpoint")
+        console.print(f"[bold cyan]local[/] {resume_command(run_dir.name)} resumes it from its latest checkpoint",
+                      highlight=False)
         raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)

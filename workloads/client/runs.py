@@ -163,8 +163,9 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     runs = local_runs(args.runs_dir)
     if not runs:
-        print(f"no local runs in {args.runs_dir} (python -m workloads run --local makes one)")
+        print(f"no local runs in {args.runs_dir} (python -m workloads run makes one)")
         return 0
     print(format_runs(runs, cwd=Path.cwd()))
-    print("\npython -m workloads chat NAME talks to a run's model; run --local --run-name NAME resumes a run")
+    print("\npython -m workloads chat NAME talks to a run's model; "
+          "python -m workloads run --run-name NAME resumes a run")
     return 0

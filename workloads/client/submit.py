@@ -40,6 +40,7 @@ from workloads.client.interrupts import INTERRUPTIONS, sigterm_raises
 from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import given_keys, user_overrides
 from workloads.client.report import eval_warnings, loop_summary
+from workloads.client.plan import DEFAULT_NODES
 from workloads.client.usage import Parser, UsageError
 from workloads.client.wakeup import WakeWatching, wake_wait_s, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
@@ -124,7 +125,8 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
                             help="without --preset: the model whose preset to choose (default 1.5b)")
         parser.add_argument("--instance-type", help="with --address: the cluster's GPU instance type, to check that "
                             "the run fits its GPUs before submitting (--stack reads it from the stack file)")
-        parser.add_argument("--nodes", type=int, help="with --instance-type: the cluster's GPU nodes (default 1)")
+        parser.add_argument("--nodes", type=int, help=f"with --instance-type: the cluster's GPU nodes (default "
+                            f"{DEFAULT_NODES}, as plan's)")
         parser.add_argument("--config", type=Path, help="a TrainConfig JSON file instead of a preset")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override a config field, e.g. --set steps=20 (repeatable)")
@@ -154,11 +156,15 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--expect", choices=("efa", "any"),
                             help="network between nodes (default: efa with --stack, any with --address)")
         parser.add_argument("--no-follow", action="store_true", help="print the job id and return")
-        parser.add_argument("--quiet", action="store_true", help="show progress only, not every log line")
+        parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
+        parser.add_argument("--quiet", action="store_true",
+                            help="progress only: the default now (kept for scripts that pass it)")
     elif command == "logs":
         parser.description = "Print a job's logs; --follow streams them until the job ends."
         parser.add_argument("job_id")
-        parser.add_argument("--follow", action="store_true")
+        parser.add_argument("--follow", action="store_true", help="follow the job to its end, showing progress")
+        parser.add_argument("--verbose", action="store_true",
+                            help="with --follow: show every job log line, not only progress")
     elif command == "stop":
         parser.description = "Stop a job."
         parser.add_argument("job_id")
@@ -196,7 +202,7 @@ def fit_target(args: argparse.Namespace, console: Console):
             if args.nodes is not None:
                 raise ValueError("--nodes goes with --instance-type (the cluster's GPU instance type)")
             return None
-        return Target.instances(args.instance_type, 1 if args.nodes is None else args.nodes)
+        return Target.instances(args.instance_type, DEFAULT_NODES if args.nodes is None else args.nodes)
     if args.instance_type or args.nodes is not None:
         raise ValueError("--instance-type and --nodes are for --address: with --stack they come from the stack file")
     from infra.config import ConfigErrors, load_stack_config
@@ -231,16 +237,29 @@ def check_fit(train: dict, target, *, what: str, console: Console) -> None:
                       highlight=False)
 
 
-def _submit(args: argparse.Namespace, console: Console) -> int:
-    from workloads.train.config import preset_for_gpu
+def _preset_choice(args: argparse.Namespace, *, gpu_memory_gib, gpus, cluster: str):
+    from workloads.client.presets import choose_preset
 
+    return choose_preset(preset_name=args.preset, model_size=args.model_size, gpu_memory_gib=gpu_memory_gib,
+                         gpus=gpus, overrides=args.set, cluster=cluster)
+
+
+def _say_preset(choice, args: argparse.Namespace, console: Console) -> None:
+    if args.config is None:
+        console.print(f"[bold cyan]preset[/] {choice.label}: {choice.why}", highlight=False)
+
+
+def _submit(args: argparse.Namespace, console: Console) -> int:
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.
     upload_absolute = bool(args.stack)  # the stack's nodes cannot see this machine's files
     target = fit_target(args, console)
-    planned_preset = args.preset or preset_for_gpu(None if target is None else target.gpu_memory_gib,
-                                                   model_size=args.model_size,
-                                                   gpus=None if target is None else target.world_size)
+    planned = _preset_choice(args, gpu_memory_gib=None if target is None else target.gpu_memory_gib,
+                             gpus=None if target is None else target.world_size,
+                             cluster="the cluster" if target is None else target.label)
+    planned_preset = planned.name
+    if target is not None:
+        _say_preset(planned, args, console)
     first = _train_config(args, expect=expect, preset_name=planned_preset, target=target)
     files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
     # The files uploaded with the job are read here as the job will read them; the hub's files are
@@ -263,8 +282,13 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if args.min_nodes > 0 and args.max_failures == 0:
         console.print(f"[bold yellow]warning[/] {ELASTIC_WITHOUT_RETRIES}", highlight=False)
     with _connect(args) as conn:
-        preset_name = planned_preset if target is not None else (
-            args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
+        if target is None:
+            chosen = _preset_choice(args, gpu_memory_gib=conn.gpu_memory_gib, gpus=conn.ray_worker_gpus,
+                                    cluster=f"the cluster's {conn.ray_worker_gpus or 0} GPU(s)")
+            _say_preset(chosen, args, console)
+            preset_name = chosen.name
+        else:
+            preset_name = planned_preset
         config = _train_config(args, expect=expect, preset_name=preset_name, target=target)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
@@ -290,7 +314,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[bold]credentials[/] {note}", highlight=False)
         wait_gpus_s = args.wait_gpus_s or (wake_wait_s(target and target.instance_type) if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
-                                max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
+                                max_failures=args.max_failures, expect=expect, quiet=not args.verbose, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
                                 resubmits=args.resubmits, min_nodes=args.min_nodes, wait_gpus_s=wait_gpus_s)
         if args.no_follow:
@@ -348,7 +372,7 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
             sys.stdout.write(client.get_job_logs(args.job_id))
             return EXIT_OK
         try:
-            status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=False),
+            status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=not args.verbose),
                             say=lambda m: console.print(f"[yellow]{m}[/]"))
         except INTERRUPTIONS as stop:
             console.print(reattach_hint(args.job_id, conn.target_args))
