@@ -126,6 +126,7 @@ def test_the_demo_trains_on_two_nodes_writes_its_report_and_stops_everything(tmp
     assert proc.returncode == 0, out
     # The head joined the cluster but hosts no worker: the plan, the ranks and the check agree on 2.
     assert "2 CPU workers on 2 node(s)" in out and "train step 20/20" in " ".join(out.split())
+    assert "method full fine-tune: trainable params: " in out and "trainable%: 100.0000" in out
     assert "placement check passed: 2 ranks trained on 2 node(s), as planned" in out
     assert "on 2 node(s)" in out.split("summary", 1)[1]
 

@@ -124,10 +124,10 @@ def test_the_runs_command_lists_each_local_run(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [" ".join(line.split()) for line in done.stdout.splitlines()]
     assert lines[:4] == [
-        "NAME STATUS STEPS LOSS MODEL",
-        "20261204-151716 succeeded 200/200 6.2000 -> 0.0400 (eval 0.0500) runs/20261204-151716/model",
-        "my-ft interrupted 100/400 - -",
-        "broken failed 0/200 - -",
+        "NAME STATUS STEPS LOSS METHOD MODEL",
+        "20261204-151716 succeeded 200/200 6.2000 -> 0.0400 (eval 0.0500) full runs/20261204-151716/model",
+        "my-ft interrupted 100/400 - full -",
+        "broken failed 0/200 - full -",
     ]
     assert "python -m workloads chat NAME" in done.stdout
 
@@ -185,3 +185,23 @@ def test_export_takes_a_run_name_as_chat_does_and_names_the_run_meant(tmp_path, 
     with pytest.raises(ValueError, match=r"'my-fr' is neither a folder here nor a run of .*runs; did you mean "
                                          r"my-ft \(runs/my-ft\)\?"):
         uri("my-fr")
+
+
+def test_runs_and_the_plot_title_say_a_lora_run_is_lora_with_its_rank_and_trainable_share(tmp_path):
+    root = tmp_path / "runs"
+    lora = {"rank": 16, "alpha": 32.0, "dropout": 0.0, "target_modules": []}
+    folder = _run_folder(root, "my-lora", status="succeeded", steps=20, done=20, model=True)
+    report = json.loads((folder / "report.json").read_text())
+    report["loop_summary"] = {"method": "lora", "lora": lora, "trained_params": 1_089_536, "params": 495_122_304}
+    (folder / "report.json").write_text(json.dumps(report))
+    stopped = _run_folder(root, "lora-stopped", status="interrupted", steps=20, done=5, model=False)
+    runs.write_run(stopped, {"name": "lora-stopped", "status": "interrupted",
+                             "train": {"steps": 20, "method": "lora", "lora": lora}})
+    listed = {run.name: run.method for run in runs.local_runs(root)}
+    assert listed == {"my-lora": "lora r16 (0.22% trained)", "lora-stopped": "lora r16"}
+    train = {"model": {"name_or_path": str(folder / "base-model")}, "data": {"kind": "synthetic"},
+             "method": "lora", "lora": lora}
+    title = local.run_title("my-lora", train, nodes=2, final=report["loop_summary"])
+    assert title == ("my-lora: toy model on synthetic tokens, LoRA rank 16 (alpha 32): 1,089,536 of 495,122,304 "
+                     "parameters trained (0.22%), 2 local worker node(s)")
+    assert "full fine-tune" in local.run_title("r", {**train, "method": "full"}, nodes=2, final=None)

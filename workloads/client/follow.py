@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from workloads.client.cluster import UnreachableError, first_line
-from workloads.client.report import format_data, format_record, parse_prefixed, parse_train_line
-from workloads.context import DATA_PREFIX, GATE_PREFIX, TRACKING_PREFIX
+from workloads.client.report import format_data, format_method, format_record, parse_prefixed, parse_train_line
+from workloads.context import DATA_PREFIX, GATE_PREFIX, METHOD_PREFIX, TRACKING_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 
 class LogPrinter:
@@ -59,6 +59,10 @@ class LogPrinter:
             self.console.print(f"[bold cyan]gate[/] [{style}]{gate.get('message', '')}[/]")
             return
         if self._tracking(line):
+            return
+        method = parse_prefixed(line, METHOD_PREFIX)
+        if method is not None:
+            self.console.print(f"[bold cyan]method[/] {format_method(method)}", highlight=False)
             return
         data = parse_prefixed(line, DATA_PREFIX)
         if data is not None and self._data(data):
@@ -110,7 +114,8 @@ class LogPrinter:
         return True
 
     def _is_repeat(self, line: str) -> bool:
-        keyed = parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
+        keyed = (parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
+                 or METHOD_PREFIX in line)
         if not keyed:
             return False
         if line in self._shown_records:

@@ -46,8 +46,8 @@ from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import user_overrides
 from workloads.client.runs import (RUN_FILE, RUNS_DIR, find_run, latest_checkpoint_step, now, read_run, update_run,
                                    write_run)
-from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
-                                     write_report)
+from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, method_label,
+                                     resize_events, summarize, trained_share, write_report)
 from workloads.launch.task_history import TASK_HISTORY_ENV
 
 STARTED_MARK = "Ray runtime started"
@@ -488,14 +488,20 @@ def resume_command(run_name: str) -> str:
     return f"python -m workloads run --run-name {run_name}"
 
 
-def run_title(run_name: str, train: dict, *, nodes: int) -> str:
-    """The loss plot's title: the run, what it trained and on what (not the preset's name alone)."""
+def run_title(run_name: str, train: dict, *, nodes: int, final: Optional[dict] = None) -> str:
+    """The loss plot's title: the run, what it trained and on what (not the preset's name alone), and
+    how: the method, and for LoRA the parameters it trained as the loop's summary (`final`) counts them."""
     model = train["model"]["name_or_path"]
     model = "toy model" if Path(model).name == "base-model" else Path(model).name if "/" in model else model
     data = train["data"]
     source = "synthetic tokens" if data["kind"] == "synthetic" else Path(data["path"]).name if data[
         "kind"] == "jsonl" else data["path"]
-    return f"{run_name}: {model} on {source}, {nodes} local worker node(s)"
+    method = method_label(train)
+    share = trained_share(final or {})
+    if share is not None and train.get("method") == "lora":
+        method += (f": {int(final['trained_params']):,} of {int(final['params']):,} parameters trained "
+                   f"({100 * share:.2f}%)")
+    return f"{run_name}: {model} on {source}, {method}, {nodes} local worker node(s)"
 
 
 def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec: LocalClusterSpec, run_dir: Path,
@@ -533,7 +539,7 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
     final = loop_summary(outcome.logs.splitlines())
     summary = summarize(outcome.records, final=final)
     json_path, png_path = write_report(run_dir, records=outcome.records, summary=summary, meta={
-        "title": run_title(run_name, train, nodes=spec.nodes), "job_id": outcome.job_id,
+        "title": run_title(run_name, train, nodes=spec.nodes, final=final), "job_id": outcome.job_id,
         "status": outcome.status, "preset": args.preset, "config": train, "run_name": run_name,
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from workloads.client.cluster import PROJECT_DIR
+from workloads.client.report import method_label, trained_share
 from workloads.client.usage import Parser, UsageError
 from workloads.files import replace_whole
 
@@ -99,6 +100,9 @@ class LocalRun:
     """"first -> last (eval E)" from the report; "-" without one."""
     model: Optional[Path]
     """The exported Hugging Face folder, or None."""
+    method: str = "full"
+    """"full", or "lora r16 (0.22% trained)": the method, LoRA's rank, and the share of the model's
+    parameters trained once the run has counted them."""
 
 
 def describe(run_dir: Path) -> Optional[LocalRun]:
@@ -124,8 +128,12 @@ def describe(run_dir: Path) -> Optional[LocalRun]:
             loss += f" (eval {summary['eval_loss']:.4f})"
     status = record.get("status") or str((report or {}).get("status", "?")).lower()
     model = run_dir / "model"
+    counted = (report or {}).get("loop_summary") or {}
+    method = method_label(counted or config, short=True)
+    if (share := trained_share(counted)) is not None and counted.get("method") == "lora":
+        method += f" ({100 * share:.2f}% trained)"
     return LocalRun(folder=run_dir, name=run_dir.name, status=status, steps=steps, loss=loss,
-                    model=model if (model / "config.json").is_file() else None)
+                    model=model if (model / "config.json").is_file() else None, method=method)
 
 
 def local_runs(runs_dir: Path) -> list[LocalRun]:
@@ -146,10 +154,10 @@ def format_runs(runs: list[LocalRun], *, cwd: Path) -> str:
         except ValueError:
             return str(path)
 
-    rows = [("NAME", "STATUS", "STEPS", "LOSS", "MODEL")]
-    rows += [(r.name, r.status, r.steps, r.loss, shown(r.model)) for r in runs]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4]
+    rows = [("NAME", "STATUS", "STEPS", "LOSS", "METHOD", "MODEL")]
+    rows += [(r.name, r.status, r.steps, r.loss, r.method, shown(r.model)) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5]
                      for row in rows)
 
 
