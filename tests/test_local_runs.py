@@ -205,3 +205,34 @@ def test_runs_and_the_plot_title_say_a_lora_run_is_lora_with_its_rank_and_traina
     assert title == ("my-lora: toy model on synthetic tokens, LoRA rank 16 (alpha 32): 1,089,536 of 495,122,304 "
                      "parameters trained (0.22%), 2 local worker node(s)")
     assert "full fine-tune" in local.run_title("r", {**train, "method": "full"}, nodes=2, final=None)
+
+
+def test_resuming_says_what_changed_and_refuses_a_change_that_breaks_the_resume_unless_forced(trains, tmp_path):
+    """Resuming with another data.path was accepted without a word; another seq_len or tokenizer
+    makes the checkpoint's data position count other rows."""
+    calls, _ = trains
+    (tmp_path / "more.jsonl").write_text(json.dumps(CHAT) + "\n")
+    assert local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "data.path=chats.jsonl", "--set",
+                                 "steps=50"), Console(quiet=True)) == 0
+    checkpoint = tmp_path / "runs" / "my-ft" / "checkpoints" / "my-ft" / "checkpoint_1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "progress.json").write_text(json.dumps({"step": 50, "data_position": 800}))
+
+    console = Console(record=True, width=400)
+    assert local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "steps=80", "--set",
+                                 "data.path=more.jsonl"), console) == 0
+    said = console.export_text()
+    assert "resuming with " in said and "steps 50 -> 80" in said
+    assert "the run goes on at its checkpoint's data position" in said
+    assert f"data.path {tmp_path / 'chats.jsonl'} -> more.jsonl" in said
+    assert calls[-1]["train"]["data"]["path"].endswith("more.jsonl")
+
+    for change, why in (("seq_len=128", "seq_len 64 -> 128"), ("data.tokenizer=Qwen/Qwen2.5-1.5B",
+                                                                  "data.tokenizer")):
+        with pytest.raises(ValueError, match=rf"{why}.*--force-resume"):
+            local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "steps=90", "--set", change),
+                            Console(quiet=True))
+    console = Console(record=True, width=400)
+    assert local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "steps=90", "--set", "seq_len=128",
+                                 "--force-resume"), console) == 0
+    assert "seq_len 64 -> 128" in console.export_text() and calls[-1]["train"]["seq_len"] == 128

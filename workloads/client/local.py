@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 from workloads.client import demo, revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
@@ -44,6 +45,7 @@ from workloads.client.inputs_check import check_inputs
 from workloads.client.interrupts import INTERRUPTIONS, Terminated, sigterm_raises
 from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import user_overrides
+from workloads.client.resume_changes import resume_changes
 from workloads.client.runs import (RUN_FILE, RUNS_DIR, find_run, latest_checkpoint_step, now, read_run, update_run,
                                    write_run)
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, method_label,
@@ -386,6 +388,9 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", "--runs-dir", dest="runs_dir", type=Path, default=RUNS_DIR,
                         help=f"where runs go, wherever the command runs from (default: {RUNS_DIR})")
     parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
+    parser.add_argument("--force-resume", action="store_true",
+                        help="resume a run although --set changes what its checkpoint depends on (seq_len, the "
+                        "tokenizer, the model, the method)")
     parser.add_argument("--no-tracking", action="store_true",
                         help="do not track the run (default: MLflow, in <runs-dir>/mlflow unless --set tracking.uri "
                         "or MLFLOW_TRACKING_URI names another tracker)")
@@ -423,18 +428,24 @@ def local_train_config(args: argparse.Namespace, run_dir: Path, *,
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-def resumed_train_config(record: dict, args: argparse.Namespace, run_dir: Path) -> dict:
+def resumed_train_config(record: dict, args: argparse.Namespace, run_dir: Path, *,
+                         say: Callable[[str], None] = lambda line: None) -> dict:
     """The config of a run being resumed: the one it started with, the user's --set on top (more
-    steps, say), its local inputs checked again. ValueError when there is nothing left to train."""
+    steps, say; `say` hears what changed), its local inputs checked again. ValueError when there is
+    nothing left to train, or for a change that breaks the resume (without --force-resume)."""
     from workloads.train.config import TrainConfig, with_overrides
 
     saved = TrainConfig.from_dict(record["train"])
     train = with_overrides(saved, user_overrides(saved.to_dict(), args.set)).to_dict()
+    changes = resume_changes(record["train"], train, run_name=record.get("name", run_dir.name),
+                             force=args.force_resume)
     check_inputs(train, local=local_inputs(train, cwd=Path.cwd()), hub=True)
     done = latest_checkpoint_step(run_dir)
     if done is not None and done >= train["steps"]:
         raise ValueError(f"run {run_dir.name} has trained its {done} steps: --set steps=N (more than {done}) goes on "
                          "from its last checkpoint")
+    for line in changes:
+        say(line)
     return train
 
 
@@ -452,9 +463,13 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"{run_dir} holds no run to resume (no {RUN_FILE}): choose another --run-name")
     hub_said = lambda line: console.print(f"[bold cyan]hub[/] {line}")  # noqa: E731
     if record is not None:
-        train, inputs, run_name = resumed_train_config(record, args, run_dir), demo.DemoInputs(), record["name"]
+        said: list[str] = []
+        train = resumed_train_config(record, args, run_dir, say=said.append)
+        inputs, run_name = demo.DemoInputs(), record["name"]
         console.print(f"[bold cyan]local[/] resuming run {run_name} from its latest checkpoint (step "
                       f"{latest_checkpoint_step(run_dir) or 0} of {train['steps']})")
+        for line in said:
+            console.print(f"[bold cyan]local[/] {escape(line)}", highlight=False)
     else:
         train, inputs = local_train_config(args, run_dir, say=hub_said)
         run_name = name
