@@ -93,7 +93,8 @@ def question_of(record, *, held_out: bool = False) -> Optional[Question]:
     answer: nothing asks for it)."""
     if not record.is_chat:
         return None
-    first = next(i for i, message in enumerate(record.messages) if message["role"] == "assistant")
+    first = next(i for i, message in enumerate(record.messages)
+                 if message["role"] == "assistant" and i >= record.learned_from)
     if not first:
         return None
     return Question(messages=record.messages[:first], answer=record.messages[first]["content"], where=record.where,
