@@ -156,6 +156,9 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--expect", choices=("efa", "any"),
                             help="network between nodes (default: efa with --stack, any with --address)")
         parser.add_argument("--no-follow", action="store_true", help="print the job id and return")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="run every check made before the cluster (the stack file, the config and its data, "
+                            "the fit, the hub's commits, the tools and AWS credentials) and stop there")
         parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
         parser.add_argument("--quiet", action="store_true",
                             help="progress only: the default now (kept for scripts that pass it)")
@@ -281,6 +284,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
     if args.min_nodes > 0 and args.max_failures == 0:
         console.print(f"[bold yellow]warning[/] {ELASTIC_WITHOUT_RETRIES}", highlight=False)
+    if args.dry_run:
+        return _dry_run(args, first, console, upload_absolute=upload_absolute)
     with _connect(args) as conn:
         if target is None:
             chosen = _preset_choice(args, gpu_memory_gib=conn.gpu_memory_gib, gpus=conn.ray_worker_gpus,
@@ -347,6 +352,26 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if run is not None:
         console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=tracking_uri)}", highlight=False)
     return outcome.exit_code
+
+
+def _dry_run(args: argparse.Namespace, config: dict, console: Console, *, upload_absolute: bool) -> int:
+    """The checks of `submit` that need no cluster, after those of the config, its data and fit:
+    the hub's commits, and with --stack the stack file, the tools and the AWS credentials."""
+    from workloads.client.dry_run import check_aws_credentials, check_tools
+
+    _, pinned = revisions.pin_hub_revisions(
+        config, local=local_inputs(config, cwd=Path.cwd(), upload_absolute=upload_absolute))
+    for line in pinned:
+        console.print(f"[bold cyan]hub[/] {line}", highlight=False)
+    if args.stack and not args.address:
+        from infra.config import load_stack_config
+
+        stack = load_stack_config(args.stack, PROJECT_DIR)
+        console.print(f"[bold cyan]tools[/] {check_tools()}", highlight=False)
+        console.print(f"[bold cyan]credentials[/] {check_aws_credentials(region=stack.region)}", highlight=False)
+    console.print("[bold green]dry run[/]: every check passed; nothing was submitted (submit without --dry-run "
+                  "starts it)", highlight=False)
+    return EXIT_OK
 
 
 DRIVER_WAIT_GPUS_S = 900.0
