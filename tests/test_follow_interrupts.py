@@ -120,7 +120,8 @@ def _follow_and_interrupt(argv: list[str], *, sig: signal.Signals, repo_root: Pa
 def test_an_interrupted_follow_says_how_to_reattach_and_nothing_else(command, sig, jobs_api, repo_root, tmp_path):
     target = ["--address", jobs_api.address]
     argv = (["logs", JOB_ID, "--follow", *target] if command == "logs" else
-            ["submit", *target, "--preset", "demo-cpu", "--run-name", RUN_NAME, "--storage-path", str(tmp_path)])
+            ["submit", *target, "--preset", "demo-cpu", "--run-name", RUN_NAME, "--storage-path", str(tmp_path),
+             "--verbose"])
     code, out = _follow_and_interrupt(argv, sig=sig, repo_root=repo_root)
     assert code == 128 + sig, out
     assert f"reattach: python -m workloads logs --follow {JOB_ID} --address {jobs_api.address}" in out

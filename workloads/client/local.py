@@ -42,7 +42,7 @@ from workloads.client import demo, revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
-from workloads.client.interrupts import INTERRUPTIONS, Terminated, sigterm_raises
+from workloads.client.interrupts import INTERRUPTIONS, sigterm_raises
 from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import user_overrides
 from workloads.client.resume_changes import resume_changes
@@ -354,16 +354,13 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path,
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-_Terminated = Terminated
-
-
 @contextmanager
 def log_kept_on_interrupt(conn, job_ids: list[str], *, path: Path, console: Console) -> Iterator[None]:
     """On Ctrl-C or SIGTERM while following, write the submitted job's log so far (cleaned) to
     `path` before the interruption goes on to stop the cluster."""
     try:
         yield
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS:
         if job_ids:
             try:
                 path.write_text(clean_log(submit.job_client(conn).get_job_logs(job_ids[0])))
@@ -488,7 +485,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     try:
         code = _train_on_local_cluster(args, console, spec=spec, run_dir=run_dir, run_name=run_name, train=train,
                                        inputs=inputs, tracking_uri=tracking_uri, uri_credentials=uri_credentials)
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS:
         update_run(run_dir, status="interrupted", ended=now())
         raise
     except BaseException:
@@ -536,7 +533,7 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
                 with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
                     outcome = submit.submit_and_follow(conn, request, console=console,
                                                        on_submitted=submitted.append)
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS:
         # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING, or FAILED
         # where a rank or the driver saw the others go first.
         if tracking_uri and (run_dir / "job.log").is_file():

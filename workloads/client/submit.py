@@ -165,9 +165,8 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
     elif command == "logs":
         parser.description = "Print a job's logs; --follow streams them until the job ends."
         parser.add_argument("job_id")
-        parser.add_argument("--follow", action="store_true", help="follow the job to its end, showing progress")
-        parser.add_argument("--verbose", action="store_true",
-                            help="with --follow: show every job log line, not only progress")
+        parser.add_argument("--follow", action="store_true",
+                            help="follow the job to its end: every line of its log, progress lines formatted")
     elif command == "stop":
         parser.description = "Stop a job."
         parser.add_argument("job_id")
@@ -397,7 +396,7 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
             sys.stdout.write(client.get_job_logs(args.job_id))
             return EXIT_OK
         try:
-            status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=not args.verbose),
+            status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=False),
                             say=lambda m: console.print(f"[yellow]{m}[/]"))
         except INTERRUPTIONS as stop:
             console.print(reattach_hint(args.job_id, conn.target_args))
