@@ -99,6 +99,8 @@ def _follow_and_interrupt(argv: list[str], *, sig: signal.Signals, repo_root: Pa
     proc = subprocess.Popen([sys.executable, "-m", "workloads", *argv], cwd=repo_root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_at_default)
     seen = []
+    stuck = threading.Timer(120, proc.kill)  # a command that never follows fails the test, not the suite
+    stuck.start()
     try:
         for line in proc.stdout:
             seen.append(line)
@@ -109,6 +111,7 @@ def _follow_and_interrupt(argv: list[str], *, sig: signal.Signals, repo_root: Pa
         proc.send_signal(sig)
         rest = proc.communicate(timeout=60)[0]
     finally:
+        stuck.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
