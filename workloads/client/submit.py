@@ -289,7 +289,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         if target is None:
             chosen = _preset_choice(args, gpu_memory_gib=conn.gpu_memory_gib, gpus=conn.ray_worker_gpus,
                                     cluster=f"the cluster's {conn.ray_worker_gpus or 0} GPU(s)")
-            _say_preset(chosen, args, console)
+            if not args.no_follow:  # --no-follow's output is the job id alone
+                _say_preset(chosen, args, console)
             preset_name = chosen.name
         else:
             preset_name = planned_preset
