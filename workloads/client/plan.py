@@ -20,6 +20,7 @@ import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 from infra.instance_types import PRICE_TABLE_REGION
 from workloads.client.cluster import PROJECT_DIR
@@ -82,9 +83,11 @@ def step_model(cfg, arch, memory_settings, *, kind: str):
 
 
 def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Path,
-              size_micro_batch: bool = True, region: str = PRICE_TABLE_REGION, preset_reason: str = "") -> dict:
+              size_micro_batch: bool = True, region: str = PRICE_TABLE_REGION, preset_reason: str = "",
+              method_set: Optional[str] = None) -> dict:
     """The plan as plain data (what --json prints). With `size_micro_batch` (the user set none) and
-    rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it."""
+    rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it.
+    `method_set`: the method --set gives a preset of another (the plan is that preset as set)."""
     from infra.instance_types import INSTANCE_TYPES
     from infra.prices import on_demand
     from workloads.bench.memory import Architecture, offloaded_host_bytes, settings_for
@@ -107,7 +110,8 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     cfg, run = sized, fit.cfg  # run: the micro-batch and micro-steps the target's ranks train with
     world = target.world_size
     plan = {
-        "preset": preset_name, "preset_reason": preset_reason, "model": cfg.model.name_or_path, "method": cfg.method,
+        "preset": preset_name, "preset_reason": preset_reason, "method_set": method_set,
+        "model": cfg.model.name_or_path, "method": cfg.method,
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "activation_offloading": cfg.model.activation_offloading,
         "offloading_turned_on": turned_on,
@@ -163,11 +167,11 @@ def format_plan(plan: dict) -> str:
               else f"flat FSDP over {plan['world_size']} ranks")
     terms = ", ".join(f"{k} {v:.2f}" for k, v in memory["terms_gib"].items())
     verdict = "fits" if memory["fits"] else "DOES NOT FIT"
+    as_set = f" with --set method={plan['method_set']}" if plan.get("method_set") else ""
     lines = [
-        f"plan            {plan['preset']} on {plan['nodes']} x {plan['instance_type']} "
+        f"plan            {plan['preset']}{as_set} on {plan['nodes']} x {plan['instance_type']} "
         f"({plan['world_size']} x {plan['gpu']})",
-        *([f"preset          {plan['preset'].split(' with ')[0]}: {plan['preset_reason']}"]
-          if plan.get("preset_reason") else []),
+        *([f"preset          {plan['preset']}: {plan['preset_reason']}"] if plan.get("preset_reason") else []),
         f"method          {method} of {plan['model']}{extra}, {layout}",
         f"rows per step   {plan['rows_per_step']} = micro-batch {plan['micro_batch']} x {plan['grad_accum_steps']} "
         f"micro-steps x {plan['world_size']} ranks ({plan['tokens_per_step']:,} tokens)"
@@ -223,8 +227,7 @@ def cluster_of(args: argparse.Namespace) -> tuple[str, int, str]:
             raise ValueError(f"--region {args.region!r} is not an AWS region" +
                              (f"; did you mean {close[0]}?" if close else ""))
         region = args.region
-    return args.instance_type or instance_type, DEFAULT_NODES if args.nodes is None and not args.stack else (
-        args.nodes if args.nodes is not None else nodes), region
+    return args.instance_type or instance_type, nodes if args.nodes is None else args.nodes, region
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -250,9 +253,9 @@ def main(command: str, argv: list[str]) -> int:
             why += f" (--nodes {needed} plans the full fine-tune, qwen2.5-7b-24gb)"
         base = preset(choice.name)
         cfg = with_overrides(base, user_overrides(base.to_dict(), args.set))
-        plan = make_plan(cfg, preset_name=choice.label, instance_type=instance_type, nodes=nodes, cwd=Path.cwd(),
+        plan = make_plan(cfg, preset_name=choice.name, instance_type=instance_type, nodes=nodes, cwd=Path.cwd(),
                          size_micro_batch="micro_batch" not in given_keys(args.set), region=region,
-                         preset_reason=why)
+                         preset_reason=why, method_set=choice.method_set)
     except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
