@@ -99,7 +99,7 @@ CASES = (
          "--stack and --address both name a cluster"),
     Case("workloads", ("logs", "--address", NO_CLUSTER), 2,
          "the following arguments are required: job_id"),
-    Case("workloads", ("run",), 2, "the following arguments are required: --local"),
+    Case("workloads", ("run", "--bogus"), 2, "unrecognized arguments: --bogus"),
     Case("workloads", ("run", "--local", "--preset", "nope"), 2, "unknown preset 'nope'"),
     Case("workloads", ("run", "--local", *JSONL_MISSING), 2,
          "data.path 'missing.jsonl' is not a file or folder here"),
@@ -123,8 +123,8 @@ CASES = (
     Case("workloads", ("submit", "--stack", "us-west-2", "--preset", "qwen2.5-7b-24gb", "--set", "micro_batch=4",
                        "--set", "model.activation_checkpointing=false"), 2,
          "qwen2.5-7b-24gb does not fit 2 x g6.12xlarge (8 x L4): predicted "),
-    Case("workloads", ("submit", "--address", NO_CLUSTER, "--instance-type", "g6.12xlarge", "--preset",
-                       "qwen2.5-7b-24gb"), 2,
+    Case("workloads", ("submit", "--address", NO_CLUSTER, "--instance-type", "g6.12xlarge", "--nodes", "1",
+                       "--preset", "qwen2.5-7b-24gb"), 2,
          "GiB of 22.49 GiB per GPU (needs "),
     Case("workloads", ("submit", "--address", NO_CLUSTER, "--instance-type", "g6.12xlarge", "--set", "method=lora",
                        "--set", 'lora.target_modules=["proj"]'), 2, "lora.target_modules ['proj'] match no linear"),
@@ -133,7 +133,7 @@ CASES = (
          "instance type 'm7i.xlarge' is not a GPU type this project knows"),
     Case("workloads", ("plan", "--nodes", "0"), 2, "--nodes 0: give 1 or more"),
     Case("workloads", ("export",), 2, "name the run: RUN"),
-    Case("workloads", ("export", "no-such-run"), 2, "no-such-run: nothing is stored there"),
+    Case("workloads", ("export", "no-such-run"), 2, "'no-such-run' is neither a folder here nor a run of"),
     Case("workloads", ("export", "some.log", "--dtype", "int8"), 2, "invalid choice: 'int8'"),
     Case("infra", (), 2, "the following arguments are required: command"),
     Case("infra", ("render", "--stack", "nope"), 2,
@@ -149,6 +149,14 @@ CASES = (
          'Pulumi.several.yaml:6: ray-eks:kubernetesVersion = 1.30: is a number to YAML, not text: '
          'unquoted, 1.30 is read as 1.3 (trailing zeros dropped). Fix: quote it in the stack file: '
          'ray-eks:kubernetesVersion: "1.30"'),
+    # A misspelt region is the region's fault, not its AZ's (whose fix, a probe of the misspelt
+    # region, failed too).
+    Case("infra", ("render", "--stack", "wrongregion"), 2,
+         "Pulumi.wrongregion.yaml:2: aws:region = 'us-wset-2': is not an AWS region. Fix: did you mean us-west-2?"),
+    # An unknown stack is bad input, said before anything else (it went on to `pulumi is not on PATH`, exit 3).
+    Case("workloads", ("submit", "--stack", "us-wst-2"), 2,
+         "Pulumi.us-wst-2.yaml: does not exist. Fix: did you mean --stack us-west-2?"),
+    Case("workloads", ("logs", "--stack", "us-wst-2", "r1-job1"), 2, "did you mean --stack us-west-2?"),
     Case("workloads.bench", ("--steps", "0"), 2, "need warmup >= 1"),
     Case("workloads.bench", ("nccl", "--min-bytes", "lots"), 2, "not a size: 'lots'"),
     Case("workloads.bench", (), 2, "no CUDA GPU is visible: the benchmarks measure GPUs"),
@@ -169,6 +177,8 @@ STACK_FILES = {
     "Pulumi.several.yaml": "config:\n  aws:region: us-west-2\n  ray-eks:gpuAvailabilityZone: "
                            "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n"
                            "  rayeks:gpuNodeCount: 3\n  ray-eks:kubernetesVersion: 1.30\n",
+    "Pulumi.wrongregion.yaml": "config:\n  aws:region: us-wset-2\n  ray-eks:gpuAvailabilityZone: "
+                               "us-west-2a\n  ray-eks:gpuAvailabilityZoneId: usw2-az1\n",
     "some.log": "not an NCCL log\n",
 }
 

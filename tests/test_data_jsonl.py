@@ -144,7 +144,8 @@ def test_alpaca_and_sharegpt_records_are_chats_of_messages(tmp_path):
     both.write_text(json.dumps({"instruction": "a", "output": "b", "text": "a b"}) + "\n")
     assert read_records([both], data_format="alpaca")[0].messages[-1] == {"role": "assistant", "content": "b"}
     assert read_records([both], data_format="text")[0].text == "a b"
-    with pytest.raises(ValueError, match="data.format is 'csv': use one of auto, messages, text, alpaca, sharegpt"):
+    with pytest.raises(ValueError, match="data.format is 'csv': use one of auto, messages, text, alpaca, sharegpt, "
+                                         "prompt_completion"):
         DataConfig(kind="jsonl", path=str(path), format="csv")
 
 

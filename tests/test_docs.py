@@ -72,3 +72,52 @@ def test_every_test_a_document_names_exists(repo_root):
                     and re.search(rf"^def {match.group(2)}\(", path.read_text(), re.M)):
                 missing.append(f"{doc.name}: {named_last}::{match.group(2)}")
     assert missing == []
+
+
+def _readme(repo_root: Path) -> str:
+    return " ".join((repo_root / "README.md").read_text().split())
+
+
+DEMO_FIGURES = re.compile(r"the demo preset trains (\d+) steps of (\d+) rows \((\d+) per worker on its (\d+) "
+                          r"workers\) of (\d+) tokens")
+
+
+def test_the_readme_says_what_the_demo_trains(repo_root):
+    """README said 8 rows a step where the console said 16 (8 per worker, 2 workers)."""
+    from workloads.client import local
+    from workloads.train.config import preset
+
+    cfg, run = preset("demo-cpu"), local._arg_parser().parse_args([])
+    found = DEMO_FIGURES.search(_readme(repo_root))
+    assert found, "README no longer says what the demo trains in the form this test reads"
+    steps, rows, per_worker, workers, seq_len = map(int, found.groups())
+    assert (steps, per_worker, workers, seq_len) == (cfg.steps, cfg.samples_per_rank_per_step,
+                                                     run.nodes * run.cpus_per_node, cfg.seq_len)
+    assert rows == per_worker * workers
+
+
+TEST_COUNTS = re.compile(r"skips the ([\d,]+) tests that start local Ray clusters or multi-process training \(([\d,]+) "
+                         r"tests in")
+COUNT_TOLERANCE = 0.05
+"""How far the suite may grow or shrink from README's counts before they are to be written again."""
+
+
+def test_the_readme_counts_the_tests_of_the_suite(request, repo_root):
+    """Run with the whole suite (`make test`) or the fast one (`make test-fast`): README's counts of the
+    fast and the slow tests are the collected ones, within COUNT_TOLERANCE."""
+    config = request.config
+    given = [Path(arg).resolve() for arg in config.args]
+    if config.option.keyword or any(path != repo_root / "tests" for path in given):
+        pytest.skip("counts only when the whole suite is collected")
+    items = request.session.items
+    slow = sum(1 for item in items if item.get_closest_marker("slow"))
+    found = TEST_COUNTS.search(_readme(repo_root))
+    assert found, "README no longer counts the tests in the form this test reads"
+    said_slow, said_fast = (int(figure.replace(",", "")) for figure in found.groups())
+    if config.option.markexpr == "not slow":
+        assert abs(len(items) - said_fast) <= COUNT_TOLERANCE * said_fast, f"{len(items)} fast tests"
+    elif not config.option.markexpr:
+        assert abs(slow - said_slow) <= COUNT_TOLERANCE * said_slow, f"{slow} slow tests"
+        assert abs(len(items) - slow - said_fast) <= COUNT_TOLERANCE * said_fast, f"{len(items) - slow} fast tests"
+    else:
+        pytest.skip("counts only the whole or the fast suite")

@@ -159,6 +159,9 @@ def test_export_command_on_a_local_run(trained, tmp_path, capsys):
     assert ("has no checkpoint 'checkpoint-0000009' (newest: checkpoint-0000002, checkpoint-0000004)"
             in capsys.readouterr().err)
     assert export_cli.main("export", [str(tmp_path / "absent")]) == 2
+    assert f"'{tmp_path / 'absent'}' is neither a folder here nor a run of" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert export_cli.main("export", [str(tmp_path / "empty")]) == 2
     assert "nothing is stored there" in capsys.readouterr().err
 
 

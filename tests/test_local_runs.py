@@ -124,10 +124,10 @@ def test_the_runs_command_lists_each_local_run(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [" ".join(line.split()) for line in done.stdout.splitlines()]
     assert lines[:4] == [
-        "NAME STATUS STEPS LOSS MODEL",
-        "20261204-151716 succeeded 200/200 6.2000 -> 0.0400 (eval 0.0500) runs/20261204-151716/model",
-        "my-ft interrupted 100/400 - -",
-        "broken failed 0/200 - -",
+        "NAME STATUS STEPS LOSS METHOD MODEL",
+        "20261204-151716 succeeded 200/200 6.2000 -> 0.0400 (eval 0.0500) full runs/20261204-151716/model",
+        "my-ft interrupted 100/400 - full -",
+        "broken failed 0/200 - full -",
     ]
     assert "python -m workloads chat NAME" in done.stdout
 
@@ -144,3 +144,95 @@ def test_chat_finds_a_runs_model_by_name_folder_or_model_folder(tmp_path):
     with pytest.raises(ValueError, match="'nosuch' is neither a run of"):
         model_folder("nosuch", runs_dir=root)
     assert stopped.is_dir()
+
+
+def test_a_run_without_a_name_has_one_name_for_its_folder_its_job_and_every_command(trains, tmp_path):
+    """The demo printed `run demo-cpu-<time>` and titled its plot so, `run --help` promised
+    `<preset>-<UTC time>`, but the folder was `<time>`: `chat demo-cpu-<time>` found nothing."""
+    calls, _ = trains
+    assert local.run_local(_args(tmp_path, "--set", "data.path=chats.jsonl"), Console(quiet=True)) == 0
+    name, run_dir = calls[-1]["run_name"], calls[-1]["run_dir"]
+    assert name.startswith("demo-cpu-") and run_dir == tmp_path / "runs" / name
+    assert runs.read_run(run_dir)["name"] == name
+    (run_dir / "model").mkdir()
+    (run_dir / "model" / "config.json").write_text("{}")
+    assert model_folder(name, runs_dir=tmp_path / "runs") == run_dir / "model"
+
+
+def test_a_run_made_before_its_folder_took_its_name_is_found_by_its_name(tmp_path):
+    root = tmp_path / "runs"
+    old = _run_folder(root, "20261205-130115", status="succeeded", steps=2, done=2, model=True, record=False)
+    runs.write_run(old, {"name": "demo-cpu-20261205-130115", "status": "succeeded", "train": {"steps": 2}})
+    assert runs.find_run(root, "demo-cpu-20261205-130115") == old
+    assert runs.find_run(root, "20261205-130115") == old
+    assert runs.find_run(root, "nosuch") is None
+    assert model_folder("demo-cpu-20261205-130115", runs_dir=root) == old / "model"
+
+
+def test_export_takes_a_run_name_as_chat_does_and_names_the_run_meant(tmp_path, monkeypatch):
+    from workloads.client import export
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    finished = _run_folder(root, "my-ft", status="succeeded", steps=2, done=2, model=True)
+
+    def uri(*argv: str) -> str:
+        return export.run_uri(export._arg_parser().parse_args([*argv, "--runs-dir", str(root)]))
+
+    assert uri("my-ft") == str(finished)
+    assert uri(str(finished)) == str(finished)
+    assert uri("s3://bucket/prefix/my-ft") == "s3://bucket/prefix/my-ft"
+    with pytest.raises(ValueError, match=r"'my-fr' is neither a folder here nor a run of .*runs; did you mean "
+                                         r"my-ft \(runs/my-ft\)\?"):
+        uri("my-fr")
+
+
+def test_runs_and_the_plot_title_say_a_lora_run_is_lora_with_its_rank_and_trainable_share(tmp_path):
+    root = tmp_path / "runs"
+    lora = {"rank": 16, "alpha": 32.0, "dropout": 0.0, "target_modules": []}
+    folder = _run_folder(root, "my-lora", status="succeeded", steps=20, done=20, model=True)
+    report = json.loads((folder / "report.json").read_text())
+    report["loop_summary"] = {"method": "lora", "lora": lora, "trained_params": 1_089_536, "params": 495_122_304}
+    (folder / "report.json").write_text(json.dumps(report))
+    stopped = _run_folder(root, "lora-stopped", status="interrupted", steps=20, done=5, model=False)
+    runs.write_run(stopped, {"name": "lora-stopped", "status": "interrupted",
+                             "train": {"steps": 20, "method": "lora", "lora": lora}})
+    listed = {run.name: run.method for run in runs.local_runs(root)}
+    assert listed == {"my-lora": "lora r16 (0.22% trained)", "lora-stopped": "lora r16"}
+    train = {"model": {"name_or_path": str(folder / "base-model")}, "data": {"kind": "synthetic"},
+             "method": "lora", "lora": lora}
+    title = local.run_title("my-lora", train, nodes=2, final=report["loop_summary"])
+    assert title == ("my-lora: toy model on synthetic tokens, LoRA rank 16 (alpha 32): 1,089,536 of 495,122,304 "
+                     "parameters trained (0.22%), 2 local worker node(s)")
+    assert "full fine-tune" in local.run_title("r", {**train, "method": "full"}, nodes=2, final=None)
+
+
+def test_resuming_says_what_changed_and_refuses_a_change_that_breaks_the_resume_unless_forced(trains, tmp_path):
+    """Resuming with another data.path was accepted without a word; another seq_len or tokenizer
+    makes the checkpoint's data position count other rows."""
+    calls, _ = trains
+    (tmp_path / "more.jsonl").write_text(json.dumps(CHAT) + "\n")
+    assert local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "data.path=chats.jsonl", "--set",
+                                 "steps=50"), Console(quiet=True)) == 0
+    checkpoint = tmp_path / "runs" / "my-ft" / "checkpoints" / "my-ft" / "checkpoint_1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "progress.json").write_text(json.dumps({"step": 50, "data_position": 800}))
+
+    console = Console(record=True, width=400)
+    assert local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "steps=80", "--set",
+                                 "data.path=more.jsonl"), console) == 0
+    said = console.export_text()
+    assert "resuming with " in said and "steps 50 -> 80" in said
+    assert "the run goes on at its checkpoint's data position" in said
+    assert f"data.path {tmp_path / 'chats.jsonl'} -> more.jsonl" in said
+    assert calls[-1]["train"]["data"]["path"].endswith("more.jsonl")
+
+    for change, why in (("seq_len=128", "seq_len 64 -> 128"), ("data.tokenizer=Qwen/Qwen2.5-1.5B",
+                                                                  "data.tokenizer")):
+        with pytest.raises(ValueError, match=rf"{why}.*--force-resume"):
+            local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "steps=90", "--set", change),
+                            Console(quiet=True))
+    console = Console(record=True, width=400)
+    assert local.run_local(_args(tmp_path, "--run-name", "my-ft", "--set", "steps=90", "--set", "seq_len=128",
+                                 "--force-resume"), console) == 0
+    assert "seq_len 64 -> 128" in console.export_text() and calls[-1]["train"]["seq_len"] == 128

@@ -178,6 +178,9 @@ def test_lora_trains_only_adapters_and_its_loss_falls(runs):
     assert summary["method"] == "lora" and summary["lora"]["rank"] == 16
     # tiny-qwen2's seven projections of two layers at rank 16: 1,024 parameters per rank unit.
     assert summary["trained_params"] == 2 * 16 * 1024
+    # All parameters as peft counts them: the base's (all trained by the full run) and the adapters.
+    full = records["full-a"][0]["summary"]
+    assert full["trained_params"] == full["params"] and summary["params"] == full["params"] + 2 * 16 * 1024
     curve = losses(records["learn"][0])
     first, last_five = curve[1], [curve[s] for s in range(16, 21)]
     # From random weights only the adapters move: 6.24 to about 6.05 here; a loop that trained

@@ -52,7 +52,8 @@ def test_plan_prints_a_table(capsys):
                for line in lines)
     assert any(line.startswith("rows per step   128 = micro-batch 8 x 4 micro-steps x 4 ranks") for line in lines)
     assert any(line.startswith("memory per GPU") and line.endswith(": fits") for line in lines)
-    assert any(line.startswith("cost            $4.60 per hour;") for line in lines)
+    assert any(line.startswith("cost            $4.60 per hour (1 x g6.12xlarge at us-east-1's On-Demand list price")
+               for line in lines)
 
 
 def test_a_run_that_does_not_fit_exits_1_with_what_does(capsys):
@@ -117,3 +118,61 @@ def test_a_run_that_fits_keeps_its_layer_inputs_on_the_gpu(capsys):
     result = json.loads(out)
     assert code == 0 and not result["activation_offloading"] and not result["offloading_turned_on"]
     assert result["memory"]["offloaded_to_host_gib"] == 0
+
+
+def test_plan_says_why_it_chose_its_preset(capsys):
+    """On one g6.12xlarge, 7B became LoRA without a word."""
+    code, out = run_plan(capsys, "--model-size", "7b", "--nodes", "1")
+    (line,) = [line for line in out.splitlines() if line.startswith("preset ")]
+    assert code == 0 and " ".join(line.split()) == (
+        "preset qwen2.5-7b-lora-24gb: LoRA, as a full fine-tune of 7B needs its state sharded over 8 or more GPUs "
+        "of 24 GB and 1 x g6.12xlarge has 4 (--nodes 2 plans the full fine-tune, qwen2.5-7b-24gb)")
+    _, out = run_plan(capsys, "--model-size", "7b")
+    assert "preset          qwen2.5-7b-24gb: the full fine-tune of 7B, sharded over the 8 GPUs of 24 GB" in out
+    _, out = run_plan(capsys, "--preset", "qwen2.5-7b-lora-24gb")
+    assert "preset          qwen2.5-7b-lora-24gb: as --preset names it" in out
+
+
+def test_a_method_set_chooses_the_preset_of_that_method_and_nothing_of_another_is_shown(capsys):
+    """`--set method=full` kept the LoRA preset's name in the header and its micro-batch of 8 beside
+    "full fine-tune"."""
+    code, out = run_plan(capsys, "--model-size", "7b", "--nodes", "1", "--set", "method=full", "--json")
+    result = json.loads(out)
+    assert result["preset"] == "qwen2.5-7b-24gb" and result["method"] == "full"
+    assert code == 1 and not result["memory"]["fits"]  # 4 L4s do not hold it: the way out is more nodes
+    assert any(w["change"] == "2 nodes" for w in result["fits_with"])
+    _, text = run_plan(capsys, "--model-size", "7b", "--nodes", "1", "--set", "method=full")
+    assert "lora" not in text.lower().split("fits with")[0]
+    assert "as --set method=full asks" in text
+    # A preset named with another method is that preset as set, said so; a micro-batch that fits
+    # nothing is not called the largest the GPU takes.
+    _, text = run_plan(capsys, "--preset", "qwen2.5-7b-lora-24gb", "--nodes", "1", "--set", "method=full")
+    lines = text.splitlines()
+    assert lines[0].startswith("plan            qwen2.5-7b-lora-24gb with --set method=full on 1 x g6.12xlarge")
+    assert "largest micro-batch" not in text and "no micro-batch fits" in text
+
+
+def test_plan_prices_the_cluster_in_a_region(capsys, tmp_path, monkeypatch):
+    """The price named no region and could not be asked for one."""
+    code, out = run_plan(capsys, "--region", "eu-central-1", "--json")
+    result = json.loads(out)
+    assert code == 0 and result["region"] == "eu-central-1"
+    assert result["usd_per_hour"] == pytest.approx(2 * 5.75429, abs=0.01)
+    _, text = run_plan(capsys, "--region", "eu-central-1")
+    assert "cost            $11.51 per hour (2 x g6.12xlarge at eu-central-1's On-Demand list price of 2026-01-21)" \
+        in text
+    # By default the stack's region, instance type and nodes.
+    (tmp_path / "Pulumi.yaml").write_text("name: ray-eks\n")
+    (tmp_path / "Pulumi.tokyo.yaml").write_text(
+        "config:\n  aws:region: ap-northeast-1\n  ray-eks:gpuAvailabilityZone: ap-northeast-1a\n"
+        "  ray-eks:gpuAvailabilityZoneId: apne1-az1\n  ray-eks:gpuNodeCount: 4\n")
+    monkeypatch.setattr(plan, "PROJECT_DIR", tmp_path)
+    code, out = run_plan(capsys, "--stack", "tokyo", "--json")
+    result = json.loads(out)
+    assert (result["region"], result["nodes"], result["instance_type"]) == ("ap-northeast-1", 4, "g6.12xlarge")
+    assert result["usd_per_hour"] == pytest.approx(4 * 6.67369, abs=0.01)
+    # A region the table has no price for says whose price it shows.
+    _, text = run_plan(capsys, "--region", "sa-east-1")
+    assert "at us-east-1's On-Demand list price" in text and "no sa-east-1 price" in text
+    assert plan.main("plan", ["--region", "us-wset-2"]) == 2
+    assert "--region 'us-wset-2' is not an AWS region; did you mean us-west-2?" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from rich.console import Console
 from workloads.client import cluster, submit
 from workloads.client import follow as follow_mod
 from workloads.launch.driver import parse_args as parse_driver_args
-from workloads.context import DATA_PREFIX, GATE_PREFIX
+from workloads.context import DATA_PREFIX, GATE_PREFIX, METHOD_PREFIX
 from workloads.train.data import reading_of_data
 from workloads.transport.gate import EFA_TRANSPORT_ENV
 
@@ -137,6 +137,41 @@ def test_the_printer_shows_the_loops_gate_line_once():
     line = f"(RayTrainWorker pid=7) {GATE_PREFIX}{json.dumps(gate)}\n"
     printer.feed(line + line)
     assert out.getvalue().splitlines() == ["gate transport gate does not apply: gloo"]
+
+
+def test_the_printer_shows_each_record_once_when_ray_forwards_two_records_twice_interleaved():
+    """Ray forwards each worker line twice; two records forwarded so, interleaved (A, B, A, B), were
+    both shown twice: a record was dropped only when it equalled the line just before it."""
+    printer, out = _printer(quiet=True)
+    gate = {"applies": False, "passed": True, "message": "transport gate does not apply: gloo"}
+    data = {"records": 17, "chats": 17, "seq_len": 64, "examples": 15, "rows": 12, "label_tokens": 135,
+            "note": "the run reads its data 3 times"}
+    step = {"step": 5, "loss": 2.5}
+    lines = [f"(RayTrainWorker pid=7) {GATE_PREFIX}{json.dumps(gate)}\n",
+             f"(RayTrainWorker pid=7) {DATA_PREFIX}{json.dumps(data)}\n",
+             f'(RayTrainWorker pid=7) [train] {json.dumps(step)}\n']
+    printer.feed("".join(lines[:2] + lines[:2] + lines[2:] + lines[1:]))
+    assert out.getvalue().splitlines() == [
+        "gate transport gate does not apply: gloo",
+        "data 17 records: 15 examples in 12 rows of 64 tokens, 135 tokens to learn",
+        "data the run reads its data 3 times",
+        "train step      5/60  loss 2.5000",
+    ]
+
+
+def test_the_printer_says_which_method_trains_and_how_many_parameters_once():
+    """A LoRA run never said it was LoRA; the loop's method record reads as peft's
+    print_trainable_parameters."""
+    printer, out = _printer(quiet=True)
+    lora = {"method": "lora", "lora": {"rank": 16, "alpha": 32.0, "dropout": 0.0, "target_modules": []},
+            "trained_params": 1_089_536, "params": 495_122_304}
+    line = f"(RayTrainWorker pid=7) {METHOD_PREFIX}{json.dumps(lora)}\n"
+    printer.feed(line + line)
+    printer.feed(f"{METHOD_PREFIX}{json.dumps({'method': 'full', 'trained_params': 1000, 'params': 1000})}\n")
+    assert out.getvalue().splitlines() == [
+        "method LoRA rank 16 (alpha 32): trainable params: 1,089,536 || all params: 495,122,304 || trainable%: 0.2201",
+        "method full fine-tune: trainable params: 1,000 || all params: 1,000 || trainable%: 100.0000",
+    ]
 
 
 def test_the_printer_says_on_the_console_what_the_data_lost_to_seq_len():

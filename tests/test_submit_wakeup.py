@@ -336,7 +336,7 @@ def test_submit_on_a_stack_at_zero_waits_longer_shows_the_nodes_and_names_why_th
 
     monkeypatch.setattr(submit, "submit_and_follow", follow_until_the_driver_gives_up)
     monkeypatch.setattr(revisions, "ask_the_hub", lambda repo, **kw: "e5" * 20)  # the preset's hub model and data
-    code = submit.main("submit", ["--stack", "s", "--preset", "qwen2.5-1.5b-24gb", "--run-name", "run"])
+    code = submit.main("submit", ["--stack", "us-west-2", "--preset", "qwen2.5-1.5b-24gb", "--run-name", "run"])
     out = capsys.readouterr().out
     assert code == 1
     (request,) = requests

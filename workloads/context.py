@@ -31,6 +31,9 @@ TRACKING_PREFIX = "[tracking] "
 warnings about the tracker (plain text after the prefix)."""
 RESTORE_PREFIX = "[restore] "
 """The line of the rank that downloaded a checkpoint for its node: what a resume cost that node."""
+METHOD_PREFIX = "[method] "
+"""Rank 0's line before the first step: the fine-tune method (full, or LoRA and its settings) and the
+parameters it trains of the model's (`trained_params`, `params`), as peft counts them."""
 
 
 PREFLIGHT_FAILED_KEY = "preflight_failed"

@@ -19,7 +19,7 @@ from infra.config.schema import (CAPACITY_TYPES, DEFAULT_RAY_IMAGE, KNOWN_KEYS, 
                                  GpuReservation, StackConfig,
                                  config_key, format_utc, parse_utc)
 from infra.config.stack_file import (check_stack_file_settings, key_lines, load_stack_config, located,
-                                     read_stack_values, stack_file)
+                                     read_stack_values, require_stack_file, stack_file)
 
 __all__ = [
     "NO_VALUE", "ConfigError", "ConfigErrors", "check_settings", "coerce_values", "parse_stack_config",
@@ -27,5 +27,5 @@ __all__ = [
     "DEFAULT_RAY_IMAGE", "KNOWN_KEYS", "MLFLOW_SIZES", "PLACEMENT_FIELDS",
     "PROJECT", "REGION_KEY", "RESERVATION_FIELDS", "RESERVATION_KINDS", "GpuReservation", "StackConfig",
     "config_key", "format_utc", "parse_utc", "check_stack_file_settings", "key_lines", "load_stack_config",
-    "located", "read_stack_values", "stack_file",
+    "located", "read_stack_values", "require_stack_file", "stack_file",
 ]

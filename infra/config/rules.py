@@ -3,6 +3,8 @@ and ranges. Each yields ConfigErrors; none makes a cloud call."""
 
 from __future__ import annotations
 
+import difflib
+import functools
 import ipaddress
 import re
 from typing import Iterator
@@ -39,6 +41,16 @@ def looks_like_region(name: str) -> bool:
     return bool(_REGION_RE.match(name))
 
 
+@functools.cache
+def known_regions() -> frozenset[str]:
+    """The regions of every AWS partition, from botocore's endpoint data (no call to AWS)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    return frozenset(region for partition in session.get_available_partitions()
+                     for region in session.get_available_regions("ec2", partition_name=partition))
+
+
 def az_id_prefix(region: str) -> str:
     """The region part of its AZ IDs (usw2 in usw2-az1): the country code, a letter per part of
     the name (two for northeast and the like), the number; every region follows the scheme."""
@@ -55,6 +67,12 @@ def placement_problems(cfg: StackConfig, *, skip: set[str]) -> Iterator[ConfigEr
     if k("region") not in skip and not region_ok:
         yield ConfigError(k("region"), cfg.region, "is not an AWS region name",
                           fix_cmd(k("region"), "<region>"))
+    elif region_ok and cfg.region not in known_regions():
+        # Spelt like a region but none (us-wset-2): the region is at fault, not the AZs that follow it.
+        region_ok = False
+        close = difflib.get_close_matches(cfg.region, sorted(known_regions()), n=1)
+        yield ConfigError(k("region"), cfg.region, "is not an AWS region",
+                          f"did you mean {close[0]}?" if close else fix_cmd(k("region"), "<region>"))
     if region_ok and (not cfg.gpu_availability_zone.startswith(cfg.region) or not re.fullmatch(
             r"[a-z]", cfg.gpu_availability_zone[len(cfg.region):] or "-")):
         yield ConfigError(k("gpu_availability_zone"), cfg.gpu_availability_zone,

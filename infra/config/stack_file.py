@@ -69,6 +69,15 @@ def read_stack_values(path: Path) -> dict[str, Any]:
     return dict(doc.get("config") or {})
 
 
+def require_stack_file(stack: str, project_dir: Path | str = ".") -> Path:
+    """The stack file of `stack`; ConfigError naming the stack meant (or how to create it) when
+    there is none: every stack of the project has one."""
+    path = stack_file(stack, project_dir)
+    if not path.is_file():
+        raise ConfigError(str(path), NO_VALUE, "does not exist", _missing_fix(path))
+    return path
+
+
 def _missing_fix(path: Path) -> str:
     folder = path.parent
     if not (folder / "Pulumi.yaml").is_file():  # not the project's folder: creating it here is wrong

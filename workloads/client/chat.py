@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
-from workloads.client.runs import RUNS_DIR
+from workloads.client.runs import RUNS_DIR, find_run
 from workloads.client.usage import Parser, UsageError
 from workloads.files import path_inside
 
@@ -41,7 +41,7 @@ def _arg_parser() -> Parser:
 
 def model_folder(run: str, *, runs_dir: Path) -> Path:
     """The Hugging Face folder RUN names (module docstring); ValueError with what to do otherwise."""
-    for candidate in (Path(run), runs_dir / run):
+    for candidate in (Path(run), find_run(runs_dir, run) or runs_dir / run):
         if (candidate / "config.json").is_file():
             return candidate
         model = path_inside(candidate, "model")  # a run folder's model/, never a link out of it

@@ -1,11 +1,11 @@
 """What `make demo` adds around the job: its inputs made locally, and the model it gives back.
 
 Before the job: a toy pretrained-format Qwen2 folder (random weights, save_pretrained) and its
-tokenizer, and a small chat JSONL, all under runs/<stamp>/ (workloads/model_io/toy.py); the job
+tokenizer, and a small chat JSONL, all under runs/<name>/ (workloads/model_io/toy.py); the job
 fine-tunes the one on the other (the JSONL travels with the job). With the user's own data
 (`--set data.kind=jsonl --set data.path=FILE`) and no model, the toy model is made alone and trained
 on that data: its tokenizer reads any text. After the job: the run's model is exported to
-runs/<stamp>/model/, loaded back with from_pretrained, and asked a question: the demo's, or one of
+runs/<name>/model/, loaded back with from_pretrained, and asked a question: the demo's, or one of
 the user's chats (`closing_question`), a held-out one when the run held some out (one it trained on
 says little: a model that memorized it answers it too). The question is asked as the model saw it
 in training: the chat template over the record's conversation up to its first answer, its system
@@ -100,7 +100,8 @@ def question_of(record, *, held_out: bool = False) -> Optional[Question]:
     answer: nothing asks for it)."""
     if not record.is_chat:
         return None
-    first = next(i for i, message in enumerate(record.messages) if message["role"] == "assistant")
+    first = next(i for i, message in enumerate(record.messages)
+                 if message["role"] == "assistant" and i >= record.learned_from)
     if not first:
         return None
     return Question(messages=record.messages[:first], answer=record.messages[first]["content"], where=record.where,

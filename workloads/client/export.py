@@ -3,8 +3,9 @@
     python -m workloads export RUN [--out FOLDER] [--checkpoint NAME] [--dtype auto|float32|bfloat16|float16]
     python -m workloads export --stack NAME --run NAME [...]
 
-RUN is a run folder (local, or s3://bucket/prefix/RUN: Ray Train's storage of the run, a torchrun
---out folder, a `make demo` runs/<stamp> folder) or one checkpoint folder; with --stack, the run is
+RUN is a local run's name (as `chat` takes it; `python -m workloads runs` lists them), a run folder
+(local, or s3://bucket/prefix/RUN: Ray Train's storage of the run, a torchrun --out folder, a
+`make demo` runs/<name> folder) or one checkpoint folder; with --stack, the run is
 looked up in the stack's checkpoint bucket. The newest checkpoint is exported unless --checkpoint
 names one; --out (default: `model/` next to the checkpoints) may be local or s3://. --generate
 loads the result with from_pretrained and prints a greedy continuation of a prompt.
@@ -19,12 +20,14 @@ mistake on the command line answer at once.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import tempfile
 from pathlib import Path
 
 from workloads.client.cluster import UnreachableError, read_stack_outputs
 from workloads.client.run_record import submitted_base
+from workloads.client.runs import RUNS_DIR, find_run, local_runs
 from workloads.client.usage import Parser, UsageError
 from workloads.files import key_parts
 from workloads.model_io.lora_base import LoraBase
@@ -58,7 +61,31 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="with --generate: run the model folder's own Python code (auto_map in its config); "
                              "off: it is never run, and export never copies a checkpoint's *.py files")
+    parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR,
+                        help=f"where local runs are, for RUN given as a run's name (default: {RUNS_DIR})")
     return parser
+
+
+def local_run(name: str, *, runs_dir: Path) -> str:
+    """RUN as given when it is a folder here or a URI, else the folder of the local run of that name
+    (as `chat` takes it); ValueError naming the run meant when there is none."""
+    if "://" in name or Path(name).exists():
+        return name
+    found = find_run(runs_dir, name)
+    if found is not None:
+        return str(found)
+    names = [run.name for run in local_runs(runs_dir)]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = (f"; did you mean {close[0]} ({_shown(runs_dir / close[0])})?" if close
+            else "; python -m workloads runs lists the local runs")
+    raise ValueError(f"{name!r} is neither a folder here nor a run of {runs_dir}{hint}")
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def run_uri(args: argparse.Namespace) -> str:
@@ -70,7 +97,7 @@ def run_uri(args: argparse.Namespace) -> str:
         return f"{bucket.rstrip('/')}/{args.run_name}"
     if not args.run:
         raise ValueError("name the run: RUN (a folder or s3:// prefix), or --stack NAME --run NAME")
-    return args.run
+    return local_run(args.run, runs_dir=args.runs_dir)
 
 
 def export_and_show(args: argparse.Namespace, *, scratch: Path) -> int:

@@ -4,6 +4,8 @@ cluster lost with its head told apart from a lost connection."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import shlex
 import time
 from dataclasses import dataclass
@@ -13,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from workloads.client.cluster import UnreachableError, first_line
-from workloads.client.report import format_data, format_record, parse_prefixed, parse_train_line
-from workloads.context import DATA_PREFIX, GATE_PREFIX, TRACKING_PREFIX
+from workloads.client.report import format_data, format_method, format_record, parse_prefixed, parse_train_line
+from workloads.context import DATA_PREFIX, GATE_PREFIX, METHOD_PREFIX, TRACKING_PREFIX
 from workloads.launch.driver import DRIVER_PREFIX, parse_driver_line
 
 class LogPrinter:
@@ -28,8 +30,9 @@ class LogPrinter:
         self._partial = ""
         self.plan: Optional[dict] = None
         """The driver's plan record, once the job has logged it."""
-        # Ray Train forwards each worker line to the job logs twice; show a record once.
-        self._last_shown: Optional[str] = None
+        # Ray Train forwards each worker line to the job logs twice, and two records' copies may
+        # interleave (A, B, A, B): a record is shown once however far its copy comes after it.
+        self._shown_records: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tracking_shown: set[str] = set()
 
     def feed(self, chunk: str) -> None:
@@ -56,6 +59,10 @@ class LogPrinter:
             self.console.print(f"[bold cyan]gate[/] [{style}]{gate.get('message', '')}[/]")
             return
         if self._tracking(line):
+            return
+        method = parse_prefixed(line, METHOD_PREFIX)
+        if method is not None:
+            self.console.print(f"[bold cyan]method[/] {format_method(method)}", highlight=False)
             return
         data = parse_prefixed(line, DATA_PREFIX)
         if data is not None and self._data(data):
@@ -107,13 +114,21 @@ class LogPrinter:
         return True
 
     def _is_repeat(self, line: str) -> bool:
-        keyed = parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
+        keyed = (parse_train_line(line) is not None or self._gate_prefix in line or DATA_PREFIX in line
+                 or METHOD_PREFIX in line)
         if not keyed:
             return False
-        if line == self._last_shown:
+        if line in self._shown_records:
             return True
-        self._last_shown = line
+        self._shown_records[line] = None
+        if len(self._shown_records) > SHOWN_RECORDS_KEPT:
+            self._shown_records.popitem(last=False)
         return False
+
+
+SHOWN_RECORDS_KEPT = 4096
+"""Records a printer remembers to drop their forwarded copies: far more than come between a line
+and its copy, few enough that following a long run holds little."""
 
 
 class FollowLostError(Exception):
@@ -138,29 +153,55 @@ class _Shown:
 
 async def _tail(client, job_id: str, printer: LogPrinter, shown: _Shown) -> None:
     """Feed the job's log to printer, leaving out what it has had already (the Jobs API streams a
-    log from its start)."""
+    log from its start). The stream is closed here, on this loop, however the feeding ends: an
+    interruption raised while a chunk is printed would otherwise leave it to the generator's
+    finalizer, which schedules its closing on a loop about to be closed."""
     seen = 0
-    async for chunk in client.tail_job_logs(job_id):
-        fresh = chunk[max(0, shown.chars - seen):]
-        seen += len(chunk)
-        if fresh:
-            printer.feed(fresh)
-            shown.chars = seen
+    async with contextlib.aclosing(client.tail_job_logs(job_id)) as chunks:
+        async for chunk in chunks:
+            fresh = chunk[max(0, shown.chars - seen):]
+            seen += len(chunk)
+            if fresh:
+                printer.feed(fresh)
+                shown.chars = seen
 
 
 def _run_interruptibly(coro) -> None:
     """Run `coro` to its end on an event loop of its own, where Ctrl-C raises KeyboardInterrupt at
     once. `asyncio.run` would only cancel the task on a first Ctrl-C, and a task that ends without the
     cancellation reaching it (a library's cleanup that swallows it) returns normally: the interrupt
-    would be lost and following would go on (tests/test_submit.py has such a stream)."""
+    would be lost and following would go on (tests/test_submit.py has such a stream).
+
+    An interruption arrives while the task waits inside the log stream (Ray's `tail_job_logs`, an
+    async generator over an aiohttp session): the task is cancelled and run to its end on this loop
+    first, which closes the generator and its session, before the interruption goes on. Left to
+    `shutdown_asyncgens`, the generator, still running, cannot be closed ("aclose(): asynchronous
+    generator is already running"), and the session's transports are closed after the loop ("Event
+    loop is closed", "Unclosed client session")."""
     loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
     try:
-        loop.run_until_complete(coro)
+        loop.run_until_complete(task)
+    except BaseException:
+        _cancel_and_wait(loop, task)
+        raise
     finally:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
+
+
+CLOSE_WAIT_S = 5.0
+"""How long an interrupted log stream may take to close its connection."""
+
+
+def _cancel_and_wait(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    if not task.done():
+        task.cancel()
+        loop.run_until_complete(asyncio.wait({task}, timeout=CLOSE_WAIT_S))
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: the interruption is what goes on, not the stream's own ending
 
 
 def wait_terminal(client, job_id: str, *, poll_s: float = 0.5):

@@ -36,15 +36,20 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 from workloads.client import demo, revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
+from workloads.client.interrupts import INTERRUPTIONS, sigterm_raises
+from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import user_overrides
-from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, now, read_run, update_run, write_run
-from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
-                                     write_report)
+from workloads.client.resume_changes import resume_changes
+from workloads.client.runs import (RUN_FILE, RUNS_DIR, find_run, latest_checkpoint_step, now, read_run, update_run,
+                                   write_run)
+from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, method_label,
+                                     resize_events, summarize, trained_share, write_report)
 from workloads.client.socket_owners import holds_listener
 from workloads.evaluate.settings import EXIT_GATE_FAILED
 from workloads.launch.task_history import TASK_HISTORY_ENV
@@ -362,21 +367,13 @@ def local_ray_cluster(spec: LocalClusterSpec, *, log_dir: Path,
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so that no library's `except Exception` swallows it."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
-
-
 @contextmanager
 def log_kept_on_interrupt(conn, job_ids: list[str], *, path: Path, console: Console) -> Iterator[None]:
     """On Ctrl-C or SIGTERM while following, write the submitted job's log so far (cleaned) to
     `path` before the interruption goes on to stop the cluster."""
     try:
         yield
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS:
         if job_ids:
             try:
                 path.write_text(clean_log(submit.job_client(conn).get_job_logs(job_ids[0])))
@@ -388,8 +385,8 @@ def log_kept_on_interrupt(conn, job_ids: list[str], *, path: Path, console: Cons
 
 def _arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads run", description=__doc__.splitlines()[0])
-    parser.add_argument("--local", action="store_true", required=True,
-                        help="start the Ray cluster on this machine (the only mode of `run`)")
+    parser.add_argument("--local", action="store_true",
+                        help="start the Ray cluster on this machine: the only mode of `run`, so it may be left out")
     parser.add_argument("--preset", default="demo-cpu", help="training preset (default: demo-cpu)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set steps=20 (repeatable)")
@@ -401,6 +398,9 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", "--runs-dir", dest="runs_dir", type=Path, default=RUNS_DIR,
                         help=f"where runs go, wherever the command runs from (default: {RUNS_DIR})")
     parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
+    parser.add_argument("--force-resume", action="store_true",
+                        help="resume a run although --set changes what its checkpoint depends on (seq_len, the "
+                        "tokenizer, the model, the method)")
     parser.add_argument("--no-tracking", action="store_true",
                         help="do not track the run (default: MLflow, in <runs-dir>/mlflow unless --set tracking.uri "
                         "or MLFLOW_TRACKING_URI names another tracker)")
@@ -462,18 +462,24 @@ def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None]
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-def resumed_train_config(record: dict, args: argparse.Namespace, run_dir: Path) -> dict:
+def resumed_train_config(record: dict, args: argparse.Namespace, run_dir: Path, *,
+                         say: Callable[[str], None] = lambda line: None) -> dict:
     """The config of a run being resumed: the one it started with, the user's --set on top (more
-    steps, say), its local inputs checked again. ValueError when there is nothing left to train."""
+    steps, say; `say` hears what changed), its local inputs checked again. ValueError when there is
+    nothing left to train, or for a change that breaks the resume (without --force-resume)."""
     from workloads.train.config import TrainConfig, with_overrides
 
     saved = TrainConfig.from_dict(record["train"])
     train = with_overrides(saved, user_overrides(saved.to_dict(), args.set)).to_dict()
+    changes = resume_changes(record["train"], train, run_name=record.get("name", run_dir.name),
+                             force=args.force_resume)
     check_inputs(train, local=local_inputs(train, cwd=Path.cwd()), hub=True)
     done = latest_checkpoint_step(run_dir)
     if done is not None and done >= train["steps"]:
         raise ValueError(f"run {run_dir.name} has trained its {done} steps: --set steps=N (more than {done}) goes on "
                          "from its last checkpoint")
+    for line in changes:
+        say(line)
     return train
 
 
@@ -483,20 +489,26 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     if args.run_name is not None and not RUN_NAME.match(args.run_name):
         raise ValueError(f"--run-name {args.run_name!r}: use letters, digits, '.', '_' and '-' (a folder of "
                          f"{args.runs_dir} is named after it)")
-    run_dir = (args.runs_dir / (args.run_name or stamp)).resolve()
+    # One name for the run everywhere: its folder, its job and plot, its tracker run, chat and export.
+    name = args.run_name or f"{args.preset}-{stamp}"
+    run_dir = (find_run(args.runs_dir, name) or args.runs_dir / name).resolve()
     record = read_run(run_dir)
     if record is None and run_dir.is_dir() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} holds no run to resume (no {RUN_FILE}): choose another --run-name")
     hub_said = lambda line: console.print(f"[bold cyan]hub[/] {line}")  # noqa: E731
     if record is not None:
-        train, inputs, run_name = resumed_train_config(record, args, run_dir), demo.DemoInputs(), record["name"]
+        said: list[str] = []
+        train = resumed_train_config(record, args, run_dir, say=said.append)
+        inputs, run_name = demo.DemoInputs(), record["name"]
         console.print(f"[bold cyan]local[/] resuming run {run_name} from its latest checkpoint (step "
                       f"{latest_checkpoint_step(run_dir) or 0} of {train['steps']})")
+        for line in said:
+            console.print(f"[bold cyan]local[/] {escape(line)}", highlight=False)
     else:
         train, inputs = local_train_config(args, run_dir, say=hub_said)
         train = evaluated_locally(train, runs_dir=args.runs_dir, say=lambda line: console.print(line, highlight=False),
                                   base_made_later="model.name_or_path" in inputs.fields)
-        run_name = args.run_name or f"{args.preset}-{stamp}"
+        run_name = name
     train, tracking_uri = local_tracking(train, args, run_name=run_name, console=console)
     # Credentials in the URI reach the job as MLflow's variables in its processes' environment, not
     # in its config (entrypoint, report.json, logs).
@@ -512,7 +524,7 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     try:
         code = _train_on_local_cluster(args, console, spec=spec, run_dir=run_dir, run_name=run_name, train=train,
                                        inputs=inputs, tracking_uri=tracking_uri, uri_credentials=uri_credentials)
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS:
         update_run(run_dir, status="interrupted", ended=now())
         raise
     except BaseException:
@@ -523,14 +535,25 @@ def run_local(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
-def run_title(run_name: str, train: dict, *, nodes: int) -> str:
-    """The loss plot's title: the run, what it trained and on what (not the preset's name alone)."""
+def resume_command(run_name: str) -> str:
+    """The command that resumes a local run from its latest checkpoint."""
+    return f"python -m workloads run --run-name {run_name}"
+
+
+def run_title(run_name: str, train: dict, *, nodes: int, final: Optional[dict] = None) -> str:
+    """The loss plot's title: the run, what it trained and on what (not the preset's name alone), and
+    how: the method, and for LoRA the parameters it trained as the loop's summary (`final`) counts them."""
     model = train["model"]["name_or_path"]
     model = "toy model" if Path(model).name == "base-model" else Path(model).name if "/" in model else model
     data = train["data"]
     source = "synthetic tokens" if data["kind"] == "synthetic" else Path(data["path"]).name if data[
         "kind"] == "jsonl" else data["path"]
-    return f"{run_name}: {model} on {source}, {nodes} local worker node(s)"
+    method = method_label(train)
+    share = trained_share(final or {})
+    if share is not None and train.get("method") == "lora":
+        method += (f": {int(final['trained_params']):,} of {int(final['params']):,} parameters trained "
+                   f"({100 * share:.2f}%)")
+    return f"{run_name}: {model} on {source}, {method}, {nodes} local worker node(s)"
 
 
 def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec: LocalClusterSpec, run_dir: Path,
@@ -550,15 +573,15 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
                 with log_kept_on_interrupt(conn, submitted, path=run_dir / "job.log", console=console):
                     outcome = submit.submit_and_follow(conn, request, console=console,
                                                        on_submitted=submitted.append)
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS:
         # The cluster is down, the run's rank 0 with it: its tracker run would stay RUNNING, or FAILED
         # where a rank or the driver saw the others go first.
         if tracking_uri and (run_dir / "job.log").is_file():
             with environment_with(uri_credentials):
                 tracking.end_stopped_run((run_dir / "job.log").read_text(), uri=tracking_uri,
                                          say=lambda line: console.print(line, highlight=False, markup=False))
-        console.print(f"[bold cyan]local[/] run --local --run-name {run_dir.name} resumes it from its latest "
-                      "checkpoint")
+        console.print(f"[bold cyan]local[/] {resume_command(run_dir.name)} resumes it from its latest checkpoint",
+                      highlight=False)
         raise
     (run_dir / "job.log").write_text(clean_log(outcome.logs))
     submit.report_outcome(outcome, console)
@@ -569,7 +592,7 @@ def _train_on_local_cluster(args: argparse.Namespace, console: Console, *, spec:
     summary = summarize(outcome.records, final=final)
     evaluation = show_evaluation(outcome.logs, run_dir=run_dir, console=console)
     json_path, png_path = write_report(run_dir, records=outcome.records, summary=summary, meta={
-        "title": run_title(run_name, train, nodes=spec.nodes), "job_id": outcome.job_id,
+        "title": run_title(run_name, train, nodes=spec.nodes, final=final), "job_id": outcome.job_id,
         "status": outcome.status, "preset": args.preset, "config": train, "run_name": run_name,
         "cluster": {"worker_nodes": spec.nodes, "cpus_per_node": spec.cpus_per_node},
         "trained_on_nodes": (final or {}).get("nodes"), "checks": [asdict(check) for check in outcome.checks],
@@ -651,17 +674,15 @@ def main(command: str, argv: list[str]) -> int:
         args = _arg_parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return run_local(args, console)
+        with sigterm_raises():
+            return run_local(args, console)
     except ValueError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return submit.EXIT_USAGE
     except RuntimeError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return submit.EXIT_FAILED
-    except (KeyboardInterrupt, _Terminated):
+    except INTERRUPTIONS as stop:
         console.print("interrupted: the local Ray cluster was stopped")
-        return submit.EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return interruption_exit_code(stop)

@@ -1,24 +1,35 @@
 """`python -m workloads plan`: what a run needs and what it costs, without a cluster or a GPU.
 
     python -m workloads plan [--preset P | --model-size 1.5b|7b] [--set KEY=VALUE ...]
-                             [--instance-type g6.12xlarge] [--nodes 2] [--json]
+                             [--stack NAME] [--instance-type g6.12xlarge] [--nodes 2] [--region R] [--json]
 
 Prints the method, the rows per optimizer step (a preset's fixed rows, made of the largest micro-batch
 the GPU's memory takes and the micro-steps the ranks need), the predicted memory per GPU against the
 GPU's (workloads/bench/memory.py), the predicted tokens/s (the step-time model, workloads/bench/step_time.py,
-from the loop's MFU measured on an H200), the cluster's $/h, and the hours and dollars per billion
-tokens. Without --preset, the one `submit` would choose for that GPU. Exit codes: 0 it fits;
-1 it does not (the nearest settings that do are listed); 2 bad input.
+from the loop's MFU measured on an H200), the cluster's $/h at a region's On-Demand list price, and the
+hours and dollars per billion tokens. Without --preset, the one `submit` would choose for that GPU
+(and the method `--set method=` names), and why. `--stack NAME` plans that stack's GPU nodes in its
+region; --instance-type, --nodes and --region say otherwise. Exit codes: 0 it fits; 1 it does not
+(the nearest settings that do are listed); 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
+from infra.instance_types import PRICE_TABLE_REGION
+from workloads.client.cluster import PROJECT_DIR
 from workloads.client.usage import Parser, UsageError
+
+DEFAULT_INSTANCE_TYPE = "g6.12xlarge"
+DEFAULT_NODES = 2
+"""The GPU nodes planned without --stack or --nodes: a stack's default (ray-eks:gpuNodeCount), and
+submit's with --address and --instance-type."""
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
 
@@ -35,8 +46,12 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-size", default="1.5b", choices=("1.5b", "7b"),
                         help="without --preset: the model whose preset to choose (default 1.5b)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    parser.add_argument("--instance-type", default="g6.12xlarge", help="GPU instance type (default g6.12xlarge)")
-    parser.add_argument("--nodes", type=int, default=2, help="GPU nodes (default 2)")
+    parser.add_argument("--stack", help="plan this stack's GPU nodes (instance type, nodes, region: Pulumi.NAME.yaml)")
+    parser.add_argument("--instance-type",
+                        help=f"GPU instance type (default: the stack's, else {DEFAULT_INSTANCE_TYPE})")
+    parser.add_argument("--nodes", type=int, help=f"GPU nodes (default: the stack's, else {DEFAULT_NODES})")
+    parser.add_argument("--region", help="the region whose On-Demand prices the cost takes (default: the stack's, "
+                        "else us-east-1)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -70,10 +85,13 @@ def step_model(cfg, arch, memory_settings, *, kind: str):
 
 
 def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Path,
-              size_micro_batch: bool = True) -> dict:
+              size_micro_batch: bool = True, region: str = PRICE_TABLE_REGION, preset_reason: str = "",
+              method_set: Optional[str] = None) -> dict:
     """The plan as plain data (what --json prints). With `size_micro_batch` (the user set none) and
-    rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it."""
+    rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it.
+    `method_set`: the method --set gives a preset of another (the plan is that preset as set)."""
     from infra.instance_types import INSTANCE_TYPES
+    from infra.prices import on_demand
     from workloads.bench.memory import Architecture, offloaded_host_bytes, settings_for
     from workloads.bench.step_time import Hardware, Link, predict_step
     from workloads.client.fit import (Target, assess, check_lora_targets, model_config, nearest_fits,
@@ -90,10 +108,12 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     sized = sized_for(cfg, target, cwd=cwd, config=config) if size_micro_batch else cfg
     fit = assess(sized, arch, target)
     turned_on = offloading_turned_on(cfg, sized)
+    price = on_demand(instance_type, region)
     cfg, run = sized, fit.cfg  # run: the micro-batch and micro-steps the target's ranks train with
     world = target.world_size
     plan = {
-        "preset": preset_name, "model": cfg.model.name_or_path, "method": cfg.method, "objective": cfg.objective,
+        "preset": preset_name, "preset_reason": preset_reason, "method_set": method_set,
+        "model": cfg.model.name_or_path, "method": cfg.method, "objective": cfg.objective,
         "reference": reference_kind(cfg),
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "activation_offloading": cfg.model.activation_offloading,
@@ -103,14 +123,17 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
         "shard_ranks": fit.shard_ranks, "micro_batch": run.micro_batch, "grad_accum_steps": run.grad_accum_steps,
         "rows_per_step": run.micro_batch * run.grad_accum_steps * world,
         "rows_fixed": bool(cfg.rows_per_step),
-        "micro_batch_from_memory": bool(cfg.rows_per_step) and size_micro_batch,
+        "micro_batch_from_memory": bool(cfg.rows_per_step) and size_micro_batch and fit.fits,
+        "micro_batch_fits_none": bool(cfg.rows_per_step) and size_micro_batch and not fit.fits,
         "tokens_per_step": run.micro_batch * run.grad_accum_steps * world * cfg.seq_len,
         "memory": {"predicted_gib": round(fit.prediction.peak_gib, 2), "needed_gib": round(fit.needed_gib, 2),
                    "gpu_gib": round(target.memory_gib, 2), "fits": fit.fits, "phase": fit.prediction.phase,
                    "terms_gib": {k: round(v / 2**30, 2) for k, v in fit.prediction.terms.items()},
                    "offloaded_to_host_gib": round(offloaded_host_bytes(
                        arch, settings_for(run, shard_ranks=fit.shard_ranks)) / 2**30, 2)},
-        "usd_per_hour": None if kind.usd_per_hour is None else round(nodes * kind.usd_per_hour, 2),
+        "region": region,
+        "usd_per_hour": None if price.usd_per_hour is None else round(nodes * price.usd_per_hour, 2),
+        "price": {"region": price.region, "date": price.date},
     }
     if not fit.fits:
         plan["fits_with"] = [{"change": a.label, "predicted_gib": round(a.fit.prediction.peak_gib, 2)}
@@ -176,14 +199,17 @@ def format_plan(plan: dict) -> str:
               else f"flat FSDP over {plan['world_size']} ranks")
     terms = ", ".join(f"{k} {v:.2f}" for k, v in memory["terms_gib"].items())
     verdict = "fits" if memory["fits"] else "DOES NOT FIT"
+    as_set = f" with --set method={plan['method_set']}" if plan.get("method_set") else ""
     lines = [
-        f"plan            {plan['preset']} on {plan['nodes']} x {plan['instance_type']} "
+        f"plan            {plan['preset']}{as_set} on {plan['nodes']} x {plan['instance_type']} "
         f"({plan['world_size']} x {plan['gpu']})",
+        *([f"preset          {plan['preset']}: {plan['preset_reason']}"] if plan.get("preset_reason") else []),
         f"method          {method} of {plan['model']}{extra}, {layout}",
         f"rows per step   {plan['rows_per_step']} = micro-batch {plan['micro_batch']} x {plan['grad_accum_steps']} "
         f"micro-steps x {plan['world_size']} ranks ({plan['tokens_per_step']:,} tokens)"
         + (f"; fixed by {plan['preset']}: the micro-steps follow the ranks" if plan["rows_fixed"] else "")
-        + ("; the largest micro-batch the GPU's memory takes" if plan["micro_batch_from_memory"] else ""),
+        + ("; the largest micro-batch the GPU's memory takes" if plan["micro_batch_from_memory"] else "")
+        + ("; no micro-batch fits the GPU's memory" if plan.get("micro_batch_fits_none") else ""),
         f"memory per GPU  {memory['predicted_gib']:.2f} GiB predicted, {memory['needed_gib']:.2f} with the "
         f"allocator's slack and the CUDA context, of {memory['gpu_gib']:.2f} GiB ({plan['gpu']}): {verdict}",
         f"                [{terms}]",
@@ -201,7 +227,7 @@ def format_plan(plan: dict) -> str:
         hours = f"{speed['hours_per_billion_tokens']:,.1f} h"
         lines.append(f"cost            no On-Demand list price for {plan['instance_type']} (Capacity Blocks); "
                      f"{hours} per billion tokens" if plan["usd_per_hour"] is None else
-                     f"cost            ${plan['usd_per_hour']:.2f} per hour; "
+                     f"cost            ${plan['usd_per_hour']:.2f} per hour ({_priced(plan)}); "
                      f"{hours} and ${speed['usd_per_billion_tokens']:,.0f} per billion tokens")
     if plan.get("run"):
         run = plan["run"]
@@ -218,22 +244,59 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def _priced(plan: dict) -> str:
+    """Whose list price the cost is, in a clause."""
+    price, region = plan["price"], plan["region"]
+    where = f"{plan['nodes']} x {plan['instance_type']} at {price['region']}'s On-Demand list price of {price['date']}"
+    return where if price["region"] == region else f"{where}: the table has no {region} price for it"
+
+
+def cluster_of(args: argparse.Namespace) -> tuple[str, int, str]:
+    """The instance type, node count and price region to plan: the flags', else the stack file's
+    (--stack), else the defaults."""
+    from infra.config.rules import known_regions
+
+    instance_type, nodes, region = DEFAULT_INSTANCE_TYPE, DEFAULT_NODES, PRICE_TABLE_REGION
+    if args.stack:
+        from infra.config import load_stack_config
+
+        stack = load_stack_config(args.stack, PROJECT_DIR)
+        instance_type, nodes, region = stack.gpu_instance_type, stack.gpu_node_count, stack.region
+    if args.region is not None:
+        if args.region not in known_regions():
+            close = difflib.get_close_matches(args.region, sorted(known_regions()), n=1)
+            raise ValueError(f"--region {args.region!r} is not an AWS region" +
+                             (f"; did you mean {close[0]}?" if close else ""))
+        region = args.region
+    return args.instance_type or instance_type, nodes if args.nodes is None else args.nodes, region
+
+
 def main(command: str, argv: list[str]) -> int:
     try:
         args = _arg_parser().parse_args(argv)
         from infra.instance_types import INSTANCE_TYPES
         from workloads.client.fit import Target
         from workloads.client.overrides import given_keys, user_overrides
-        from workloads.train.config import preset, preset_for_gpu, with_overrides
+        from workloads.client.presets import choose_preset
+        from workloads.train.config import preset, with_overrides
 
-        target = Target.instances(args.instance_type, args.nodes)
-        kind = INSTANCE_TYPES[args.instance_type]
-        name = args.preset or preset_for_gpu(kind.gpu_memory_gib, model_size=args.model_size,
-                                             gpus=target.world_size)
-        base = preset(name)
+        instance_type, nodes, region = cluster_of(args)
+        target = Target.instances(instance_type, nodes)
+        kind = INSTANCE_TYPES[instance_type]
+        choice = choose_preset(preset_name=args.preset, model_size=args.model_size, gpu_memory_gib=kind.gpu_memory_gib,
+                               gpus=target.world_size, overrides=args.set, cluster=f"{nodes} x {instance_type}")
+        why = choice.why
+        if choice.name.startswith("qwen2.5-7b-lora") and not args.preset and choice.method_set is None \
+                and "method" not in given_keys(args.set):
+            from workloads.train.config import FULL_7B_MIN_RANKS_24GB
+
+            needed = -(-FULL_7B_MIN_RANKS_24GB // kind.gpus)
+            why += f" (--nodes {needed} plans the full fine-tune, qwen2.5-7b-24gb)"
+        base = preset(choice.name)
         cfg = with_overrides(base, user_overrides(base.to_dict(), args.set))
-        plan = make_plan(cfg, preset_name=name, instance_type=args.instance_type, nodes=args.nodes, cwd=Path.cwd(),
-                         size_micro_batch="micro_batch" not in given_keys(args.set))
+        plan = make_plan(cfg, preset_name=choice.name, instance_type=instance_type, nodes=nodes, cwd=Path.cwd(),
+                         size_micro_batch="micro_batch" not in given_keys(args.set), region=region,
+                         preset_reason=why, method_set=choice.method_set)
     except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -197,6 +197,37 @@ def format_data(record: dict) -> Optional[str]:
     return f"{line}; {' and '.join(cut)}{keep}"
 
 
+def method_label(record: dict, *, short: bool = False) -> str:
+    """The fine-tune method of a config or the loop's method record: "full fine-tune", "LoRA rank 16
+    (alpha 32)"; short: "full", "lora r16"."""
+    if record.get("method") != "lora":
+        return "full" if short else "full fine-tune"
+    lora = record.get("lora") or {}
+    if short:
+        return f"lora r{lora.get('rank', '?')}"
+    alpha = lora.get("alpha")
+    return f"LoRA rank {lora.get('rank', '?')}" + ("" if alpha is None else f" (alpha {float(alpha):g})")
+
+
+def trained_share(record: dict) -> Optional[float]:
+    """The share of the model's parameters the run trains (0..1), from the loop's records; None
+    without its counts."""
+    trained, total = record.get("trained_params"), record.get("params")
+    return None if not trained or not total else float(trained) / float(total)
+
+
+def format_method(record: dict) -> str:
+    """The loop's method record (`[method] {...}`) as one console line, counted as peft's
+    print_trainable_parameters counts: `LoRA rank 16 (alpha 32): trainable params: 1,089,536 || all
+    params: 495,122,304 || trainable%: 0.2201`."""
+    text = method_label(record)
+    share = trained_share(record)
+    if share is None:
+        return text
+    return (f"{text}: trainable params: {int(record['trained_params']):,} || all params: {int(record['params']):,} "
+            f"|| trainable%: {100 * share:.4f}")
+
+
 def format_summary(summary: RunSummary) -> str:
     rate = "n/a" if summary.tokens_per_s is None else f"{summary.tokens_per_s:,.0f}"
     where = "" if summary.nodes is None else f", on {summary.nodes} node(s)"

@@ -1,7 +1,8 @@
 """Local runs (`run --local`) as folders of runs/, and `python -m workloads runs`, which lists them.
 
 Each run has a folder under the project's runs/ (or `run --local --out`), named after the run
-(`--run-name NAME`, else the start's UTC time). `run.json` there says what the run is from its
+(`--run-name NAME`, else `<preset>-<UTC time>`: the name the run's job, plot, tracker run and
+every command use). `run.json` there says what the run is from its
 start on: its name (Ray Train's and the tracker's), its preset and config, and its status (running,
 succeeded, failed, interrupted). The report, the loss plot, the job's log, the checkpoints and the
 exported model/ join it as the run goes. `run --local --run-name NAME` of a run that has a folder
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from workloads.client.cluster import PROJECT_DIR
+from workloads.client.report import method_label, trained_share
 from workloads.client.usage import Parser, UsageError
 from workloads.files import replace_whole
 
@@ -65,6 +67,18 @@ def update_run(run_dir: Path, **changes) -> None:
         write_run(run_dir, {**record, **changes})
 
 
+def find_run(runs_dir: Path, name: str) -> Optional[Path]:
+    """The folder of the run called `name` in `runs_dir`: the folder of that name, else one whose
+    run.json names it (runs made before a run's folder took its name were folders named after their
+    start's time only); None when there is none."""
+    if (runs_dir / name).is_dir():
+        return runs_dir / name
+    if not runs_dir.is_dir() or "/" in name:
+        return None
+    return next((folder for folder in sorted(runs_dir.iterdir())
+                 if folder.is_dir() and (read_run(folder) or {}).get("name") == name), None)
+
+
 def latest_checkpoint_step(run_dir: Path) -> Optional[int]:
     """The step of the run's newest checkpoint (its progress.json), or None."""
     steps = []
@@ -89,6 +103,9 @@ class LocalRun:
     """The exported Hugging Face folder, or None."""
     score: str = ""
     """The evaluation's headline, tuned against base (workloads/evaluate/report.py); "" without one."""
+    method: str = "full"
+    """"full", or "lora r16 (0.22% trained)": the method, LoRA's rank, and the share of the model's
+    parameters trained once the run has counted them."""
 
 
 def describe(run_dir: Path) -> Optional[LocalRun]:
@@ -122,8 +139,12 @@ def describe(run_dir: Path) -> Optional[LocalRun]:
             evaluation = None
     from workloads.evaluate.report import headline
 
+    counted = (report or {}).get("loop_summary") or {}
+    method = method_label(counted or config, short=True)
+    if (share := trained_share(counted)) is not None and counted.get("method") == "lora":
+        method += f" ({100 * share:.2f}% trained)"
     return LocalRun(folder=run_dir, name=run_dir.name, status=status, steps=steps, loss=loss,
-                    model=model if (model / "config.json").is_file() else None,
+                    model=model if (model / "config.json").is_file() else None, method=method,
                     score=headline(evaluation) if evaluation else "")
 
 
@@ -146,8 +167,8 @@ def format_runs(runs: list[LocalRun], *, cwd: Path) -> str:
             return str(path)
 
     scored = any(r.score for r in runs)  # the SCORE column once a run has been evaluated
-    rows = [("NAME", "STATUS", "STEPS", "LOSS", *(("SCORE",) if scored else ()), "MODEL")]
-    rows += [(r.name, r.status, r.steps, r.loss, *((r.score or "-",) if scored else ()), shown(r.model))
+    rows = [("NAME", "STATUS", "STEPS", "LOSS", "METHOD", *(("SCORE",) if scored else ()), "MODEL")]
+    rows += [(r.name, r.status, r.steps, r.loss, r.method, *((r.score or "-",) if scored else ()), shown(r.model))
              for r in runs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
@@ -164,8 +185,9 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     runs = local_runs(args.runs_dir)
     if not runs:
-        print(f"no local runs in {args.runs_dir} (python -m workloads run --local makes one)")
+        print(f"no local runs in {args.runs_dir} (python -m workloads run makes one)")
         return 0
     print(format_runs(runs, cwd=Path.cwd()))
-    print("\npython -m workloads chat NAME talks to a run's model; run --local --run-name NAME resumes a run")
+    print("\npython -m workloads chat NAME talks to a run's model; "
+          "python -m workloads run --run-name NAME resumes a run")
     return 0

@@ -16,7 +16,7 @@ Exit codes: 0 the job succeeded (its ranks ran on the nodes the driver planned a
 NCCL connections passed the transport check); 1 it failed, was stopped, or failed a check; 2 bad
 input; 3 the cluster could not be reached or refused the token; 4 the connection was lost while
 following and could not be restored (the job keeps running; the message says how to reattach);
-130 interrupted (the job keeps running).
+130 interrupted by Ctrl-C, 143 by SIGTERM (the job keeps running).
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ from workloads.client.cluster import (PROJECT_DIR, UnreachableError, client_fact
                                       read_token_file)
 from workloads.client.datapaths import files_for_job, local_inputs
 from workloads.client.inputs_check import check_inputs
+from workloads.client.interrupts import INTERRUPTIONS, sigterm_raises
+from workloads.client.interrupts import exit_code as interruption_exit_code
 from workloads.client.overrides import given_keys, user_overrides
 from workloads.client.report import eval_warnings, loop_summary
+from workloads.client.plan import DEFAULT_NODES
 from workloads.client.usage import Parser, UsageError
 from workloads.client.wakeup import WakeWatching, wake_wait_s, watch_for
 # The names below are this module's public interface too (local.py, docs and tests use them from here).
@@ -122,7 +125,8 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
                             help="without --preset: the model whose preset to choose (default 1.5b)")
         parser.add_argument("--instance-type", help="with --address: the cluster's GPU instance type, to check that "
                             "the run fits its GPUs before submitting (--stack reads it from the stack file)")
-        parser.add_argument("--nodes", type=int, help="with --instance-type: the cluster's GPU nodes (default 1)")
+        parser.add_argument("--nodes", type=int, help=f"with --instance-type: the cluster's GPU nodes (default "
+                            f"{DEFAULT_NODES}, as plan's)")
         parser.add_argument("--config", type=Path, help="a TrainConfig JSON file instead of a preset")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override a config field, e.g. --set steps=20 (repeatable)")
@@ -152,11 +156,17 @@ def _arg_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--expect", choices=("efa", "any"),
                             help="network between nodes (default: efa with --stack, any with --address)")
         parser.add_argument("--no-follow", action="store_true", help="print the job id and return")
-        parser.add_argument("--quiet", action="store_true", help="show progress only, not every log line")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="run every check made before the cluster (the stack file, the config and its data, "
+                            "the fit, the hub's commits, the tools and AWS credentials) and stop there")
+        parser.add_argument("--verbose", action="store_true", help="show every job log line, not only progress")
+        parser.add_argument("--quiet", action="store_true",
+                            help="progress only: the default now (kept for scripts that pass it)")
     elif command == "logs":
         parser.description = "Print a job's logs; --follow streams them until the job ends."
         parser.add_argument("job_id")
-        parser.add_argument("--follow", action="store_true")
+        parser.add_argument("--follow", action="store_true",
+                            help="follow the job to its end: every line of its log, progress lines formatted")
     elif command == "stop":
         parser.description = "Stop a job."
         parser.add_argument("job_id")
@@ -196,7 +206,7 @@ def fit_target(args: argparse.Namespace, console: Console):
             if args.nodes is not None:
                 raise ValueError("--nodes goes with --instance-type (the cluster's GPU instance type)")
             return None
-        return Target.instances(args.instance_type, 1 if args.nodes is None else args.nodes)
+        return Target.instances(args.instance_type, DEFAULT_NODES if args.nodes is None else args.nodes)
     if args.instance_type or args.nodes is not None:
         raise ValueError("--instance-type and --nodes are for --address: with --stack they come from the stack file")
     from infra.config import ConfigErrors, load_stack_config
@@ -240,16 +250,29 @@ def check_evaluation(train: dict, *, offline: bool, console: Console) -> None:
         console.print(f"[bold cyan]evaluate[/] {note}", highlight=False)
 
 
-def _submit(args: argparse.Namespace, console: Console) -> int:
-    from workloads.train.config import preset_for_gpu
+def _preset_choice(args: argparse.Namespace, *, gpu_memory_gib, gpus, cluster: str):
+    from workloads.client.presets import choose_preset
 
+    return choose_preset(preset_name=args.preset, model_size=args.model_size, gpu_memory_gib=gpu_memory_gib,
+                         gpus=gpus, overrides=args.set, cluster=cluster)
+
+
+def _say_preset(choice, args: argparse.Namespace, console: Console) -> None:
+    if args.config is None:
+        console.print(f"[bold cyan]preset[/] {choice.label}: {choice.why}", highlight=False)
+
+
+def _submit(args: argparse.Namespace, console: Console) -> int:
     expect = args.expect or ("efa" if args.stack and not args.address else "any")
     # Checked before reaching the cluster, so a mistake costs no port-forward.
     upload_absolute = bool(args.stack)  # the stack's nodes cannot see this machine's files
     target = fit_target(args, console)
-    planned_preset = args.preset or preset_for_gpu(None if target is None else target.gpu_memory_gib,
-                                                   model_size=args.model_size,
-                                                   gpus=None if target is None else target.world_size)
+    planned = _preset_choice(args, gpu_memory_gib=None if target is None else target.gpu_memory_gib,
+                             gpus=None if target is None else target.world_size,
+                             cluster="the cluster" if target is None else target.label)
+    planned_preset = planned.name
+    if target is not None:
+        _say_preset(planned, args, console)
     first = _train_config(args, expect=expect, preset_name=planned_preset, target=target)
     files_for_job(first, cwd=Path.cwd(), upload_absolute=upload_absolute)
     # The files uploaded with the job are read here as the job will read them; the hub's files are
@@ -272,9 +295,17 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--resubmits must be >= 0, got {args.resubmits}")
     if args.min_nodes > 0 and args.max_failures == 0:
         console.print(f"[bold yellow]warning[/] {ELASTIC_WITHOUT_RETRIES}", highlight=False)
+    if args.dry_run:
+        return _dry_run(args, first, console, upload_absolute=upload_absolute)
     with _connect(args) as conn:
-        preset_name = planned_preset if target is not None else (
-            args.preset or preset_for_gpu(conn.gpu_memory_gib, model_size=args.model_size, gpus=conn.ray_worker_gpus))
+        if target is None:
+            chosen = _preset_choice(args, gpu_memory_gib=conn.gpu_memory_gib, gpus=conn.ray_worker_gpus,
+                                    cluster=f"the cluster's {conn.ray_worker_gpus or 0} GPU(s)")
+            if not args.no_follow:  # --no-follow's output is the job id alone
+                _say_preset(chosen, args, console)
+            preset_name = chosen.name
+        else:
+            preset_name = planned_preset
         config = _train_config(args, expect=expect, preset_name=preset_name, target=target)
         config_name = preset_name if args.config is None else args.config.stem
         run_name = args.run_name or f"{config_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
@@ -300,7 +331,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[bold]credentials[/] {note}", highlight=False)
         wait_gpus_s = args.wait_gpus_s or (wake_wait_s(target and target.instance_type) if conn.wake else None)
         request = SubmitRequest(train=train, run_name=run_name, storage_path=storage_path,
-                                max_failures=args.max_failures, expect=expect, quiet=args.quiet, gpus=gpus,
+                                max_failures=args.max_failures, expect=expect, quiet=not args.verbose, gpus=gpus,
                                 install=not args.offline, files=files, wait_nodes_s=args.wait_nodes_s,
                                 resubmits=args.resubmits, min_nodes=args.min_nodes, wait_gpus_s=wait_gpus_s)
         if args.no_follow:
@@ -315,10 +346,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                 outcome = submit_and_follow(conn, request, console=console, on_submitted=job_ids.append)
             if waking is not None and outcome.exit_code != EXIT_OK and waking.failure_note():
                 outcome = dataclasses.replace(outcome, reason=f"{outcome.reason} ({waking.failure_note()})")
-        except KeyboardInterrupt:
+        except INTERRUPTIONS as stop:
             if job_ids:
                 console.print(reattach_hint(job_ids[-1], conn.target_args))
-            return EXIT_INTERRUPTED
+            return interruption_exit_code(stop)
         except FollowLostError as exc:
             console.print(reattach_hint(job_ids[-1], conn.target_args, why=f"lost the connection ({exc})"))
             return EXIT_DETACHED
@@ -333,6 +364,26 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if run is not None:
         console.print(f"[bold]tracking[/] {tracking.where_to_look(run, uri=tracking_uri)}", highlight=False)
     return outcome.exit_code
+
+
+def _dry_run(args: argparse.Namespace, config: dict, console: Console, *, upload_absolute: bool) -> int:
+    """The checks of `submit` that need no cluster, after those of the config, its data and fit:
+    the hub's commits, and with --stack the stack file, the tools and the AWS credentials."""
+    from workloads.client.dry_run import check_aws_credentials, check_tools
+
+    _, pinned = revisions.pin_hub_revisions(
+        config, local=local_inputs(config, cwd=Path.cwd(), upload_absolute=upload_absolute))
+    for line in pinned:
+        console.print(f"[bold cyan]hub[/] {line}", highlight=False)
+    if args.stack and not args.address:
+        from infra.config import load_stack_config
+
+        stack = load_stack_config(args.stack, PROJECT_DIR)
+        console.print(f"[bold cyan]tools[/] {check_tools()}", highlight=False)
+        console.print(f"[bold cyan]credentials[/] {check_aws_credentials(region=stack.region)}", highlight=False)
+    console.print("[bold green]dry run[/]: every check passed; nothing was submitted (submit without --dry-run "
+                  "starts it)", highlight=False)
+    return EXIT_OK
 
 
 DRIVER_WAIT_GPUS_S = 900.0
@@ -360,9 +411,9 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
         try:
             status = follow(client_factory(conn), args.job_id, LogPrinter(console=console, quiet=False),
                             say=lambda m: console.print(f"[yellow]{m}[/]"))
-        except KeyboardInterrupt:
+        except INTERRUPTIONS as stop:
             console.print(reattach_hint(args.job_id, conn.target_args))
-            return EXIT_INTERRUPTED
+            return interruption_exit_code(stop)
         except FollowLostError as exc:
             console.print(reattach_hint(args.job_id, conn.target_args, why=f"lost the connection ({exc})"))
             return EXIT_DETACHED
@@ -408,15 +459,20 @@ def main(command: str, argv: list[str]) -> int:
     console = Console(highlight=False, soft_wrap=True)
     try:
         args = _arg_parser(command).parse_args(argv)
-        return COMMANDS[command](args, console)
+        if args.stack and not args.address:  # an unknown stack is bad input, said before anything else
+            from infra.config import require_stack_file
+
+            require_stack_file(args.stack, PROJECT_DIR)
+        with sigterm_raises():
+            return COMMANDS[command](args, console)
     except (UsageError, ValueError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except UnreachableError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except INTERRUPTIONS as stop:
+        return interruption_exit_code(stop)
     except Exception as exc:
         # Ray's class is imported only here: importing ray takes about a second of CPU, which a
         # command refused for its arguments (or its --help) need not spend.

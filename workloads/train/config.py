@@ -845,10 +845,11 @@ FULL_7B_MIN_RANKS_24GB = 8
 """A full fine-tune of 7B on 24 GB GPUs needs its state sharded at least this many ways."""
 
 
-def preset_for_gpu(gpu_memory_gib: int | None, *, model_size: str = "1.5b", gpus: int | None = None) -> str:
+def preset_for_gpu(gpu_memory_gib: int | None, *, model_size: str = "1.5b", gpus: int | None = None,
+                   method: str | None = None) -> str:
     """The default fine-tune preset for GPUs of this much memory (None: unknown, the 80 GB preset):
-    for 7B on smaller GPUs, the full fine-tune when there are enough of them
-    (FULL_7B_MIN_RANKS_24GB), else LoRA."""
+    for 7B on smaller GPUs, the preset of `method` when the user set one, else the full fine-tune
+    when there are enough GPUs (FULL_7B_MIN_RANKS_24GB), else LoRA."""
     if model_size not in MODEL_SIZES:
         raise ValueError(f"model size {model_size!r}: use one of {', '.join(MODEL_SIZES)}")
     large = gpu_memory_gib is None or gpu_memory_gib >= LARGE_GPU_GIB
@@ -856,6 +857,8 @@ def preset_for_gpu(gpu_memory_gib: int | None, *, model_size: str = "1.5b", gpus
         return "qwen2.5-1.5b" if large else "qwen2.5-1.5b-24gb"
     if large:
         return "qwen2.5-7b"
+    if method in METHODS:
+        return "qwen2.5-7b-24gb" if method == "full" else "qwen2.5-7b-lora-24gb"
     return "qwen2.5-7b-24gb" if (gpus or 0) >= FULL_7B_MIN_RANKS_24GB else "qwen2.5-7b-lora-24gb"
 
 

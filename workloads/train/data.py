@@ -226,7 +226,7 @@ def load_records_data(cfg: DataConfig, *, seq_len: int, seed: int, vocab_size: i
 
     def packed(indices: list[int]):
         return pack([examples[i] for i in indices], seq_len=seq_len, pad_id=pad_id,
-                    split_long=[not records[i].is_chat for i in indices])
+                    split_long=[records[i].is_document for i in indices])
 
     train_rows, train_stats = packed([i for i in range(len(records)) if i not in held])
     stats = {"records": len(records), "chats": sum(r.is_chat for r in records), "held_out": len(held),

@@ -1,6 +1,8 @@
 """Records into token sequences, each token marked as a training target or not.
 
-Plain text: every token is a target and the document ends with the tokenizer's EOS.
+Plain text: every token is a target and the document ends with the tokenizer's EOS. A text with a
+prompt (TRL's prompt-completion): prompt and completion tokenized together, as TRL does, and only the
+completion's tokens and the EOS after it are targets.
 Chat: the conversation is rendered with the tokenizer's own chat template and tokenized once; the
 targets are the tokens the assistant turns add (their content and end-of-turn token), found as
 character spans: each assistant turn's span runs from the end of the conversation so far rendered
@@ -49,12 +51,14 @@ def _before_first_turn(tokenizer, message: dict, *, through: str) -> str:
     return through[: len(os.path.commonprefix([through, probe]))]
 
 
-def assistant_spans(tokenizer, messages: list[dict], *, where: str) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character span each assistant turn adds to it."""
+def assistant_spans(tokenizer, messages: list[dict], *, where: str,
+                    learned_from: int = 0) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span each assistant turn from message
+    `learned_from` on adds to it."""
     text = _render(tokenizer, messages, generation_prompt=False)
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or i < learned_from:
             continue
         through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
         before = (_render(tokenizer, messages[:i], generation_prompt=True) if i
@@ -74,10 +78,19 @@ def encode_chat(tokenizer, record: Record) -> Example:
             f"{record.where}: a chat record, but the tokenizer has no chat template: set data.tokenizer to one "
             "that has one (e.g. the model's -Instruct tokenizer)"
         )
-    text, spans = assistant_spans(tokenizer, record.messages, where=record.where)
+    text, spans = assistant_spans(tokenizer, record.messages, where=record.where, learned_from=record.learned_from)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     targets = [any(s <= start < e for s, e in spans) for start, _ in encoded["offset_mapping"]]
     return Example(tokens=list(encoded["input_ids"]), targets=targets)
+
+
+def encode_prompted(tokenizer, record: Record, *, eos_id: int) -> Example:
+    """A completion after its prompt: the tokens of both (one tokenization, as TRL's), the
+    completion's and the EOS after it the targets."""
+    assert record.prompt is not None and record.text is not None
+    encoded = tokenizer(record.prompt + record.text, add_special_tokens=False, return_offsets_mapping=True)
+    targets = [start >= len(record.prompt) for start, _ in encoded["offset_mapping"]]
+    return Example(tokens=[*encoded["input_ids"], eos_id], targets=[*targets, True])
 
 
 def encode_texts(tokenizer, texts: list[str], *, eos_id: int) -> list[Example]:
@@ -91,7 +104,7 @@ def encode_records(tokenizer, records: list[Record]) -> list[Example]:
     """Examples in record order (text records batched through the tokenizer)."""
     if tokenizer.eos_token_id is None and not all(r.is_chat for r in records):
         raise ValueError("the tokenizer has no EOS token: text documents cannot be separated")
-    texts = [i for i, r in enumerate(records) if not r.is_chat]
+    texts = [i for i, r in enumerate(records) if r.is_document]
     out: list[Optional[Example]] = [None] * len(records)
     encoded = encode_texts(tokenizer, [records[i].text for i in texts], eos_id=tokenizer.eos_token_id)
     for i, example in zip(texts, encoded, strict=True):
@@ -99,6 +112,8 @@ def encode_records(tokenizer, records: list[Record]) -> list[Example]:
     for i, record in enumerate(records):
         if record.is_chat:
             out[i] = encode_chat(tokenizer, record)
+        elif record.prompt is not None:
+            out[i] = encode_prompted(tokenizer, record, eos_id=tokenizer.eos_token_id)
     return out  # type: ignore[return-value]
 
 

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workloads.context import DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX, TrainContext
+from workloads.context import (DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, METHOD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX,
+                               TrainContext)
 from workloads.model_io.export import MODEL_DIR, ModelMetadata, generation_config_for, resolve_dtype
 from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, elastic, metrics, resumed, tracking
@@ -391,6 +392,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
     plan = mesh_plan(cfg, ctx=ctx, device=device, model=model)
     # Counted before sharding: the base's weights and the method's additions, and which train.
     all_params, trained_params = sum(p.numel() for p in model.parameters()), trainable_parameters(model)
+    print_rank0(ctx, METHOD_PREFIX, {**method.describe(), "trained_params": trained_params, "params": all_params})
     model = shard_model(model, cfg, plan=plan, device=device)
     if pretrained is None and device.type == "cuda":
         # A named architecture's random weights may have been built whole on the GPU (init_device):
@@ -532,6 +534,7 @@ def train(cfg: TrainConfig, ctx: TrainContext) -> dict:
         **method.describe(),
         **objective.describe(),
         "trained_params": trained_params,
+        "params": all_params,
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "activation_offloading": cfg.model.activation_offloading and device.type == "cuda",
         "flops_per_token": flops,

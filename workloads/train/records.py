@@ -7,7 +7,12 @@ A record is a JSON object (a Parquet row) in one of these formats (`data.format`
   optional `input` (joined to the instruction by a blank line) and `output`, with an optional
   `system`: a user turn and its answer;
 - "sharegpt": `conversations`, a list of {"from", "value"} with `from` one of system, human (user),
-  gpt (assistant) or tool.
+  gpt (assistant) or tool;
+- "prompt_completion" (TRL's prompt-completion datasets): `prompt` and `completion`, both strings
+  (standard) or both lists of messages (conversational, the completion the assistant's turns). As
+  TRL's SFTTrainer trains them, only the completion is learned: a string prompt is context before
+  the completion's text (which ends with EOS), a conversational prompt's own assistant turns are
+  context too.
 "auto" (the default) tells each record's format by its keys, and refuses a record that fits two
 (the fix: set data.format). Every format becomes the same messages or text, and every mistake names
 the file and the line (the row for Parquet), so a bad line in a million-line file is found at once.
@@ -15,6 +20,7 @@ the file and the line (the row for Parquet), so a bad line in a million-line fil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterator
@@ -23,13 +29,15 @@ from pathlib import Path
 from typing import Optional
 
 ROLES = ("system", "user", "assistant", "tool")
-DATA_FORMATS = ("auto", "messages", "text", "alpaca", "sharegpt")
+DATA_FORMATS = ("auto", "messages", "text", "alpaca", "sharegpt", "prompt_completion")
 SHAREGPT_FIELD = "conversations"
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "tool": "tool"}
 """ShareGPT's `from` values and the role each is."""
 ALPACA_FIELDS = ("instruction", "output")
 """The keys an Alpaca record must have (`input` and `system` are optional)."""
+PROMPT_COMPLETION_FIELDS = ("prompt", "completion")
+"""The keys of TRL's prompt-completion records."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,10 +46,20 @@ class Record:
     """`file:line` (or `file:row N`), for messages about this record."""
     text: Optional[str] = None
     messages: Optional[list[dict]] = None
+    prompt: Optional[str] = None
+    """A text record's prompt: context before `text`, which alone is learned (a TRL prompt-completion)."""
+    learned_from: int = 0
+    """A chat's first message whose assistant turns are learned (a conversational prompt-completion's
+    completion); the turns before it are context."""
 
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+    @property
+    def is_document(self) -> bool:
+        """Plain text learned whole, which packing may split across rows (no prompt, no chat)."""
+        return self.messages is None and self.prompt is None
 
 
 def formats_of(obj: dict, *, text_field: str, messages_field: str) -> list[str]:
@@ -55,6 +73,8 @@ def formats_of(obj: dict, *, text_field: str, messages_field: str) -> list[str]:
         found.append("alpaca")
     if isinstance(obj.get(text_field), str):
         found.append("text")
+    if all(key in obj for key in PROMPT_COMPLETION_FIELDS):
+        found.append("prompt_completion")
     return found
 
 
@@ -98,6 +118,24 @@ def _alpaca(obj: dict, *, where: str) -> Record:
     return Record(where=where, messages=messages)
 
 
+def _prompt_completion(obj: dict, *, where: str) -> Record:
+    prompt, completion = obj["prompt"], obj["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        if not completion:
+            raise ValueError(f"{where}: 'completion' is empty: nothing to learn")
+        return Record(where=where, text=completion, prompt=prompt)
+    if not (isinstance(prompt, list) and isinstance(completion, list)):
+        raise ValueError(f"{where}: 'prompt' and 'completion' must both be strings or both lists of messages "
+                         f"(TRL's standard or conversational prompt-completion), got {type(prompt).__name__} and "
+                         f"{type(completion).__name__}")
+    for i, message in enumerate(completion):
+        if isinstance(message, dict) and message.get("role") != "assistant":
+            raise ValueError(f"{where}: the completion's message {i} has role {message.get('role')!r}: a completion "
+                             "is the assistant's turns")
+    chat = _chat([*prompt, *completion], where=where, field="prompt' and 'completion")
+    return dataclasses.replace(chat, learned_from=len(prompt))
+
+
 def _record(obj, *, where: str, text_field: str, messages_field: str, data_format: str = "auto") -> Record:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
@@ -109,13 +147,15 @@ def _record(obj, *, where: str, text_field: str, messages_field: str, data_forma
         if not found:
             raise ValueError(
                 f"{where}: no {messages_field!r} list, no string {text_field!r} field, no Alpaca "
-                f"{' and '.join(map(repr, ALPACA_FIELDS))} and no ShareGPT {SHAREGPT_FIELD!r} (set data.format, "
-                "data.messages_field or data.text_field)")
+                f"{' and '.join(map(repr, ALPACA_FIELDS))}, no ShareGPT {SHAREGPT_FIELD!r} and no TRL "
+                f"{' and '.join(map(repr, PROMPT_COMPLETION_FIELDS))} (set data.format, data.messages_field or "
+                "data.text_field)")
         data_format = found[0]
     elif data_format not in found:
         keys = {"messages": f"a {messages_field!r} list", "text": f"a string {text_field!r} field",
                 "alpaca": f"Alpaca's {' and '.join(map(repr, ALPACA_FIELDS))}",
-                "sharegpt": f"ShareGPT's {SHAREGPT_FIELD!r} list"}
+                "sharegpt": f"ShareGPT's {SHAREGPT_FIELD!r} list",
+                "prompt_completion": f"TRL's {' and '.join(map(repr, PROMPT_COMPLETION_FIELDS))}"}
         raise ValueError(f"{where}: data.format is {data_format!r} but the record has no {keys[data_format]}")
     if data_format == "messages":
         return _chat(obj[messages_field], where=where, field=messages_field)
@@ -123,6 +163,8 @@ def _record(obj, *, where: str, text_field: str, messages_field: str, data_forma
         return _sharegpt(obj, where=where)
     if data_format == "alpaca":
         return _alpaca(obj, where=where)
+    if data_format == "prompt_completion":
+        return _prompt_completion(obj, where=where)
     return Record(where=where, text=obj[text_field])
 
 
@@ -158,7 +200,8 @@ def read_records(paths: list[Path], *, text_field: str = "text", messages_field:
     for path in paths:
         if not path.is_file():
             raise ValueError(f"data file {str(path)!r} is not a file")
-        columns = [text_field, messages_field, SHAREGPT_FIELD, *ALPACA_FIELDS, "input", "system"]
+        columns = [text_field, messages_field, SHAREGPT_FIELD, *ALPACA_FIELDS, "input", "system",
+                   *PROMPT_COMPLETION_FIELDS]
         objects = _parquet_objects(path, columns=columns) if path.suffix == ".parquet" else _jsonl_objects(path)
         for where, obj in objects:
             records.append(_record(obj, where=where, text_field=text_field, messages_field=messages_field,
