@@ -163,7 +163,7 @@ def predicted_peak_gib(cfg: TrainConfig, *, world_size: int, device: torch.devic
     from workloads.train.loss import choose_implementation
 
     config = (named_architecture(cfg.model.name_or_path) if cfg.model.is_named_architecture
-              else AutoConfig.from_pretrained(cfg.model.name_or_path))
+              else AutoConfig.from_pretrained(cfg.model.name_or_path, trust_remote_code=False))
     loss = choose_implementation(fused=cfg.fused_linear_ce, device=device)
     return round(predict(Architecture.from_config(config), settings_for(cfg, shard_ranks=world_size,
                                                                          loss=loss)).peak_gib, 2)
