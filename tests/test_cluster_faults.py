@@ -27,15 +27,15 @@ from fault_support import (BUCKET, checkpoint_folders, download, fake_s3, paused
                            steps_logged, wait_for)
 from test_preemption_elastic import _run as run_loop
 
-from workloads.bench.services import MlflowServer
-from workloads.bench.soak import CLUSTER_ENV, Soak, SoakSettings
-from workloads.bench.soak_record import Reference, write_record
-from workloads.bench.soak_checks import judge
+from workloads.rehearse.services import MlflowServer
+from workloads.rehearse.soak import CLUSTER_ENV, Soak, SoakSettings
+from workloads.rehearse.soak_record import Reference, write_record
+from workloads.rehearse.soak_checks import judge
 from workloads.client import submit
 from workloads.client.cluster import free_port
 from workloads.launch.checkpoints import SNAPSHOT_NAME, registered_names
 from workloads.client.cluster import connect, job_client
-from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.local.run import LocalClusterSpec, local_ray_cluster
 from workloads.client.outcome import placement_check
 from workloads.client.report import WORKER_PID, completed_losses, loop_summary, resize_events
 from workloads.launch.driver import parse_driver_line

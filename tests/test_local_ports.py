@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workloads.client import cluster, local
+from workloads.client import cluster
+from workloads.local import run as local
 
 FLOOR = 32768
 """The model kernel's ephemeral range starts here (Linux's default)."""

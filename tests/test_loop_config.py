@@ -152,7 +152,7 @@ def test_both_gpu_presets_train_the_same_rows_per_step_and_the_step_time_model_d
     """On the default cluster (2 nodes x 4 GPUs) both presets train 128 rows per optimizer step,
     so they share a learning rate and cover the data in the same steps; the step-time model's
     default strategies for 2x g6.12xlarge are the 24 GB preset's micro-steps."""
-    from workloads.bench.step_time import cluster_strategies
+    from workloads.sizing.step_time import cluster_strategies
 
     gpus = 2 * 4
     full, small = preset("qwen2.5-1.5b").for_world_size(gpus), preset("qwen2.5-1.5b-24gb").for_world_size(gpus)

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from ranks import run_ranks
 
-from workloads.bench.memory import (Architecture, MemorySettings, gradient_bytes, layer_activation_bytes_per_token,
-                                    optimizer_bytes, predict, settings_for, unit_gathered_bytes, weight_bytes)
+from workloads.sizing.memory import (Architecture, MemorySettings, gradient_bytes, layer_activation_bytes_per_token,
+                                     optimizer_bytes, predict, settings_for, unit_gathered_bytes, weight_bytes)
 from workloads.client.cluster import free_port
 from workloads.model_io.architectures import named_architecture
 from workloads.train.config import preset, with_overrides
@@ -179,7 +179,7 @@ def test_checkpointing_lora_and_sharding_each_shrink_their_terms():
 def test_the_loss_term_holds_one_chunk_of_logits_as_liger_cuts_them():
     """liger-kernel 0.8.5's chunks: 512 tokens of a 16 x 2,048 micro-batch of Qwen2.5-1.5B by its default
     bound, 4,096 by the loop's; never more than the micro-batch; the term grows by the chunk's bf16 logits."""
-    from workloads.bench.memory import loss_bytes
+    from workloads.sizing.memory import loss_bytes
     from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST, liger_chunk_rows
 
     shape = dict(tokens=16 * 2048, hidden=1536, vocab=151_936)

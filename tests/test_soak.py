@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from workloads.bench.cluster_processes import Process, role_of
-from workloads.bench.soak import FAULT_KINDS, JobLogs, SoakSettings, plan_faults, progress_line, storage_figures
-from workloads.bench.soak_checks import (FAILED, failed_lines, fault_rows, judgeable_at, loss_gaps, memory_growth,
-                                         retention)
+from workloads.rehearse.cluster_processes import Process, role_of
+from workloads.rehearse.soak import FAULT_KINDS, JobLogs, SoakSettings, plan_faults, progress_line, storage_figures
+from workloads.rehearse.soak_checks import (FAILED, failed_lines, fault_rows, judgeable_at, loss_gaps, memory_growth,
+                                            retention)
 
 SETTINGS = SoakSettings(steps=1000, faults=9, seed=5)
 

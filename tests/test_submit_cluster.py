@@ -21,7 +21,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from test_data_jsonl import write_corpus
 
 from workloads.client import submit
-from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.local.run import LocalClusterSpec, local_ray_cluster
 from workloads.launch.ray_train import SCRATCH_ROOT
 from workloads.launch.task_history import TASK_HISTORY_ENV
 

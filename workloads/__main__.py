@@ -8,7 +8,7 @@ import sys
 from workloads.venv_hint import dependencies_of
 
 COMMANDS = {
-    "run": ("workloads.client.local", "train on a Ray cluster started on this machine (--local)"),
+    "run": ("workloads.local.run", "train on a Ray cluster started on this machine (--local)"),
     "submit": ("workloads.client.submit", "submit the fine-tune to a stack's RayCluster and follow it"),
     "logs": ("workloads.client.submit", "print or follow a submitted job's logs"),
     "stop": ("workloads.client.submit", "stop a submitted job"),

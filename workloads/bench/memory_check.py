@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from workloads.bench.memory import Architecture, MemoryPrediction, predict, settings_for
+from workloads.sizing.memory import Architecture, MemoryPrediction, predict, settings_for
 from workloads.bench.settings import PLACEHOLDER_CHATS, chat_data
 from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST
 from workloads.train.config import TrainConfig, preset, with_overrides

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from workloads.bench.memory import (GIB, Architecture, MemoryPrediction, gradient_bytes, optimizer_bytes, predict,
-                                    settings_for, weight_bytes)
+from workloads.sizing.memory import (GIB, Architecture, MemoryPrediction, gradient_bytes, optimizer_bytes, predict,
+                                     settings_for, weight_bytes)
 from workloads.train.config import TrainConfig, with_overrides
 
 HUB_SHAPES = {

@@ -43,8 +43,8 @@ def _arg_parser() -> argparse.ArgumentParser:
 
 def step_model(cfg, arch, memory_settings, *, kind: str):
     """The step-time model's shape and strategy for this run (LoRA reduces only its adapters)."""
-    from workloads.bench.memory import parameters
-    from workloads.bench.step_time import BF16_BYTES, FP32_BYTES, ModelShape, Strategy
+    from workloads.sizing.memory import parameters
+    from workloads.sizing.step_time import BF16_BYTES, FP32_BYTES, ModelShape, Strategy
     from workloads.train.metrics import flops_per_token
 
     params = parameters(arch, memory_settings)
@@ -72,8 +72,8 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     """The plan as plain data (what --json prints). With `size_micro_batch` (the user set none) and
     rows_per_step, the micro-batch is the largest the GPU's memory takes, as `submit` picks it."""
     from infra.instance_types import INSTANCE_TYPES
-    from workloads.bench.memory import Architecture, settings_for
-    from workloads.bench.step_time import Hardware, Link, predict_step
+    from workloads.sizing.memory import Architecture, settings_for
+    from workloads.sizing.step_time import Hardware, Link, predict_step
     from workloads.client.fit import Target, assess, check_lora_targets, model_config, nearest_fits, sized_for
 
     target = Target.instances(instance_type, nodes)

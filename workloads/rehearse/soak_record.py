@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from workloads.client.report import completed_losses
 
 if TYPE_CHECKING:
-    from workloads.bench.soak import Soak, SoakSettings
+    from workloads.rehearse.soak import Soak, SoakSettings
 
 
 class Reference:
@@ -67,7 +67,7 @@ def plot(soak: Soak, *, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from workloads.bench.soak import FAULT_KINDS  # here: soak.py imports this module
+    from workloads.rehearse.soak import FAULT_KINDS  # here: soak.py imports this module
 
     record, reference = soak.record, soak.reference
     losses = completed_losses(soak.logs.lines)

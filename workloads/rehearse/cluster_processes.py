@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from workloads.client.local import LocalNodes
+    from workloads.local.run import LocalNodes
 
 ROLES = ("driver", "controller", "train worker", "head", "worker node")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")

@@ -38,8 +38,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-from workloads.bench.cluster_processes import train_worker_pids
-from workloads.bench.services import S3Server, s3_environment
+from workloads.rehearse.cluster_processes import train_worker_pids
+from workloads.rehearse.services import S3Server, s3_environment
 from workloads.launch.faults import Pause, write_plan
 from workloads.periodic import pass_error
 
@@ -312,7 +312,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     from workloads.client.cluster import free_port
-    from workloads.client.local import LocalClusterSpec, local_ray_cluster
+    from workloads.local.run import LocalClusterSpec, local_ray_cluster
     from workloads.launch.faults import PAUSE_PLAN_ENV
 
     gpus = torch.cuda.device_count()

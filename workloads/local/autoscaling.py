@@ -36,7 +36,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, STATUS_UP_TO_DATE, TAG_RAY_NODE
                                  TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE)
 
 from workloads.files import replace_whole
-from workloads.client.local import LocalClusterSpec, LocalNodes, _node_argv, _wait_started, node_ip
+from workloads.local.run import LocalClusterSpec, LocalNodes, _node_argv, _wait_started, node_ip
 
 HEAD_NODE_ID = "local-head"
 HEAD_NODE_TYPE = "ray.head.default"

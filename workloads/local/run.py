@@ -37,7 +37,7 @@ from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
-from workloads.client import demo, revisions, submit, tracking
+from workloads.client import revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
@@ -46,6 +46,7 @@ from workloads.client.runs import RUN_FILE, RUNS_DIR, latest_checkpoint_step, no
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, resize_events, summarize,
                                      write_report)
 from workloads.launch.task_history import TASK_HISTORY_ENV
+from workloads.local import demo
 
 STARTED_MARK = "Ray runtime started"
 REGISTRATION_TIMEOUT_MARK = "The current node timed out during startup"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from workloads.client.report import completed_losses
 
 if TYPE_CHECKING:
-    from workloads.bench.soak import JobLogs, Soak, SoakSettings
+    from workloads.rehearse.soak import JobLogs, Soak, SoakSettings
 
 JUDGED_ROLES = ("driver", "head", "train worker")
 """The roles whose memory must be judged for the memory check to hold."""

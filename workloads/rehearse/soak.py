@@ -46,16 +46,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from workloads.bench.cluster_processes import (ROLES, Process, alive, cluster_processes, shared_memory_left,
-                                               train_worker_pids)
-from workloads.bench.soak_checks import JUDGED_ROLES, OUTAGES, failed_lines, judge, judgeable_at, tracked_losses
-from workloads.bench.soak_record import Reference, write_record
+from workloads.rehearse.cluster_processes import (ROLES, Process, alive, cluster_processes, shared_memory_left,
+                                                  train_worker_pids)
+from workloads.rehearse.soak_checks import JUDGED_ROLES, OUTAGES, failed_lines, judge, judgeable_at, tracked_losses
+from workloads.rehearse.soak_record import Reference, write_record
 from workloads.client.report import WORKER_PID, parse_prefixed, parse_train_line
 from workloads.periodic import Periodic
 
 if TYPE_CHECKING:
-    from workloads.bench.services import MlflowServer, S3Server
-    from workloads.client.local import LocalCluster
+    from workloads.rehearse.services import MlflowServer, S3Server
+    from workloads.local.run import LocalCluster
 
 FAULT_KINDS = ("worker-kill", "node-drain", "head-restart", "tracker-down", "storage-down", "save-interrupted")
 STORAGE_PAUSE_S = 2.0
@@ -724,9 +724,9 @@ and their recovery included."""
 
 def soak_on_a_local_cluster(settings: SoakSettings, *, out: Path) -> int:
     """Start the services and the cluster, run the soak, stop them, check and record."""
-    from workloads.bench.services import UNSET_FOR_S3, MlflowServer, S3Server, s3_environment
+    from workloads.rehearse.services import UNSET_FOR_S3, MlflowServer, S3Server, s3_environment
     from workloads.client.cluster import free_port
-    from workloads.client.local import LocalClusterSpec, local_ray_cluster
+    from workloads.local.run import LocalClusterSpec, local_ray_cluster
     from workloads.launch.faults import PAUSE_PLAN_ENV
 
     out.mkdir(parents=True, exist_ok=True)

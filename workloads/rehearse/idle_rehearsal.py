@@ -100,10 +100,11 @@ def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Option
              back_to_zero_s: Optional[float] = None, say: Callable[[str], None] = print) -> RehearsalResult:
     """Run the rehearsal; `back_to_zero_s` bounds the wait for the nodes to go (default: the idle
     time plus 90 s)."""
-    from workloads.client import demo, submit
+    from workloads.client import submit
     from workloads.client.cluster import client_factory, connect
-    from workloads.client.local import local_train_config
-    from workloads.client.local_autoscaling import AutoscalingSpec, local_autoscaling_cluster
+    from workloads.local import demo
+    from workloads.local.run import local_train_config
+    from workloads.local.autoscaling import AutoscalingSpec, local_autoscaling_cluster
     from workloads.client.submission import SubmitRequest
 
     console = console or Console(highlight=False, soft_wrap=True)
