@@ -136,7 +136,7 @@ def test_the_default_preset_follows_the_gpu_memory(gpu_memory_gib, name):
 def test_config_export_dtypes_are_the_exporters():
     import typing
 
-    from workloads.model_io.export import EXPORT_DTYPES
+    from workloads.model_io.hf_writer import EXPORT_DTYPES
 
     assert typing.get_args(typing.get_type_hints(TrainConfig)["export_dtype"]) == EXPORT_DTYPES
 
