@@ -13,7 +13,8 @@ import pytest
 
 from workloads.rehearse import soak as soak_module
 from workloads.rehearse.cluster_processes import Process, cluster_processes
-from workloads.rehearse.soak import Soak, SoakSettings
+from workloads.rehearse.soak import Soak
+from workloads.rehearse.soak_plan import SoakSettings
 from workloads.local import run as local
 from workloads.local.run import LocalClusterSpec, LocalNodes
 from workloads.periodic import Periodic
