@@ -1,4 +1,4 @@
-"""The memory model (workloads/bench/memory.py) against what the loop really holds, on CPU.
+"""The memory model (workloads/sizing/memory.py) against what the loop really holds, on CPU.
 
 - The terms sharding divides: in gloo processes at world size 2 and 4, each rank's local shards of
   the weights, gradients and AdamW state, and each unit's all-gathered parameters, counted in bytes

@@ -1,6 +1,6 @@
 """Whether a run fits the GPUs it is for, decided before anything starts.
 
-The memory model (workloads/bench/memory.py) predicts the peak each rank allocates for the run's
+The memory model (workloads/sizing/memory.py) predicts the peak each rank allocates for the run's
 config on its target: an instance type and node count (a stack's GPU nodes, or `plan`'s), or this
 machine's memory for a local CPU run. A run that does not fit is refused with one line: what it
 needs against what there is, and the nearest settings that do fit (a smaller micro-batch at the

@@ -5,7 +5,7 @@
 
 Prints the method, the rows per optimizer step (a preset's fixed rows, made of the largest micro-batch
 the GPU's memory takes and the micro-steps the ranks need), the predicted memory per GPU against the
-GPU's (workloads/bench/memory.py), the predicted tokens/s (the step-time model, workloads/bench/step_time.py,
+GPU's (workloads/sizing/memory.py), the predicted tokens/s (the step-time model, workloads/sizing/step_time.py,
 from the loop's MFU measured on an H200), the cluster's $/h, and the hours and dollars per billion
 tokens. Without --preset, the one `submit` would choose for that GPU. Exit codes: 0 it fits;
 1 it does not (the nearest settings that do are listed); 2 bad input.

@@ -7,7 +7,7 @@ has its own IP (127.0.0.2, 127.0.0.3). It submits the "demo-cpu" preset
 through the same code as `submit --address`, runs the same post-run checks as a cloud run (the
 node count the driver planned is the number of nodes that trained), prints a summary, writes
 runs/<name>/ under the project (report.json, loss.png, job.log, checkpoints, and the exported
-model/ with the demo's inputs: workloads/client/demo.py; run.json from the start, so that `runs`
+model/ with the demo's inputs: workloads/local/demo.py; run.json from the start, so that `runs`
 lists it and `--run-name` resumes it: workloads/client/runs.py), tracks the run into the MLflow
 store runs/mlflow (or the tracking URI the user gives: workloads/client/tracking.py) and prints the
 command that opens its UI, and stops every process it started,
@@ -188,7 +188,7 @@ class LocalNodes:
         self.gcs_port, self.dashboard_port = free_ports(2)
         self.procs: dict[int, subprocess.Popen] = {}
         self.head_args: list[str] = []
-        """More `ray start` options of the head (an autoscaling config: workloads/client/local_autoscaling.py)."""
+        """More `ray start` options of the head (an autoscaling config: workloads/local/autoscaling.py)."""
         self.head_env: dict[str, str] = {}
         """More environment of the head's processes."""
 

@@ -1,4 +1,4 @@
-"""The processes of a local Ray cluster (workloads/client/local.py), as a fault test or a soak sees
+"""The processes of a local Ray cluster (workloads/local/run.py), as a fault test or a soak sees
 them: its live Ray Train workers (Ray's State API), each process's role, resident memory and the
 shared memory it maps (from Linux's /proc).
 

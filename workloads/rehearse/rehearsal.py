@@ -1,6 +1,6 @@
-"""The job path of a real cluster, rehearsed on one GPU machine: `python -m workloads.bench.rehearsal --out DIR`.
+"""The job path of a real cluster, rehearsed on one GPU machine: `python -m workloads.rehearse.rehearsal --out DIR`.
 
-The RayCluster's shape, as `workloads.client.local` builds it: a Ray head that runs no training
+The RayCluster's shape, as `workloads.local.run` builds it: a Ray head that runs no training
 worker and two worker nodes, each on its own address and its own GPU(s) (on a one-GPU machine both
 share it), each with its own
 `NCCL_HOSTID` so that NCCL sees two hosts and carries the traffic between them over its network
@@ -295,7 +295,7 @@ def spot_notice(cluster, *, base: list[str], plan: Path, out: Path) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench.rehearsal", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.rehearse.rehearsal", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpus-per-node", type=int, default=0, help="default: half the GPUs of this machine")
     parser.add_argument("--steps", type=int, default=24)

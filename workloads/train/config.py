@@ -621,7 +621,7 @@ QWEN25_7B_INSTRUCT = "Qwen/Qwen2.5-7B-Instruct"
 def _qwen25_7b_lora_24gb() -> TrainConfig:
     # LoRA of Qwen2.5-7B-Instruct on one g6.12xlarge (4 L4, 24 GB): the frozen base in bf16 is 3.8 GB
     # per GPU once sharded over the four, the adapters and their AdamW state a few hundred MB, and
-    # with each decoder layer checkpointed micro-batches of 8 rows fit (workloads/bench/memory.py:
+    # with each decoder layer checkpointed micro-batches of 8 rows fit (workloads/sizing/memory.py:
     # 13 GiB per L4). 8 x 4 micro-steps x 4 ranks = 128 rows per step, as the 1.5B presets.
     return dataclasses.replace(
         _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
@@ -633,7 +633,7 @@ def _qwen25_7b_24gb() -> TrainConfig:
     # The full fine-tune of Qwen2.5-7B-Instruct on 2 x g6.12xlarge (8 L4): fp32 weights, gradients and
     # AdamW state are 16 bytes per parameter, 122 GB, so every rank holds an eighth (flat FSDP over
     # both nodes: a node's share would not leave room), with each layer checkpointed and one
-    # 2,048-token row per micro-step: 20 GiB per L4 (workloads/bench/memory.py). 1 x 16 micro-steps x
+    # 2,048-token row per micro-step: 20 GiB per L4 (workloads/sizing/memory.py). 1 x 16 micro-steps x
     # 8 ranks = 128 rows per step.
     return dataclasses.replace(
         _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
