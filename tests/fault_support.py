@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from workloads.bench.services import UNSET_FOR_S3, S3Server, s3_environment
+from workloads.rehearse.services import UNSET_FOR_S3, S3Server, s3_environment
 from workloads.client.cluster import free_port
 from workloads.client.report import parse_train_line
 

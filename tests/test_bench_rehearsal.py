@@ -9,8 +9,8 @@ import contextlib
 import os
 from types import SimpleNamespace
 
-from workloads.bench import rehearsal
-from workloads.client import local
+from workloads.rehearse import rehearsal
+from workloads.local import run as local
 
 TOKEN = "7" * 64
 

@@ -9,7 +9,7 @@ Each fault lands at its intended moment: the training process stops at a pause p
 (workloads/launch/faults.py, set up through WORKLOADS_PAUSE_PLAN before the nodes start) and the
 test brings the fault while it waits there. Ray's node health checks are made faster than their
 defaults so that a lost node is noticed in seconds; the worker nodes' drain on SIGTERM and Ray
-Train's poll for it are shortened (workloads/bench/soak.py's CLUSTER_ENV). The tests share one
+Train's poll for it are shortened (workloads/rehearse/soak.py's CLUSTER_ENV). The tests share one
 cluster and one S3 server: each starts with both worker nodes up, and each run has a name (and a
 prefix in the bucket) of its own.
 """
@@ -27,15 +27,16 @@ from fault_support import (BUCKET, checkpoint_folders, download, fake_s3, paused
                            steps_logged, wait_for)
 from test_preemption_elastic import _run as run_loop
 
-from workloads.bench.services import MlflowServer
-from workloads.bench.soak import CLUSTER_ENV, Soak, SoakSettings
-from workloads.bench.soak_record import Reference, write_record
-from workloads.bench.soak_checks import judge
+from workloads.rehearse.services import MlflowServer
+from workloads.rehearse.soak import CLUSTER_ENV, Soak
+from workloads.rehearse.soak_plan import SoakSettings
+from workloads.rehearse.soak_record import Reference, write_record
+from workloads.rehearse.soak_checks import judge
 from workloads.client import submit
 from workloads.client.cluster import free_port
 from workloads.launch.checkpoints import SNAPSHOT_NAME, registered_names
 from workloads.client.cluster import connect, job_client
-from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.local.run import LocalClusterSpec, local_ray_cluster
 from workloads.client.outcome import placement_check
 from workloads.client.report import WORKER_PID, completed_losses, loop_summary, resize_events
 from workloads.launch.driver import parse_driver_line
@@ -61,7 +62,7 @@ def faults(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env, fake_s3(env) as s3:
         env.setenv(PAUSE_PLAN_ENV, str(work / "plan.json"))
         # Lost nodes noticed in seconds, a short drain on SIGTERM, Ray Train's watcher of drains
-        # every second (workloads/bench/soak.py's CLUSTER_ENV says why each).
+        # every second (workloads/rehearse/soak.py's CLUSTER_ENV says why each).
         for name, value in CLUSTER_ENV.items():
             env.setenv(name, value)
         with local_ray_cluster(LocalClusterSpec(nodes=2, cpus_per_node=1), log_dir=work / "ray") as cluster:
@@ -216,7 +217,7 @@ docs/RELIABILITY.md keeps each down a minute."""
 
 
 def test_a_soak_meets_each_fault_once_and_the_run_loses_no_more_than_each_allows(faults, tmp_path, capsys):
-    """workloads/bench/soak.py on this module's cluster: one run meets a worker SIGKILLed, a drained
+    """workloads/rehearse/soak.py on this module's cluster: one run meets a worker SIGKILLed, a drained
     node, the head restarted, the tracker and the storage down, and a save interrupted, at seeded
     random steps; every check of the soak holds (docs/RELIABILITY.md, section 8, records a 30-minute
     one). A storage outage skips a checkpoint and the run trains through it; a killed save leaves a

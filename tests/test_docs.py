@@ -1,5 +1,6 @@
 """The documentation's references: every relative Markdown link reaches a file of the repository,
-and every mention of a document outside code is such a link."""
+every mention of a document outside code is such a link, and every module a document runs and
+source file it names exists (a module moved leaves no stale name behind)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ DEMO_FIGURES = re.compile(r"the demo preset trains (\d+) steps of (\d+) rows \((
 
 def test_the_readme_says_what_the_demo_trains(repo_root):
     """README said 8 rows a step where the console said 16 (8 per worker, 2 workers)."""
-    from workloads.client import local
+    from workloads.local import run as local
     from workloads.train.config import preset
 
     cfg, run = preset("demo-cpu"), local._arg_parser().parse_args([])
@@ -121,3 +122,30 @@ def test_the_readme_counts_the_tests_of_the_suite(request, repo_root):
         assert abs(len(items) - slow - said_fast) <= COUNT_TOLERANCE * said_fast, f"{len(items) - slow} fast tests"
     else:
         pytest.skip("counts only the whole or the fast suite")
+
+
+MODULE_RUN = re.compile(r"(?:python3?|torchrun)\b[^`\n]*? -m ((?:workloads|capacity|infra)(?:\.\w+)*)")
+SOURCE_PATH = re.compile(r"(?<![\w/.])((?:workloads|capacity|infra|policy)/[\w/]*\w\.py)\b")
+
+
+def outside_transcripts(text: str) -> str:
+    """The text outside fenced code blocks: those quote commands as they were run when recorded."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def test_every_module_a_document_runs_is_one_of_the_project(repo_root):
+    import importlib.util
+
+    sources = [*documents(repo_root), repo_root / "docs" / "gpu" / "record.sh"]
+    named = {(path.name, module) for path in sources
+             for module in MODULE_RUN.findall(outside_transcripts(path.read_text()))}
+    assert len(named) > 10, named
+    missing = sorted((doc, module) for doc, module in named if importlib.util.find_spec(module) is None)
+    assert not missing, f"documents run modules that do not exist: {missing}"
+
+
+def test_every_source_file_a_document_names_exists(repo_root):
+    named = {(doc.name, path) for doc in documents(repo_root) for path in SOURCE_PATH.findall(doc.read_text())}
+    assert len(named) > 20, named
+    missing = sorted((doc, path) for doc, path in named if not (repo_root / path).is_file())
+    assert not missing, f"documents name files that do not exist: {missing}"

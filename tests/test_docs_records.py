@@ -239,7 +239,8 @@ def test_the_idle_to_zero_figures_are_the_recorded_run():
     assert record.rstrip().endswith("exit 0")
     section = _section("RELIABILITY.md", "## 7. Idle to zero")
     block = section.split("```\n", 1)[1].split("```", 1)[0]
-    assert record.startswith(block.splitlines()[0])  # the command
+    assert record.startswith(block.splitlines()[0])  # the command, as it was run
+    assert "today `python -m workloads.rehearse.idle_rehearsal`" in section
     for line in block.splitlines()[1:]:
         assert line in record.splitlines(), line
     for at, what in summary["events"]:
@@ -340,7 +341,9 @@ def test_the_soak_tables_are_the_recorded_run():
     summary = json.loads((SOAK_RECORD / "summary.json").read_text())
     section = _section("RELIABILITY.md", "## 8. ")
     command = transcript.splitlines()[0]
+    # Recorded when the soak was workloads/bench/soak.py; the section names the command as it is now.
     assert command.startswith("$ nice -n 10 .venv/bin/python -m workloads.bench.soak --minutes ") and command in section
+    assert "today `python -m workloads.rehearse.soak`" in section
     assert f"seed {summary['seed']}" in section and f"--seed {summary['seed']}" in transcript
     assert transcript.rstrip().endswith("exit 0" if summary["passed"] else "exit 1")
     assert _table_rows(section, r"\| \d+ \| [a-z]+-[a-z]+ \|") == soak_fault_rows(summary)

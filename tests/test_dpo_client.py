@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from workloads.bench.memory import Architecture, predict, settings_for
-from workloads.client.demo import DemoInputs, plan_demo_inputs
+from workloads.sizing.memory import Architecture, predict, settings_for
+from workloads.local.demo import DemoInputs, plan_demo_inputs
 from workloads.client.fit import Target, assess, nearest_fits
 from workloads.client.inputs_check import check_inputs
 from workloads.client.report import curves, draw_curves, format_data, format_record

@@ -12,7 +12,7 @@ import pytest
 
 from workloads.client.outcome import EXIT_EVALUATION_GATE, EXIT_FAILED, EXIT_OK, JobOutcome, evaluation_check
 from workloads.evaluate.compare import Row, Score, compare, judge
-from workloads.evaluate.settings import EvaluateConfig, parse_gate
+from workloads.train.evaluation_config import EvaluateConfig, parse_gate
 from workloads.evaluate.report import EVALUATE_PREFIX
 from workloads.evaluate.stage import check_before_training, failed_record, tasks_for
 from workloads.train.config import preset, with_overrides
@@ -212,7 +212,7 @@ def test_plan_adds_the_evaluations_time_to_the_runs_time_and_cost():
 
 
 def test_the_evaluate_command_refuses_what_it_cannot_evaluate_in_one_line(tmp_path, capsys):
-    from workloads.evaluate import cli
+    from workloads.client import evaluate as cli
 
     (tmp_path / "runs" / "no-model").mkdir(parents=True)
     (tmp_path / "runs" / "no-model" / "run.json").write_text(json.dumps({"name": "no-model", "train": {}}))

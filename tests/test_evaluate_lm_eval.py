@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from workloads.context import TrainContext
-from workloads.evaluate import cli
-from workloads.evaluate.settings import EXIT_GATE_FAILED
+from workloads.client import evaluate as cli
+from workloads.train.evaluation_config import EXIT_GATE_FAILED
 from workloads.model_io.toy import toy_conversations, write_chat_jsonl, write_toy_model
 from workloads.train.config import TrainConfig, preset, with_overrides
 

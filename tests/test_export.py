@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from workloads.client import export as export_cli
 from workloads.context import TrainContext
-from workloads.model_io.export import SafetensorsWriter, consolidate, greedy_generate
+from workloads.model_io.export import consolidate, greedy_generate
+from workloads.model_io.hf_writer import SafetensorsWriter
 from workloads.model_io.toy import toy_conversations, write_chat_jsonl, write_toy_model
 from workloads.train.config import preset, with_overrides
 from workloads.train.data import batches, build_data

@@ -11,7 +11,8 @@ import json
 import pytest
 from rich.console import Console
 
-from workloads.client import local, plan, runs, submit
+from workloads.client import plan, runs, submit
+from workloads.local import run as local
 from workloads.client.outcome import JobOutcome
 
 NO_CLUSTER = "http://127.0.0.1:9"

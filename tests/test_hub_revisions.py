@@ -9,7 +9,8 @@ import argparse
 import pytest
 from fake_hub import CHATS_MAIN, THERE_MAIN, THERE_V1, fake_hub
 
-from workloads.client import local, revisions, submit
+from workloads.client import revisions, submit
+from workloads.local import run as local
 from workloads.model_io.sources import hub_commit
 from workloads.model_io.toy import write_toy_model
 from workloads.train.config import TrainConfig, preset, with_overrides

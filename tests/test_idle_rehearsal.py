@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from workloads.bench.idle_rehearsal import DEMO_WORKERS, format_result, passed, rehearse
-from workloads.client.local_autoscaling import (AutoscalingSpec, LocalNodeProvider, autoscaling_config,
-                                                group_is_ours, stop_process_group)
+from workloads.rehearse.idle_rehearsal import DEMO_WORKERS, format_result, passed, rehearse
+from workloads.local.autoscaling import (AutoscalingSpec, LocalNodeProvider, autoscaling_config,
+                                         group_is_ours, stop_process_group)
 
 
 def _cmdlines() -> list[str]:
@@ -84,7 +84,7 @@ def test_the_provider_lists_the_head_and_forgets_nodes_that_exited(tmp_path):
 
 
 def test_the_autoscaler_config_starts_with_no_worker_and_at_most_the_group(tmp_path):
-    from workloads.client.local import LocalClusterSpec, LocalNodes
+    from workloads.local.run import LocalClusterSpec, LocalNodes
 
     nodes = LocalNodes(LocalClusterSpec(nodes=1), token="t", log_dir=tmp_path, temp_dir=tmp_path)
     config = autoscaling_config(AutoscalingSpec(max_nodes=2, idle_timeout_s=30), nodes=nodes, state_dir=tmp_path)
@@ -92,4 +92,4 @@ def test_the_autoscaler_config_starts_with_no_worker_and_at_most_the_group(tmp_p
     assert (worker["min_workers"], worker["max_workers"], config["max_workers"]) == (0, 2, 2)
     assert config["available_node_types"]["ray.head.default"]["resources"] == {"CPU": 0}
     assert config["idle_timeout_minutes"] == 0.5
-    assert config["provider"]["module"] == "workloads.client.local_autoscaling.LocalNodeProvider"
+    assert config["provider"]["module"] == "workloads.local.autoscaling.LocalNodeProvider"

@@ -14,7 +14,8 @@ import pytest
 
 from infra.config import StackConfig
 from infra.raycluster import build_raycluster
-from workloads.client import local, submit
+from workloads.client import submit
+from workloads.local import run as local
 from workloads.client import tracking as client_tracking
 from workloads.client.report import write_report
 from workloads.launch.credentials import CREDENTIAL_NAMES, CREDENTIALS_DIR, CREDENTIALS_SECRET, load_credentials

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from fake_hub import fake_hub
 
-from workloads.client import demo, inputs_check, local, overrides
+from workloads.client import inputs_check, overrides
+from workloads.local import demo
+from workloads.local import run as local
 from workloads.client.datapaths import local_inputs
 
 CHAT = {"messages": [{"role": "user", "content": "What colour is the sky?"},

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 from fake_cluster_tools import HTTP_401, ForeignListener
 
-from workloads.client import cluster, local
+from workloads.client import cluster
+from workloads.local import run as local
 
 FLOOR = 32768
 """The model kernel's ephemeral range starts here (Linux's default)."""

@@ -177,7 +177,8 @@ def test_the_report_plots_the_curves(tmp_path, monkeypatch):
 def test_an_interrupted_local_run_keeps_the_jobs_log(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from workloads.client import local, submit
+    from workloads.client import submit
+    from workloads.local import run as local
 
     class Client:
         def get_job_logs(self, job_id):

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from workloads.client import local, runs
+from workloads.client import runs
+from workloads.local import run as local
 from workloads.client.chat import model_folder
 
 REPO = Path(__file__).resolve().parent.parent

@@ -136,7 +136,7 @@ def test_the_default_preset_follows_the_gpu_memory(gpu_memory_gib, name):
 def test_config_export_dtypes_are_the_exporters():
     import typing
 
-    from workloads.model_io.export import EXPORT_DTYPES
+    from workloads.model_io.hf_writer import EXPORT_DTYPES
 
     assert typing.get_args(typing.get_type_hints(TrainConfig)["export_dtype"]) == EXPORT_DTYPES
 
@@ -152,7 +152,7 @@ def test_both_gpu_presets_train_the_same_rows_per_step_and_the_step_time_model_d
     """On the default cluster (2 nodes x 4 GPUs) both presets train 128 rows per optimizer step,
     so they share a learning rate and cover the data in the same steps; the step-time model's
     default strategies for 2x g6.12xlarge are the 24 GB preset's micro-steps."""
-    from workloads.bench.step_time import cluster_strategies
+    from workloads.sizing.step_time import cluster_strategies
 
     gpus = 2 * 4
     full, small = preset("qwen2.5-1.5b").for_world_size(gpus), preset("qwen2.5-1.5b-24gb").for_world_size(gpus)

@@ -1,4 +1,4 @@
-"""The memory model (workloads/bench/memory.py) against what the loop really holds, on CPU.
+"""The memory model (workloads/sizing/memory.py) against what the loop really holds, on CPU.
 
 - The terms sharding divides: in gloo processes at world size 2 and 4, each rank's local shards of
   the weights, gradients and AdamW state, and each unit's all-gathered parameters, counted in bytes
@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from ranks import run_ranks
 
-from workloads.bench.memory import (Architecture, MemorySettings, gradient_bytes, layer_activation_bytes_per_token,
-                                    optimizer_bytes, predict, settings_for, unit_gathered_bytes, weight_bytes)
+from workloads.sizing.memory import (Architecture, MemorySettings, gradient_bytes, layer_activation_bytes_per_token,
+                                     optimizer_bytes, predict, settings_for, unit_gathered_bytes, weight_bytes)
 from workloads.client.cluster import free_port
 from workloads.model_io.architectures import named_architecture
 from workloads.train.config import preset, with_overrides
@@ -179,7 +179,7 @@ def test_checkpointing_lora_and_sharding_each_shrink_their_terms():
 def test_the_loss_term_holds_one_chunk_of_logits_as_liger_cuts_them():
     """liger-kernel 0.8.5's chunks: 512 tokens of a 16 x 2,048 micro-batch of Qwen2.5-1.5B by its default
     bound, 4,096 by the loop's; never more than the micro-batch; the term grows by the chunk's bf16 logits."""
-    from workloads.bench.memory import loss_bytes
+    from workloads.sizing.memory import loss_bytes
     from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST, liger_chunk_rows
 
     shape = dict(tokens=16 * 2048, hidden=1536, vocab=151_936)
@@ -195,7 +195,7 @@ def test_the_loss_term_holds_one_chunk_of_logits_as_liger_cuts_them():
 def test_offloading_keeps_two_checkpointed_layer_inputs_on_the_device_and_the_rest_on_the_host():
     """Qwen2.5-7B LoRA at micro-batch 4 (the H100 comparison's shape): checkpointed, every layer's
     input stays (28 x 58.7 MB); offloaded, the layer in backward and the one brought back ahead of it."""
-    from workloads.bench.memory import activation_bytes, offloaded_host_bytes
+    from workloads.sizing.memory import activation_bytes, offloaded_host_bytes
 
     arch = Architecture.from_config(named_architecture("qwen2.5-7b"))
     checkpointed = MemorySettings(shard_ranks=1, micro_batch=4, seq_len=2048, method="lora",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from workloads.client import demo
+from workloads.local import demo
 from workloads.client.chat import converse
 from workloads.client.report import eval_warnings
 from workloads.context import TrainContext

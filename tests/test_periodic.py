@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from workloads.bench import soak as soak_module
-from workloads.bench.cluster_processes import Process, cluster_processes
-from workloads.bench.soak import Soak, SoakSettings
-from workloads.client import local
-from workloads.client.local import LocalClusterSpec, LocalNodes
+from workloads.rehearse import soak as soak_module
+from workloads.rehearse.cluster_processes import Process, cluster_processes
+from workloads.rehearse.soak import Soak
+from workloads.rehearse.soak_plan import SoakSettings
+from workloads.local import run as local
+from workloads.local.run import LocalClusterSpec, LocalNodes
 from workloads.periodic import Periodic
 
 
@@ -153,7 +154,7 @@ def test_a_sampler_whose_process_listing_raises_once_mid_run_keeps_sampling(tmp_
 
 
 def test_a_rehearsal_thread_that_fails_leaves_its_error_in_the_record():
-    from workloads.bench.rehearsal import _started
+    from workloads.rehearse.rehearsal import _started
 
     record: dict = {}
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from workloads.bench.memory import Architecture
+from workloads.sizing.memory import Architecture
 from workloads.client import plan
 from workloads.client.fit import Target, assess, nearest_fits
 from workloads.model_io.architectures import named_architecture

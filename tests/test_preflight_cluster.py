@@ -18,7 +18,7 @@ from moto.server import ThreadedMotoServer
 
 from workloads.client import submit
 from workloads.client.cluster import free_port
-from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.local.run import LocalClusterSpec, local_ray_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -66,7 +66,7 @@ def test_prompt_completion_is_told_by_its_keys_or_named_and_mistakes_are_clear(t
 
 
 def test_the_demo_asks_a_conversational_prompt_completion_its_prompt(tmp_path):
-    from workloads.client.demo import question_of
+    from workloads.local.demo import question_of
 
     prompt = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."},
               {"role": "user", "content": "Opposite of hot?"}]

@@ -1,4 +1,4 @@
-"""The soak's plan and its checks as data (workloads/bench/soak.py, soak_checks.py, soak_record.py): the
+"""The soak's plan and its checks as data (workloads/rehearse/: soak_plan.py, job_logs.py, soak_checks.py): the
 seeded faults, the job logs read as they grow across restarted heads, what each fault cost against its
 allowance, memory growth, the bucket's bound and the loss comparison. The soak itself runs in
 tests/test_cluster_faults.py."""
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from workloads.bench.cluster_processes import Process, role_of
-from workloads.bench.soak import FAULT_KINDS, JobLogs, SoakSettings, plan_faults, progress_line, storage_figures
-from workloads.bench.soak_checks import (FAILED, failed_lines, fault_rows, judgeable_at, loss_gaps, memory_growth,
-                                         retention)
+from workloads.rehearse.cluster_processes import Process, role_of
+from workloads.rehearse.job_logs import JobLogs
+from workloads.rehearse.soak import progress_line, storage_figures
+from workloads.rehearse.soak_plan import FAULT_KINDS, SoakSettings, plan_faults
+from workloads.rehearse.soak_checks import (FAILED, failed_lines, fault_rows, judgeable_at, loss_gaps, memory_growth,
+                                            retention)
 
 SETTINGS = SoakSettings(steps=1000, faults=9, seed=5)
 

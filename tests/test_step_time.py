@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workloads.bench.step_time import (
+from workloads.sizing.step_time import (
     BF16_BYTES,
     FSDP,
     HSDP,

@@ -741,7 +741,7 @@ def test_export_help_answers_without_importing_torch(repo_root):
 
 def test_export_offers_the_dtypes_the_exporter_takes():
     from workloads.client.export import DTYPE_CHOICES
-    from workloads.model_io.export import EXPORT_DTYPES
+    from workloads.model_io.hf_writer import EXPORT_DTYPES
 
     assert DTYPE_CHOICES == EXPORT_DTYPES
 

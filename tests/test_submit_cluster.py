@@ -20,7 +20,7 @@ from fake_cluster_tools import ForeignListener, calls, install_fake_tools
 from test_data_jsonl import write_corpus
 
 from workloads.client import cluster, submit
-from workloads.client.local import LocalClusterSpec, local_ray_cluster
+from workloads.local.run import LocalClusterSpec, local_ray_cluster
 from workloads.launch.ray_train import SCRATCH_ROOT
 from workloads.launch.task_history import TASK_HISTORY_ENV
 

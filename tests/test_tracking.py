@@ -160,7 +160,7 @@ def test_without_a_uri_or_on_another_rank_nothing_is_tracked():
 def test_without_a_uri_the_loop_the_driver_and_the_clients_never_import_mlflow():
     code = """
 import sys
-import workloads.train.loop, workloads.launch.driver, workloads.client.local, workloads.client.submit
+import workloads.train.loop, workloads.launch.driver, workloads.local.run, workloads.client.submit
 from workloads.train import tracking
 from workloads.train.checkpoint import Progress
 from workloads.train.config import preset

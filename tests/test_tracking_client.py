@@ -15,7 +15,7 @@ from rich.console import Console
 
 from workloads.client import cluster, submit, tracking
 from workloads.client.follow import LogPrinter
-from workloads.client.local import local_tracking
+from workloads.local.run import local_tracking
 from workloads.train.config import TrainConfig, preset
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ def test_sigterm_stops_a_local_run_as_ctrl_c_does(monkeypatch, capsys):
     import signal
     import time
 
-    from workloads.client import local
+    from workloads.local import run as local
 
     def terminated(args, console):
         os.kill(os.getpid(), signal.SIGTERM)

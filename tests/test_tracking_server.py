@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from ranks import run_ranks
 
-from workloads.bench.services import MlflowServer, kill_group
+from workloads.rehearse.services import MlflowServer, kill_group
 from workloads.client.cluster import free_port
 from workloads.context import SUMMARY_PREFIX, TRACKING_PREFIX, TrainContext
 from workloads.train import tracking

@@ -8,7 +8,7 @@ import sys
 from workloads.venv_hint import dependencies_of
 
 COMMANDS = {
-    "run": ("workloads.client.local", "train on a Ray cluster started on this machine (--local)"),
+    "run": ("workloads.local.run", "train on a Ray cluster started on this machine (--local)"),
     "submit": ("workloads.client.submit", "submit the fine-tune to a stack's RayCluster and follow it"),
     "logs": ("workloads.client.submit", "print or follow a submitted job's logs"),
     "stop": ("workloads.client.submit", "stop a submitted job"),
@@ -18,7 +18,7 @@ COMMANDS = {
     "export": ("workloads.client.export", "a run's checkpoint as a Hugging Face folder (local or s3://)"),
     "runs": ("workloads.client.runs", "list the local runs: status, steps, losses, model"),
     "chat": ("workloads.client.chat", "talk to a trained model, one line a turn, with its chat template"),
-    "evaluate": ("workloads.evaluate.cli", "score a run's model against its base with lm-eval, with a gate"),
+    "evaluate": ("workloads.client.evaluate", "score a run's model against its base with lm-eval, with a gate"),
 }
 
 

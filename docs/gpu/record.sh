@@ -159,7 +159,7 @@ topology)
   ;;
 rehearsal)
   shift 2
-  run python3 -m workloads.bench.rehearsal --out "$out/rehearsal" "$@" 2>&1 | tee "$out/rehearsal.txt"
+  run python3 -m workloads.rehearse.rehearsal --out "$out/rehearsal" "$@" 2>&1 | tee "$out/rehearsal.txt"
   ;;
 memory)
   shift 2

@@ -3,7 +3,7 @@
     python -m workloads.bench.memory_check --out DIR [--points 1.5b-full,7b-lora,...] [--margin 0.10]
 
 Each point is a preset and overrides at world size 1 (NCCL puts one rank on a GPU, so one GPU
-measures one rank). For each, the memory model predicts the peak (workloads/bench/memory.py); the
+measures one rank). For each, the memory model predicts the peak (workloads/sizing/memory.py); the
 loop then trains a few steps on generated chats through the training benchmark, in a process of its
 own whose CUDA memory is capped at the prediction plus `--margin` (torch's
 set_per_process_memory_fraction): a point that needs more than that fails with an out-of-memory,
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from workloads.bench.memory import Architecture, MemoryPrediction, predict, settings_for
+from workloads.sizing.memory import Architecture, MemoryPrediction, predict, settings_for
 from workloads.bench.settings import PLACEHOLDER_CHATS, chat_data
 from workloads.train.loss_chunks import LIGER_CHUNK_MEM_CONST
 from workloads.train.config import TrainConfig, preset, with_overrides

@@ -38,7 +38,7 @@ def predicted_gib(bench: dict, run: dict) -> Optional[float]:
     """The memory model's peak for a loop run of this bench.json (None for a peer's run)."""
     if not run["strategy"].startswith("tuned"):
         return None
-    from workloads.bench.memory import Architecture, predict, settings_for
+    from workloads.sizing.memory import Architecture, predict, settings_for
     from workloads.bench.settings import PLACEHOLDER_CHATS, BenchSettings, chat_data, preset_config
     from workloads.model_io.architectures import named_architecture
 

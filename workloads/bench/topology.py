@@ -15,7 +15,7 @@ interface) while each host's own GPUs use NVLink. In that one process group, in 
 
 Every run trains on as many tokens per optimizer step as its one-host counterpart. The last step
 of every run is profiled for the communication it left exposed; the step-time model
-(workloads/bench/step_time.py) predicts every run from the measured bandwidths and the one-host
+(workloads/sizing/step_time.py) predicts every run from the measured bandwidths and the one-host
 MFU. DIR gets bench.json, table.txt and one log per torchrun.
 
 Machines: with 2N GPUs, two hosts of N GPUs (2 GPUs: 1 per host; 8: the g6.12xlarge pair's 2 x 4).

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import asdict
 from typing import Optional
 
-from workloads.bench.step_time import (
+from workloads.sizing.step_time import (
     BF16_BYTES,
     FP32_BYTES,
     Hardware,

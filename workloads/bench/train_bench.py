@@ -159,7 +159,7 @@ def predicted_peak_gib(cfg: TrainConfig, *, world_size: int, device: torch.devic
     FSDP), with the loss it runs on this device; None off the GPU."""
     if device.type != "cuda":
         return None
-    from workloads.bench.memory import Architecture, predict, settings_for
+    from workloads.sizing.memory import Architecture, predict, settings_for
     from workloads.train.loss import choose_implementation
 
     config = (named_architecture(cfg.model.name_or_path) if cfg.model.is_named_architecture

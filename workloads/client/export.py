@@ -34,7 +34,7 @@ from workloads.model_io.lora_base import LoraBase
 
 EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-"""workloads.model_io.export.EXPORT_DTYPES, which this module does not import (it imports torch)."""
+"""workloads.model_io.hf_writer.EXPORT_DTYPES, which this module does not import (it imports torch)."""
 
 
 def _arg_parser() -> argparse.ArgumentParser:

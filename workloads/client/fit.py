@@ -1,6 +1,6 @@
 """Whether a run fits the GPUs it is for, decided before anything starts.
 
-The memory model (workloads/bench/memory.py) predicts the peak each rank allocates for the run's
+The memory model (workloads/sizing/memory.py) predicts the peak each rank allocates for the run's
 config on its target: an instance type and node count (a stack's GPU nodes, or `plan`'s), or this
 machine's memory for a local CPU run. A run that does not fit is refused with one line: what it
 needs against what there is, and the nearest settings that do fit (a smaller micro-batch at the
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from workloads.bench.memory import (GIB, Architecture, MemoryPrediction, gradient_bytes, optimizer_bytes, predict,
-                                    settings_for, weight_bytes)
+from workloads.sizing.memory import (GIB, Architecture, MemoryPrediction, gradient_bytes, optimizer_bytes, predict,
+                                     settings_for, weight_bytes)
 from workloads.train.config import TrainConfig, with_overrides
 
 HUB_SHAPES = {

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from workloads.client.report import loop_summary, parse_prefixed, train_records
 from workloads.context import GATE_PREFIX
-from workloads.evaluate.settings import EXIT_GATE_FAILED
+from workloads.train.evaluation_config import EXIT_GATE_FAILED
 from workloads.launch.driver import parse_driver_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130

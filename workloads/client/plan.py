@@ -5,7 +5,7 @@
 
 Prints the method, the rows per optimizer step (a preset's fixed rows, made of the largest micro-batch
 the GPU's memory takes and the micro-steps the ranks need), the predicted memory per GPU against the
-GPU's (workloads/bench/memory.py), the predicted tokens/s (the step-time model, workloads/bench/step_time.py,
+GPU's (workloads/sizing/memory.py), the predicted tokens/s (the step-time model, workloads/sizing/step_time.py,
 from the loop's MFU measured on an H200), the cluster's $/h at a region's On-Demand list price, and the
 hours and dollars per billion tokens. Without --preset, the one `submit` would choose for that GPU
 (and the method `--set method=` names), and why. `--stack NAME` plans that stack's GPU nodes in its
@@ -58,8 +58,8 @@ def _arg_parser() -> argparse.ArgumentParser:
 
 def step_model(cfg, arch, memory_settings, *, kind: str):
     """The step-time model's shape and strategy for this run (LoRA reduces only its adapters)."""
-    from workloads.bench.memory import parameters
-    from workloads.bench.step_time import BF16_BYTES, FP32_BYTES, ModelShape, Strategy
+    from workloads.sizing.memory import parameters
+    from workloads.sizing.step_time import BF16_BYTES, FP32_BYTES, ModelShape, Strategy
     from workloads.train.metrics import flops_per_token
 
     params = parameters(arch, memory_settings)
@@ -92,8 +92,8 @@ def make_plan(cfg, *, preset_name: str, instance_type: str, nodes: int, cwd: Pat
     `method_set`: the method --set gives a preset of another (the plan is that preset as set)."""
     from infra.instance_types import INSTANCE_TYPES
     from infra.prices import on_demand
-    from workloads.bench.memory import Architecture, offloaded_host_bytes, settings_for
-    from workloads.bench.step_time import Hardware, Link, predict_step
+    from workloads.sizing.memory import Architecture, offloaded_host_bytes, settings_for
+    from workloads.sizing.step_time import Hardware, Link, predict_step
     from workloads.client.fit import (Target, assess, check_lora_targets, model_config, nearest_fits,
                                       offloading_turned_on, sized_for)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from workloads.evaluate.compare import Score
-from workloads.evaluate.settings import EvaluateConfig
+from workloads.train.evaluation_config import EvaluateConfig
 from workloads.model_io.storage import Location, locate
 
 CACHE_DIR = "evaluation-cache"

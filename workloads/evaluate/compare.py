@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from workloads.evaluate.settings import GateRule
+from workloads.train.evaluation_config import GateRule
 
 NOISE_STDERRS = 2.0
 """A difference beyond this many standard errors of the difference is called larger than noise."""

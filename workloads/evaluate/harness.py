@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from workloads.evaluate.compare import Score
-from workloads.evaluate.settings import EvaluateConfig
+from workloads.train.evaluation_config import EvaluateConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from workloads.evaluate.compare import GateResult, Row, format_table
+from workloads.model_io.evaluation_file import EVALUATION_FILE
 
 EVALUATE_PREFIX = "[evaluate] "
 """Prefix of the stage's result line in the job's log: `[evaluate] {...}` (workloads/evaluate/stage.py)."""
-EVALUATION_FILE = "evaluation.json"
 EVALUATION_PLOT = "evaluation.png"
 EVALUATION_TABLE = "evaluation.txt"
 MODEL_CARD = "README.md"
@@ -210,15 +210,6 @@ def carry_model_card(*, checkpoint_uri: str, out_uri: str) -> bool:
         (Path(tmp) / MODEL_CARD).write_text(model_card(record))
         out.upload_from(Path(tmp))
     return True
-
-
-def gate_failed(checkpoint) -> bool:
-    """The checkpoint's tuned model missed its evaluation gate (its evaluation.json says so);
-    `checkpoint` is a model_io Location."""
-    try:
-        return not json.loads(checkpoint.join(EVALUATION_FILE).read_bytes()).get("passed", True)
-    except (ValueError, AttributeError):
-        return False
 
 
 def parse_evaluation_line(line: str) -> Optional[dict]:

@@ -28,7 +28,7 @@ import workloads.train.checkpoint  # noqa: F401
 import workloads.train.tracking  # noqa: F401
 from workloads.evaluate.compare import Score, compare, judge
 from workloads.evaluate.report import EVALUATE_PREFIX
-from workloads.evaluate.settings import HELDOUT_TASK, EvaluateConfig
+from workloads.train.evaluation_config import HELDOUT_TASK, EvaluateConfig
 from workloads.evaluate.units import Models, Unit, plan_units, run_unit
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from workloads.evaluate.settings import HELDOUT_METRICS, HELDOUT_TASK, EvaluateConfig
+from workloads.train.evaluation_config import HELDOUT_METRICS, HELDOUT_TASK, EvaluateConfig
 
 TASK_FILE = f"{HELDOUT_TASK}.yaml"
 RECORDS_FILE = f"{HELDOUT_TASK}.jsonl"

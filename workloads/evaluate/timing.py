@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from workloads.evaluate.settings import HELDOUT_TASK, EvaluateConfig
+from workloads.train.evaluation_config import HELDOUT_TASK, EvaluateConfig
 
 HBM_GBPS = {"L4": 300.0, "A10G": 600.0, "L40S": 864.0, "A100": 1555.0, "H100": 3350.0, "H200": 4800.0,
             "B200": 8000.0}

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from workloads.evaluate.settings import HELDOUT_TASK
+from workloads.train.evaluation_config import HELDOUT_TASK
 
 ROLES = ("tuned", "adapter", "base")
 """tuned: the run's exported model (merged, for LoRA); adapter: the base with the run's LoRA adapter

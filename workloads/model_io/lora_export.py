@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
-from workloads.model_io.export import MODEL_DIR, SafetensorsWriter, resolve_dtype
+from workloads.model_io.hf_writer import MODEL_DIR, SafetensorsWriter, resolve_dtype
 from workloads.model_io.load import INDEX_FILE, weight_files
 from workloads.model_io.lora_base import LoraBase, base_to_merge
 from workloads.model_io.storage import local_location

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from workloads.evaluate.settings import EvaluateConfig
+from workloads.train.evaluation_config import EvaluateConfig
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
 from workloads.train.records import DATA_FORMATS
 from workloads.transport.gate import GateConfig
@@ -683,7 +683,7 @@ def _demo_cpu() -> TrainConfig:
 
 def _demo_cpu_dpo() -> TrainConfig:
     # The demo's DPO variant (`run --local --preset demo-cpu-dpo`): the demo writes the toy model and
-    # toy preference pairs whose chosen answer follows a rule (workloads/client/demo.py); on its own,
+    # toy preference pairs whose chosen answer follows a rule (workloads/local/demo.py); on its own,
     # generated token-id pairs. Each sequence is under 40 positions: rows of 128 hold two pairs or so.
     return dataclasses.replace(_demo_cpu(), objective="dpo", seq_len=128, micro_batch=4, steps=60, lr=1e-2,
                                checkpoint_every=30, log_every=10, eval_every=20, eval_batches=4)
@@ -747,7 +747,7 @@ QWEN25_7B_INSTRUCT = "Qwen/Qwen2.5-7B-Instruct"
 def _qwen25_7b_lora_24gb() -> TrainConfig:
     # LoRA of Qwen2.5-7B-Instruct on one g6.12xlarge (4 L4, 24 GB): the frozen base in bf16 is 3.8 GB
     # per GPU once sharded over the four, the adapters and their AdamW state a few hundred MB, and
-    # with each decoder layer checkpointed micro-batches of 8 rows fit (workloads/bench/memory.py:
+    # with each decoder layer checkpointed micro-batches of 8 rows fit (workloads/sizing/memory.py:
     # 13 GiB per L4). 8 x 4 micro-steps x 4 ranks = 128 rows per step, as the 1.5B presets.
     return dataclasses.replace(
         _qwen25_1_5b(), model=ModelConfig(name_or_path=QWEN25_7B_INSTRUCT, activation_checkpointing=True),
@@ -759,7 +759,7 @@ def _qwen25_7b_24gb() -> TrainConfig:
     # The full fine-tune of Qwen2.5-7B-Instruct on 2 x g6.12xlarge (8 L4): fp32 weights, gradients and
     # AdamW state are 16 bytes per parameter, 122 GB, so every rank holds an eighth (flat FSDP over
     # both nodes: a node's share would not leave room), with each layer checkpointed and one
-    # 2,048-token row per micro-step: 20 GiB per L4 (workloads/bench/memory.py). 1 x 16 micro-steps x
+    # 2,048-token row per micro-step: 20 GiB per L4 (workloads/sizing/memory.py). 1 x 16 micro-steps x
     # 8 ranks = 128 rows per step. The tightest preset: the checkpointed layers' inputs wait in host
     # memory (activation_offloading), 0.36 GiB less per L4.
     return dataclasses.replace(

@@ -1,5 +1,5 @@
 """How liger-kernel's fused linear cross-entropy cuts a micro-batch into chunks of logits: the loss
-(workloads/train/loss.py) sets it, the memory model (workloads/bench/memory.py) counts it. No torch
+(workloads/train/loss.py) sets it, the memory model (workloads/sizing/memory.py) counts it. No torch
 here, so that `plan` and the fit check stay quick to start."""
 
 from __future__ import annotations

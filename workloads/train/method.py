@@ -28,12 +28,12 @@ import torch
 from torch import nn
 
 from workloads.model_io.export import (
-    SafetensorsWriter,
     gathered,
     named_tensors,
     write_tensors,
     write_weights_from_shards,
 )
+from workloads.model_io.hf_writer import SafetensorsWriter
 from workloads.model_io.load import file_name, fill_from_tensors, tensor_aliases
 # ADAPTER_DIR: the peft adapter folder inside an exported LoRA model folder (`PeftModel.from_pretrained(
 # base, model/adapter)`); a subfolder, so that `from_pretrained(model)` loads the merged weights alone.

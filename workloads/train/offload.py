@@ -8,7 +8,7 @@ saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`) move each such t
 side stream, and in backward bring a layer's tensors back on that stream one layer ahead: when layer i's
 tensors are unpacked, layer i-1's copies start, so they travel while layer i is recomputed and its
 gradients computed. The GPU then holds about two layers' inputs (the one recomputed and the one
-prefetched) instead of every layer's (workloads/bench/memory.py counts it so).
+prefetched) instead of every layer's (workloads/sizing/memory.py counts it so).
 
 The design follows torchtune's `OffloadActivations` (training/_activation_offloading.py): pinned host
 buffers, a device-to-host stream, events so that the compute stream waits only where it must (before it

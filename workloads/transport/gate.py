@@ -32,14 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional
 
 from workloads.context import PreflightError
+from workloads.transport.verdict import Status, not_nccl_message
 
 if TYPE_CHECKING:
     import torch
 
     from workloads.context import TrainContext
-
-NOT_NCCL_RE = re.compile(r"transport gate does not apply to the (\w+) backend")
-"""The gate's line in a job's log when the ranks talked over another backend than NCCL (gloo)."""
 
 INTRA_NODE_FLOOR_GBPS = 2.0
 INTER_NODE_FLOOR_GBPS = 1.0
@@ -265,7 +263,7 @@ def judge_rank(
     if not log_text.strip():
         problems = (f"rank {rank} on {host}: NCCL log {log_file or '(unnamed)'} is missing or empty "
                     "(is NCCL_DEBUG=INFO set for this process?)",)
-    elif verdict.status != verify.Status.PASS:
+    elif verdict.status != Status.PASS:
         # Link problems name their ranks and hosts already; gaps do not.
         problems = verdict.problems + tuple(f"rank {rank} on {host}: {gap}" for gap in verdict.gaps)
     return RankVerdict(
@@ -400,7 +398,7 @@ def run_transport_gate(cfg: GateConfig, *, ctx: "TrainContext", device: "torch.d
     if backend != "nccl":
         return GateResult(
             applies=False, passed=True,
-            message=f"transport gate does not apply to the {backend} backend (it checks NCCL transports)",
+            message=not_nccl_message(backend),
         )
     if ctx.world_size < 2:
         return GateResult(applies=False, passed=True,

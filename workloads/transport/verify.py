@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import json
 import os
 import sys
@@ -24,20 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal, Optional
 
-from workloads.transport.gate import NOT_NCCL_RE
 from workloads.transport.nccl_log import Connection, Kind, NcclLog, Transport, parse_nccl_log
+from workloads.transport.verdict import NOT_NCCL_RE, Status
 
 Expect = Literal["efa", "any"]
-
-
-class Status(str, enum.Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-
-    @property
-    def exit_code(self) -> int:
-        return {Status.PASS: 0, Status.FAIL: 1, Status.INCONCLUSIVE: 3}[self]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ has its own IP (127.0.0.2, 127.0.0.3). It submits the "demo-cpu" preset
 through the same code as `submit --address`, runs the same post-run checks as a cloud run (the
 node count the driver planned is the number of nodes that trained), prints a summary, writes
 runs/<name>/ under the project (report.json, loss.png, job.log, checkpoints, and the exported
-model/ with the demo's inputs: workloads/client/demo.py; run.json from the start, so that `runs`
+model/ with the demo's inputs: workloads/local/demo.py; run.json from the start, so that `runs`
 lists it and `--run-name` resumes it: workloads/client/runs.py), tracks the run into the MLflow
 store runs/mlflow (or the tracking URI the user gives: workloads/client/tracking.py) and prints the
 command that opens its UI, and stops every process it started,
@@ -38,7 +38,7 @@ from typing import Callable, Iterator, Optional
 from rich.console import Console
 from rich.markup import escape
 
-from workloads.client import demo, revisions, submit, tracking
+from workloads.client import revisions, submit, tracking
 from workloads.client.cluster import connect, first_line, free_ports
 from workloads.client.datapaths import local_inputs, resolved_for_local_run
 from workloads.client.inputs_check import check_inputs
@@ -51,8 +51,9 @@ from workloads.client.runs import (RUN_FILE, RUNS_DIR, find_run, latest_checkpoi
 from workloads.client.report import (clean_log, eval_warnings, format_summary, loop_summary, method_label,
                                      resize_events, summarize, trained_share, write_report)
 from workloads.client.socket_owners import holds_listener
-from workloads.evaluate.settings import EXIT_GATE_FAILED
+from workloads.train.evaluation_config import EXIT_GATE_FAILED
 from workloads.launch.task_history import TASK_HISTORY_ENV
+from workloads.local import demo
 
 STARTED_MARK = "Ray runtime started"
 REGISTRATION_TIMEOUT_MARK = "The current node timed out during startup"
@@ -202,7 +203,7 @@ class LocalNodes:
         self.gcs_port, self.dashboard_port = free_ports(2)
         self.procs: dict[int, subprocess.Popen] = {}
         self.head_args: list[str] = []
-        """More `ray start` options of the head (an autoscaling config: workloads/client/local_autoscaling.py)."""
+        """More `ray start` options of the head (an autoscaling config: workloads/local/autoscaling.py)."""
         self.head_env: dict[str, str] = {}
         """More environment of the head's processes."""
 
@@ -446,7 +447,7 @@ def evaluated_locally(train: dict, *, runs_dir: Path, say: Callable[[str], None]
     """The run's evaluation checked before the cluster starts (workloads/evaluate/stage.py), and its
     base's scores kept beside the runs, where the next local run on the same base finds them."""
     from workloads.evaluate.cache import CACHE_DIR
-    from workloads.evaluate.settings import HELDOUT_TASK, task_names
+    from workloads.train.evaluation_config import HELDOUT_TASK, task_names
     from workloads.evaluate.stage import check_before_training
     from workloads.evaluate.tasks import hub_reachable
 

@@ -4,7 +4,7 @@ of `gpuIdleMinutes`, rehearsed on one machine.
 As on EKS, where KubeRay's in-tree autoscaler (v2) adds and removes worker pods, here the head runs
 Ray's autoscaler v2 (`ray start --head --autoscaling-config`), and `LocalNodeProvider` is its cloud:
 each worker "instance" is one `ray start --block` of the project's local cluster
-(workloads/client/local.py) on its own loopback address, in its own process group, that the
+(workloads/local/run.py) on its own loopback address, in its own process group, that the
 autoscaler starts when a job's demand does not fit and stops once the node has been idle for the
 idle timeout. The cluster starts with no worker at all, like a stack whose GPU nodes are at zero.
 
@@ -36,7 +36,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, STATUS_UP_TO_DATE, TAG_RAY_NODE
                                  TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE)
 
 from workloads.files import replace_whole
-from workloads.client.local import LocalClusterSpec, LocalNodes, _node_argv, _wait_started, node_ip
+from workloads.local.run import LocalClusterSpec, LocalNodes, _node_argv, _wait_started, node_ip
 
 HEAD_NODE_ID = "local-head"
 HEAD_NODE_TYPE = "ray.head.default"

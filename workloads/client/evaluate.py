@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from workloads.client.usage import Parser, UsageError
-from workloads.evaluate.settings import EXIT_GATE_FAILED, HELDOUT_TASK, task_names
+from workloads.train.evaluation_config import EXIT_GATE_FAILED, HELDOUT_TASK, task_names
 
 EXIT_OK, EXIT_USAGE = 0, 2
 

@@ -1,4 +1,4 @@
-"""The processes of a local Ray cluster (workloads/client/local.py), as a fault test or a soak sees
+"""The processes of a local Ray cluster (workloads/local/run.py), as a fault test or a soak sees
 them: its live Ray Train workers (Ray's State API), each process's role, resident memory and the
 shared memory it maps (from Linux's /proc).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from workloads.client.local import LocalNodes
+    from workloads.local.run import LocalNodes
 
 ROLES = ("driver", "controller", "train worker", "head", "worker node")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")

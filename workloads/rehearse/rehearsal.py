@@ -1,6 +1,6 @@
-"""The job path of a real cluster, rehearsed on one GPU machine: `python -m workloads.bench.rehearsal --out DIR`.
+"""The job path of a real cluster, rehearsed on one GPU machine: `python -m workloads.rehearse.rehearsal --out DIR`.
 
-The RayCluster's shape, as `workloads.client.local` builds it: a Ray head that runs no training
+The RayCluster's shape, as `workloads.local.run` builds it: a Ray head that runs no training
 worker and two worker nodes, each on its own address and its own GPU(s) (on a one-GPU machine both
 share it), each with its own
 `NCCL_HOSTID` so that NCCL sees two hosts and carries the traffic between them over its network
@@ -39,8 +39,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-from workloads.bench.cluster_processes import train_worker_pids
-from workloads.bench.services import S3Server, s3_environment
+from workloads.rehearse.cluster_processes import train_worker_pids
+from workloads.rehearse.services import S3Server, s3_environment
 from workloads.launch.faults import Pause, write_plan
 from workloads.periodic import pass_error
 
@@ -296,7 +296,7 @@ def spot_notice(cluster, *, base: list[str], plan: Path, out: Path) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench.rehearsal", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.rehearse.rehearsal", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpus-per-node", type=int, default=0, help="default: half the GPUs of this machine")
     parser.add_argument("--steps", type=int, default=24)
@@ -313,7 +313,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     from workloads.client.cluster import free_port
-    from workloads.client.local import LocalClusterSpec, local_ray_cluster
+    from workloads.local.run import LocalClusterSpec, local_ray_cluster
     from workloads.launch.faults import PAUSE_PLAN_ENV
 
     gpus = torch.cuda.device_count()

@@ -1,8 +1,8 @@
-"""Idle to zero, rehearsed on this machine: `python -m workloads.bench.idle_rehearsal [--idle-s S]
+"""Idle to zero, rehearsed on this machine: `python -m workloads.rehearse.idle_rehearsal [--idle-s S]
 [--steps N] [--out DIR]`.
 
 A local Ray cluster with Ray's own autoscaler (v2) and no worker node
-(workloads/client/local_autoscaling.py) takes the demo's job, the `demo-cpu` preset for a few steps
+(workloads/local/autoscaling.py) takes the demo's job, the `demo-cpu` preset for a few steps
 on two 1-CPU workers, through the same client code as `python -m workloads submit`. The job's driver
 asks for its two workers, the autoscaler starts two worker nodes, the job trains and ends, and once
 the nodes have been idle for `--idle-s` the autoscaler removes them again. The timeline says when
@@ -100,10 +100,11 @@ def rehearse(*, out: Path, idle_s: float = 20.0, steps: int = 6, console: Option
              back_to_zero_s: Optional[float] = None, say: Callable[[str], None] = print) -> RehearsalResult:
     """Run the rehearsal; `back_to_zero_s` bounds the wait for the nodes to go (default: the idle
     time plus 90 s)."""
-    from workloads.client import demo, submit
+    from workloads.client import submit
     from workloads.client.cluster import client_factory, connect
-    from workloads.client.local import local_train_config
-    from workloads.client.local_autoscaling import AutoscalingSpec, local_autoscaling_cluster
+    from workloads.local import demo
+    from workloads.local.run import local_train_config
+    from workloads.local.autoscaling import AutoscalingSpec, local_autoscaling_cluster
     from workloads.client.submission import SubmitRequest
 
     console = console or Console(highlight=False, soft_wrap=True)
@@ -177,7 +178,7 @@ def passed(result: RehearsalResult) -> bool:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench.idle_rehearsal",
+    parser = argparse.ArgumentParser(prog="python -m workloads.rehearse.idle_rehearsal",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle-s", type=float, default=20.0, help="the autoscaler's idle timeout (default 20)")
     parser.add_argument("--steps", type=int, default=6, help="training steps of the demo-cpu job (default 6)")

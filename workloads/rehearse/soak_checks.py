@@ -1,4 +1,4 @@
-"""The checks of a finished soak (workloads/bench/soak.py), each a function of what the soak
+"""The checks of a finished soak (workloads/rehearse/soak.py), each a function of what the soak
 recorded: the steps each fault cost against its allowance, restarts no fault explains, each step's
 loss against the uninterrupted run, the growth of each process's resident memory after its warm-up,
 the bytes in the bucket, the run's MLflow record; `judge` adds them to the record and `failed_lines`
@@ -7,18 +7,18 @@ says what failed, one line each.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from workloads.client.report import completed_losses
+from workloads.rehearse.soak_plan import OUTAGES
 
 if TYPE_CHECKING:
-    from workloads.bench.soak import JobLogs, Soak, SoakSettings
+    from workloads.rehearse.job_logs import JobLogs
+    from workloads.rehearse.services import MlflowServer
+    from workloads.rehearse.soak_plan import SoakSettings
 
 JUDGED_ROLES = ("driver", "head", "train worker")
 """The roles whose memory must be judged for the memory check to hold."""
-
-OUTAGES = ("tracker-down", "storage-down")
-"""Faults that restart nothing: the run must train through them."""
 
 REFERENCE_TOLERANCE = 0.0
 """Relative gap allowed between a step's loss and the uninterrupted run's: none. The same loop on the
@@ -28,6 +28,22 @@ restart from a checkpoint repeats its loss bit for bit."""
 
 LOG_LAG_STEPS = 20
 """How far behind the run the job log may be when a fault comes (Ray forwards worker lines in batches)."""
+
+
+class FinishedSoak(Protocol):
+    """What the checks and the record read of a soak that ran (workloads/rehearse/soak.py's Soak)."""
+
+    settings: SoakSettings
+    record: dict
+    """What the run noted (Soak.run); `judge` adds the checks."""
+    memory: list[dict]
+    storage_samples: list[dict]
+    tracker: MlflowServer
+    reference: dict[int, float]
+    """The uninterrupted run's loss at each step, set by `judge`."""
+
+    @property
+    def logs(self) -> JobLogs: ...
 
 
 def fault_rows(record: dict, logs: JobLogs, *, checkpoint_every: int) -> list[dict]:
@@ -223,7 +239,7 @@ def mlflow_record(uri: str, *, run_name: str, losses: dict[int, float], steps: i
             "within": run.info.status == "FINISHED" and not missing and not wrong}
 
 
-def judge(soak: Soak, *, reference: dict[int, float]) -> dict:
+def judge(soak: FinishedSoak, *, reference: dict[int, float]) -> dict:
     """The checks of a finished soak, added to its record; record["passed"] says whether all passed."""
     record, settings, logs = soak.record, soak.settings, soak.logs
     soak.reference = reference

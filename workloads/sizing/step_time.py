@@ -1,7 +1,7 @@
 """A step-time model of the FSDP2 loop on a cluster of nodes: compute from a measured MFU,
 communication from the bytes each collective puts on each link over that link's bandwidth.
 
-    python -m workloads.bench.step_time [--mfu 0.552] [--inter-gbps 5.0] [--intra-gbps ...]
+    python -m workloads.sizing.step_time [--mfu 0.552] [--inter-gbps 5.0] [--intra-gbps ...]
 
 prints the prediction for 2x g6.12xlarge (docs/PERFORMANCE.md, "Between nodes"). Pure functions;
 `workloads.bench.topology` checks the model against emulated two-host runs.
@@ -342,7 +342,7 @@ def format_predictions(predictions: Sequence[StepPrediction]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench.step_time", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m workloads.sizing.step_time", description=__doc__.splitlines()[0])
     parser.add_argument("--mfu", type=float, default=MEASURED_H200_MFU, help=f"default {MEASURED_H200_MFU}")
     parser.add_argument("--inter-gbps", type=float, default=G6_12XLARGE_NETWORK_GBPS,
                         help=f"network GB/s per node (default {G6_12XLARGE_NETWORK_GBPS}: 40 Gbps)")

@@ -1,5 +1,5 @@
 """The soak's record: its uninterrupted reference run, and what it writes in its folder (summary.json,
-the memory and storage samples, soak.png). workloads/bench/soak.py runs the soak."""
+the memory and storage samples, soak.png). workloads/rehearse/soak.py runs the soak."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workloads.client.report import completed_losses
+from workloads.rehearse.soak_plan import FAULT_KINDS
 
 if TYPE_CHECKING:
-    from workloads.bench.soak import Soak, SoakSettings
+    from workloads.rehearse.soak_checks import FinishedSoak
+    from workloads.rehearse.soak_plan import SoakSettings
 
 
 class Reference:
@@ -60,14 +62,12 @@ class Reference:
                 rank.wait()
 
 
-def plot(soak: Soak, *, path: Path) -> None:
+def plot(soak: FinishedSoak, *, path: Path) -> None:
     """The loss by step with each fault marked, and each role's resident memory over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from workloads.bench.soak import FAULT_KINDS  # here: soak.py imports this module
 
     record, reference = soak.record, soak.reference
     losses = completed_losses(soak.logs.lines)
@@ -97,7 +97,7 @@ def plot(soak: Soak, *, path: Path) -> None:
     plt.close(figure)
 
 
-def write_record(soak: Soak, *, out: Path) -> None:
+def write_record(soak: FinishedSoak, *, out: Path) -> None:
     """summary.json (the record), memory.json and storage.json (the samples), soak.png."""
     plot(soak, path=out / "soak.png")
     (out / "memory.json").write_text(json.dumps(soak.memory) + "\n")
