@@ -131,6 +131,22 @@ class Heartbeat:
             handle.remove()
 
 
+def loss_recorder():
+    """A Trainer callback that keeps each logged loss by optimizer step (`.losses`): the peers' loss
+    curves beside the loop's (Trainer here, TRL's DPOTrainer in trl_dpo.py)."""
+    from transformers import TrainerCallback
+
+    class Losses(TrainerCallback):
+        def __init__(self) -> None:
+            self.losses: dict[int, float] = {}
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.losses[state.global_step] = float(logs["loss"])
+
+    return Losses()
+
+
 def _grouping(*, by_length: bool) -> dict:
     """TrainingArguments' switch for length-grouped batches: `train_sampling_strategy` in recent
     transformers 5 releases, `group_by_length` before."""
@@ -144,7 +160,7 @@ def _grouping(*, by_length: bool) -> dict:
 
 def train_hf_trainer(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device,
                      batching: str = "flat") -> StrategyResult:
-    from transformers import (DataCollatorForSeq2Seq, DataCollatorWithFlattening, Trainer, TrainerCallback,
+    from transformers import (DataCollatorForSeq2Seq, DataCollatorWithFlattening, Trainer,
                               TrainingArguments)
 
     from workloads.train.loss import liger_available
@@ -174,15 +190,7 @@ def train_hf_trainer(cfg: TrainConfig, *, ctx: TrainContext, device: torch.devic
         disable_tqdm=True, use_cpu=not cuda, **_grouping(by_length=not flat),
     )
 
-    class Losses(TrainerCallback):
-        def __init__(self) -> None:
-            self.losses: dict[int, float] = {}
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.losses[state.global_step] = float(logs["loss"])
-
-    losses = Losses()
+    losses = loss_recorder()
     heartbeat = Heartbeat(model, say=print if ctx.rank == 0 else (lambda line: None))
     trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=collator,
                       callbacks=[losses, heartbeat.callback()])

@@ -31,6 +31,7 @@ from typing import Optional
 
 import torch
 
+from workloads.bench.hf_trainer import loss_recorder
 from workloads.bench.strategy import StrategyResult
 from workloads.context import TrainContext
 from workloads.train.config import TrainConfig
@@ -87,7 +88,6 @@ def train_trl_dpo(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device,
     """TRL's DPOTrainer for cfg.steps steps; `pairs_per_micro_batch`: its micro-batch (default: as
     many as a step holds, at most TRL_PAIRS_PER_MICRO_BATCH)."""
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
     from workloads.train.loss import liger_available
@@ -119,15 +119,7 @@ def train_trl_dpo(cfg: TrainConfig, *, ctx: TrainContext, device: torch.device,
     )
     dataset = Dataset.from_list([{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in records])
 
-    class Losses(TrainerCallback):
-        def __init__(self) -> None:
-            self.losses: dict[int, float] = {}
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.losses[state.global_step] = float(logs["loss"])
-
-    losses = Losses()
+    losses = loss_recorder()
     trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=dataset,
                          processing_class=tokenizer, callbacks=[losses])
     collator = CountingCollator(trainer.data_collator)
