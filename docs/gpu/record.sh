@@ -28,7 +28,7 @@
 #                                  Trainer + peft peer), checkpointed and offloaded, and without checkpointing (with the
 #                                  peer; profiled), then the 1.5B full fine-tune at micro-batch 16 (profiled); every
 #                                  figure with the memory model's prediction in OUT/perf/perf.json (needs the wheels of
-#                                  docs/gpu/wheels-perf.sh: liger-kernel, matplotlib). CPU_DRY_RUN=1: the same calls on
+#                                  docs/gpu/wheels.sh DIR perf: liger-kernel). CPU_DRY_RUN=1: the same calls on
 #                                  the tiny model on the CPU
 #   docs/gpu/record.sh stability OUT   one GPU, about 8 minutes: the 1.5B chats fine-tune (the qwen2.5-1.5b preset on
 #                                  the model's shape and generated chats), then its tokens/s drift and memory step over
@@ -39,12 +39,12 @@
 #                                  reference a frozen bf16 copy on both sides), then Qwen2.5-7B LoRA r16 with
 #                                  activation checkpointing (the reference: adapters off); random weights of the
 #                                  real shapes. Writes OUT/dpo.json (tokens/s, ratio, peaks, the memory model's
-#                                  peak). Needs TRL, datasets and liger-kernel: docs/gpu/dpo_wheels.sh. A CPU dry
+#                                  peak). Needs TRL, datasets and liger-kernel: docs/gpu/wheels.sh DIR dpo. A CPU dry
 #                                  run of the same steps: DRY_RUN=1 (tiny-qwen2, rows of 512, a few steps)
 #   docs/gpu/record.sh evaluate OUT  the evaluation stage (python -m workloads evaluate: tuned and base on RECORDS=256
 #                                  held-out chats, the base's cache) against lm-eval's own CLI on the same task folder,
 #                                  models and GPU, each timed end to end (workloads/bench/evaluate_peer.py; needs the
-#                                  wheels of docs/gpu/evaluate-wheels.sh). ARCH=tiny-qwen2 runs it on CPU as a dry run
+#                                  wheels of docs/gpu/wheels.sh DIR evaluate). ARCH=tiny-qwen2 runs it on CPU as a dry run
 # Each writes its logs under OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 what=$1 out=$2

@@ -18,7 +18,7 @@ the same pairs, model shape and initial weights as the loop's `objective: dpo` r
 
 Tokens/s count every token TRL runs that is not padding (both sequences of each pair, prompt
 included), so a token is counted alike on both sides. TRL and datasets come from the host's
-wheels (docs/gpu/dpo_wheels.sh); the job never imports this module.
+wheels (docs/gpu/wheels.sh DIR dpo); the job never imports this module.
 """
 
 from __future__ import annotations
