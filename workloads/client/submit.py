@@ -241,13 +241,15 @@ def check_fit(train: dict, target, *, what: str, console: Console) -> None:
                       highlight=False)
 
 
-def check_evaluation(train: dict, *, offline: bool, console: Console) -> None:
+def check_evaluation(train: dict, *, offline: bool, console: Optional[Console]) -> None:
     """The run's evaluation is possible (workloads/evaluate/stage.py) before anything is uploaded: a
-    cluster that cannot reach PyPI (--offline) cannot reach the hub's task datasets either."""
+    cluster that cannot reach PyPI (--offline) cannot reach the hub's task datasets either. Its notes
+    go to `console` (None: not said)."""
     from workloads.evaluate.stage import check_before_training
 
     for note in check_before_training(train, network=not offline, evaluated_here=False):
-        console.print(f"[bold cyan]evaluate[/] {note}", highlight=False)
+        if console is not None:
+            console.print(f"[bold cyan]evaluate[/] {note}", highlight=False)
 
 
 def _preset_choice(args: argparse.Namespace, *, gpu_memory_gib, gpus, cluster: str):
@@ -278,7 +280,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     # The files uploaded with the job are read here as the job will read them; the hub's files are
     # the cluster's to fetch (this machine only asks which commit a revision names, below).
     check_inputs(first, local=local_inputs(first, cwd=Path.cwd(), upload_absolute=upload_absolute), hub=False)
-    check_evaluation(first, offline=args.offline, console=console)
+    # Its notes are said when following (--no-follow's output is the job id alone); its errors always stop here.
+    check_evaluation(first, offline=args.offline, console=None if args.no_follow else console)
     if target is not None:  # before anything is uploaded or a port-forward opened
         check_fit(first, target, what=planned_preset if args.config is None else str(args.config), console=console)
     if args.max_failures < 0:

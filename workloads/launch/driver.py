@@ -549,7 +549,9 @@ def run(args: DriverArgs) -> int:
             if preflight:
                 # Every rank stopped before step 1 and returned: nothing was retried.
                 print(preflight, flush=True)
-                reason = f"stopped before step 1, not retried: {preflight.splitlines()[0]}"
+                # The whole of it on the one line a follower shows: the count, and each rank's reason.
+                reason = "stopped before step 1, not retried: " + " ".join(
+                    line.strip() for line in preflight.splitlines() if line.strip())
             else:
                 checkpoint = result.checkpoint.path if result.checkpoint else None
                 _emit({"event": "finished", "metrics": result.metrics, "checkpoint": checkpoint})
