@@ -63,6 +63,24 @@ def test_the_job_logs_are_read_as_they_grow_across_jobs_and_sessions(tmp_path):
     assert JobLogs(tmp_path, "other").files() == []
 
 
+
+def test_the_latest_session_is_never_read_even_while_a_starting_node_remakes_its_link(tmp_path, monkeypatch):
+    """Each node that starts removes Ray's session_latest link and makes it again; a glob that lists
+    it just before the removal must not keep it (it is no link at that moment, and its files are
+    gone when opened)."""
+    log = tmp_path / "session_2026-12-05_10-00-00_1" / "logs" / "job-driver-soak-job1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(_train(11, 1) + "\n")
+    latest = tmp_path / "session_latest"
+    latest.symlink_to(log.parent.parent.name)
+    listed = list(tmp_path.glob("session_*/logs/job-driver-soak-job*.log"))
+    latest.unlink()  # the node's try_to_symlink, between the glob and the checks
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter(listed))
+    logs = JobLogs(tmp_path, "soak")
+    assert logs.files() == [log]
+    logs.read()
+    assert logs.steps == {11: [1]}
+
 def _logs(attempts: dict[int, list[int]], extra: tuple[str, ...] = ()) -> JobLogs:
     logs = JobLogs(Path("/nonexistent"), "soak")
     for pid, steps in attempts.items():

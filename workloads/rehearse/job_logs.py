@@ -7,6 +7,9 @@ from pathlib import Path
 
 from workloads.client.report import WORKER_PID, parse_prefixed, parse_train_line
 
+SESSION_LATEST = "session_latest"
+"""Ray's link, in its temp folder, to the newest session's folder (ray_constants.SESSION_LATEST)."""
+
 
 class JobLogs:
     """The run's job logs as Ray writes them on the head (job-driver-<submission id>.log in each
@@ -28,9 +31,12 @@ class JobLogs:
         """The files of each head's session that match, never through `session_latest`: that link
         names the newest session, so a file would be read twice (under two paths), and a restarted
         head moves it between a glob and an open (a soak in a full test run failed on that, reading
-        job1's log where the new session had none)."""
+        job1's log where the new session had none). Known by its name, not by asking whether it is a
+        link: every node that starts on this machine removes the link and makes it again (Ray's
+        try_to_symlink), and in between it is no link, so a glob that listed it kept it (a soak
+        failed on that 45 s in, when a worker node started)."""
         return [path for path in self.temp_dir.glob(f"session_*/logs/{pattern}")
-                if not path.parent.parent.is_symlink()]
+                if path.parent.parent.name != SESSION_LATEST]
 
     def files(self) -> list[Path]:
         found = self._session_logs(f"job-driver-{self.run}-job*.log")
