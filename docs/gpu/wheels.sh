@@ -40,7 +40,7 @@ evaluate)
   download lm-eval==0.4.13 datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 \
     pytablewriter==1.2.1 dataproperty==1.1.1 mbstrdecoder==1.1.5 pathvalidate==3.3.1 tabledata==1.3.5 \
     tcolorpy==0.1.7 typepy==1.3.5 chardet==6.0.0.post1 more-itertools==11.2.1 nltk==3.10.4 absl-py==2.5.1 \
-    six==1.17.0 defusedxml==0.7.1 click==8.5.1
+    six==1.17.0 defusedxml==0.7.1 click==8.5.1 pytz==2026.6
   python3 -m pip wheel --no-deps -w "$out" rouge-score==0.1.2 sqlitedict==2.1.0 word2number==1.1
   count; exit ;;
 rehearsal) ;;
