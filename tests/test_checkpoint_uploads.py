@@ -25,7 +25,7 @@ from ranks import run_ranks
 
 from workloads.client.cluster import free_port
 from workloads.launch import ray_train
-from workloads.launch.uploads import SkippedFolders, UploadPolicy, upload_patiently
+from workloads.launch.uploads import UnregisteredFolders, UploadPolicy, upload_patiently
 
 
 class FlakyLocal(fsspec.implementations.local.LocalFileSystem):
@@ -208,7 +208,7 @@ def test_skipped_folders_are_deleted_when_storage_answers_and_kept_while_it_does
     run = tmp_path / "run"
     (run / "checkpoint_a").mkdir(parents=True)
     (run / "checkpoint_a" / "part-0").write_text("half")
-    skipped = SkippedFolders()
+    skipped = UnregisteredFolders()
     skipped.add("checkpoint_a")
     skipped.add("checkpoint_gone")  # never written: nothing to delete
     flag.touch()

@@ -197,6 +197,12 @@ def test_a_head_lost_before_it_registered_a_complete_checkpoint_costs_no_step_of
     assert steps_logged(logs)[0] == 5
     assert f"[checkpoints] resuming from {restarted['window'][0]} (step 4): complete in storage but never " \
            "registered" in logs
+    # Ray Train's retention counts registered checkpoints only: the one resumed from goes once step 6's
+    # supersedes it, and no folder Ray does not keep is left (a soak held one too many for the rest of its run).
+    assert (f"[checkpoints] removed {restarted['window'][0]}, the never registered checkpoint this attempt resumed "
+            "from: the checkpoint of step 6 supersedes it") in logs
+    left = checkpoint_folders(s3, f"{PREFIX}/{run}")
+    assert restarted["window"][0] not in left and set(left) == registered_checkpoints(s3, f"{PREFIX}/{run}"), left
     final = _final_checkpoint(s3, logs, tmp_path / "final")
     assert final == {"step": STEPS, "data_position": STEPS * MICRO_BATCH * WORKERS}
     print(f"\nhead loss: head restarted after step 4 (down {restarted['up'] - restarted['at']:.1f} s), run "

@@ -39,7 +39,7 @@ from workloads.launch.checkpoints import settle
 from workloads.launch.credentials import load_credentials
 from workloads.launch.faults import pause_point
 from workloads.launch.storage import StorageNotWritableError, check_writable, marker_name
-from workloads.launch.uploads import DEFAULT_POLICY, SkippedFolders, UploadPolicy, upload_patiently
+from workloads.launch.uploads import DEFAULT_POLICY, UnregisteredFolders, UploadPolicy, upload_patiently
 from workloads.model_io.storage import Location
 from workloads.transport.gate import nccl_log_env
 
@@ -50,8 +50,12 @@ SCRATCH_ROOT = Path(tempfile.gettempdir()) / "ray-train-scratch"
 """Where each worker keeps checkpoints in flight, restored checkpoints and its NCCL log."""
 
 
-SKIPPED = SkippedFolders()
+SKIPPED = UnregisteredFolders()
 """Rank 0's skipped checkpoints whose folders are still to be deleted from storage."""
+RESUMED_UNREGISTERED = UnregisteredFolders()
+"""The complete, never registered checkpoint this attempt resumed from (`settled_context`): deleted once
+the attempt has stored a newer one, which supersedes it. Ray Train's retention (num_to_keep) counts
+registered checkpoints only, so it would stay in the bucket for good, one more than the run keeps."""
 
 
 def report(metrics: dict, checkpoint_dir: Optional[Path] = None, *, final_step: int = 0,
@@ -110,6 +114,11 @@ def store_checkpoint(checkpoint_dir: Path, *, where: dict, final: bool,
             if deleted:
                 print(f"[checkpoints] storage answers again: removed the folder(s) of {len(deleted)} skipped "
                       f"checkpoint(s): {', '.join(deleted)}", flush=True)
+        if rank0 and RESUMED_UNREGISTERED.names:
+            deleted = RESUMED_UNREGISTERED.remove(storage.storage_filesystem, storage.experiment_fs_path)
+            if deleted:
+                print(f"[checkpoints] removed {', '.join(deleted)}, the never registered checkpoint this attempt "
+                      f"resumed from: the checkpoint of step {where['step']} supersedes it", flush=True)
         return outcome.stored
     problem = (f"the checkpoint of step {where['step']} could not be stored in {storage_uri(storage)} "
                f"({len(failed)} of {len(errors)} ranks; {failed[0]})")
@@ -385,6 +394,8 @@ def settled_context(ctx: TrainContext) -> TrainContext:
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
         return ctx
+    if ctx.rank == 0:
+        RESUMED_UNREGISTERED.add(chosen[0])
     newer = ray.train.Checkpoint(path=f"{storage.experiment_fs_path.rstrip('/')}/{chosen[0]}",
                                  filesystem=storage.storage_filesystem)
     restore_root = SCRATCH_ROOT / ray.train.get_context().get_experiment_name() / "restored"

@@ -76,9 +76,11 @@ def upload_patiently(upload: Callable[[], T], *, final: bool, policy: UploadPoli
 
 
 @dataclass
-class SkippedFolders:
-    """The folders of skipped checkpoints in storage (rank 0's list): some ranks' parts may be there.
-    Ray Train never registered them, so nothing else deletes them while the attempt lives."""
+class UnregisteredFolders:
+    """Checkpoint folders in storage that Ray Train never registered, so nothing else deletes them
+    while the attempt lives (rank 0's list): a skipped checkpoint's (some ranks' parts may be there),
+    or the complete one the attempt resumed from after a head was lost before registering it
+    (workloads/launch/checkpoints.py), once a newer one is stored."""
 
     names: list[str] = field(default_factory=list)
 
