@@ -63,7 +63,6 @@ def test_the_job_logs_are_read_as_they_grow_across_jobs_and_sessions(tmp_path):
     assert JobLogs(tmp_path, "other").files() == []
 
 
-
 def test_the_latest_session_is_never_read_even_while_a_starting_node_remakes_its_link(tmp_path, monkeypatch):
     """Each node that starts removes Ray's session_latest link and makes it again; a glob that lists
     it just before the removal must not keep it (it is no link at that moment, and its files are
@@ -80,6 +79,7 @@ def test_the_latest_session_is_never_read_even_while_a_starting_node_remakes_its
     assert logs.files() == [log]
     logs.read()
     assert logs.steps == {11: [1]}
+
 
 def _logs(attempts: dict[int, list[int]], extra: tuple[str, ...] = ()) -> JobLogs:
     logs = JobLogs(Path("/nonexistent"), "soak")
