@@ -85,13 +85,19 @@ class PackedSource:
         return len(self.rows)
 
     def sample(self, index: int) -> Sample:
-        n = len(self.rows)
-        epoch, offset = divmod(index, n)
-        if self.shuffle:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-            offset = int(order[offset])
+        offset = row_of(index, rows=len(self.rows), seed=self.seed, shuffle=self.shuffle)
         return Sample(input_ids=self.rows.input_ids[offset], labels=self.rows.labels[offset],
                       position_ids=self.rows.position_ids[offset], example_tokens=int(self.rows.lengths[offset]))
+
+
+def row_of(index: int, *, rows: int, seed: int, shuffle: bool) -> int:
+    """The row that global sample number `index` reads: the rows in order, or in a seeded order
+    reshuffled every epoch (a pass over the rows), the same on every rank and after a resume."""
+    epoch, offset = divmod(index, rows)
+    if not shuffle:
+        return offset
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return int(order[offset])
 
 
 def global_indices(*, position: int, batch: int, micro_batch: int, rank: int, world_size: int) -> list[int]:

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from workloads.train.attention import cumulative_lengths
-from workloads.train.data import Batch, Data, data_files, global_indices
+from workloads.train.data import Batch, Data, data_files, global_indices, row_of
 from workloads.train.encode import end_of_turn_id, load_tokenizer
 from workloads.train.loss import IGNORE_INDEX
 from workloads.train.packing import best_fit_decreasing
@@ -209,11 +209,7 @@ class PairSource:
         return len(self.rows)
 
     def sample(self, index: int) -> PairSample:
-        n = len(self.rows)
-        epoch, offset = divmod(index, n)
-        if self.shuffle:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-            offset = int(order[offset])
+        offset = row_of(index, rows=len(self.rows), seed=self.seed, shuffle=self.shuffle)
         r = self.rows
         return PairSample(input_ids=r.input_ids[offset], labels=r.labels[offset], position_ids=r.position_ids[offset],
                           sequence=r.sequence[offset], pair_ids=r.pair_ids[offset],
