@@ -233,3 +233,33 @@ def test_a_relative_gate_on_the_model_the_demo_makes_before_the_job_is_not_taken
     assert check_before_training(train, base_made_later=True) == []
     with pytest.raises(ValueError, match="evaluate.base .*base-model' is not a folder"):
         check_before_training(train)  # not made: refused before anything starts
+
+
+def test_the_driver_preloads_every_module_the_evaluation_imports_late(repo_root):
+    """A module of the project the evaluation imports inside a function must be imported by preload()
+    (the driver's, before the job's working_dir can go); and importing the stage, as the command line
+    does to check a run, brings no torch (1.5 s before each usage error)."""
+    import ast
+    import subprocess
+    import sys
+
+    late = set()
+    for path in sorted((repo_root / "workloads" / "evaluate").glob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workloads"):
+                        package = (repo_root / node.module.replace(".", "/")).is_dir()
+                        late |= {f"{node.module}.{a.name}" for a in node.names} if package else {node.module}
+    assert "workloads.train.checkpoint" in late
+    script = """if True:
+        import json, sys
+        import workloads.evaluate.stage as stage
+        before = "torch" in sys.modules
+        stage.preload()
+        print(json.dumps([before, sorted(m for m in sys.modules if m.startswith("workloads"))]))
+    """
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, timeout=120)
+    torch_before, imported = json.loads(done.stdout)
+    assert not torch_before
+    assert late <= set(imported), late - set(imported)

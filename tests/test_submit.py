@@ -707,24 +707,27 @@ def test_list_at_an_address_that_is_no_ray_jobs_api_exits_3_with_one_line(web_se
                                    "/api/version: HTTP 404): is this the Ray head's dashboard port (8265 by default)?")
 
 
-def test_refused_arguments_and_help_do_not_import_ray(repo_root):
-    """A mistyped option or --help of submit, logs, stop and list answers without importing ray
-    (about a second of CPU); the cluster's refusal of the token is still told apart (test_submit_cluster)."""
+def test_refused_arguments_and_help_do_not_import_ray_or_torch(repo_root):
+    """A mistyped option or --help of submit, logs, stop and list answers without importing ray or
+    torch (about a second of CPU each); the cluster's refusal of the token is still told apart
+    (test_submit_cluster)."""
     script = """if True:
         import contextlib, io, sys
         from workloads.__main__ import main
         codes = []
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             for argv in (["submit", "--max-failures", "x"], ["logs"], ["stop", "a", "b"], ["list", "--bogus"],
-                         ["submit", "--preset", "nope"], ["list", "--help"]):
+                         ["submit", "--preset", "nope"], ["list", "--help"],
+                         ["submit", "--address", "http://127.0.0.1:9", "--set", "nosuchkey=1"], ["submit"]):
                 try:
                     codes.append(main(argv))
                 except SystemExit as exc:
                     codes.append(exc.code)
-        print(codes, "ray" in sys.modules)
+        print(codes, "ray" in sys.modules, "torch" in sys.modules)
     """
     done = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, timeout=60)
-    assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2,", "0]", "False"], done.stdout + done.stderr
+    assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2,", "0,", "2,", "2]", "False", "False"], \
+        done.stdout + done.stderr
 
 
 def test_export_help_answers_without_importing_torch(repo_root):

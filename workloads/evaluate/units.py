@@ -16,14 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from workloads.model_io.run_layout import ADAPTER_DIR
 from workloads.train.evaluation_config import HELDOUT_TASK
 
 ROLES = ("tuned", "adapter", "base")
 """tuned: the run's exported model (merged, for LoRA); adapter: the base with the run's LoRA adapter
 applied by peft (lm-eval's `peft=`); base: what the run started from."""
 
-ADAPTER_DIR = "adapter"
-"""The LoRA adapter's subfolder of an exported model (workloads/model_io/lora_export.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

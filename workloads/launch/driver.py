@@ -483,12 +483,13 @@ def run(args: DriverArgs) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    import workloads.evaluate.stage  # noqa: F401  (before the job's folder can go: workloads/evaluate/stage.py)
+    from workloads.evaluate.stage import preload as preload_the_evaluation_stage
     from workloads.launch.credentials import load_credentials
     from workloads.launch.ray_train import PreflightRecorder, ResizeReporter, WorkerGroupWait, train_worker
     from workloads.launch.storage import resolve_storage
     from workloads.train.config import TrainConfig
 
+    preload_the_evaluation_stage()  # before the job's folder can go (workloads/evaluate/stage.py)
     load_credentials()  # MLflow's and the hub's, from the pod's Secret (workloads/launch/credentials.py)
     train = TrainConfig.from_dict(args.train).to_dict()
     storage_filesystem, storage_path = resolve_storage(args.storage_path)

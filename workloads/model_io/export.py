@@ -30,13 +30,12 @@ from torch.distributed.tensor import DTensor
 
 from workloads.files import path_inside
 from workloads.model_io.evaluation_file import gate_failed
-from workloads.model_io.hf_writer import EXPORT_DTYPES, MAX_SHARD_BYTES, MODEL_DIR, SafetensorsWriter, resolve_dtype
+from workloads.model_io.hf_writer import EXPORT_DTYPES, MAX_SHARD_BYTES, SafetensorsWriter, resolve_dtype
 from workloads.model_io.load import INDEX_FILE, file_name, tensor_aliases
 from workloads.model_io.lora_base import LoraBase
+from workloads.model_io.run_layout import DCP_METADATA, MODEL_DIR, checkpoint_folders
 from workloads.model_io.storage import local_location, locate
 
-DCP_METADATA = ".metadata"
-"""The file torch.distributed.checkpoint writes last into a complete checkpoint folder."""
 
 
 def log(message: str) -> None:
@@ -225,13 +224,6 @@ def consolidate(checkpoint: Path, out: Path, *, dtype_choice: str = "auto", base
 
 
 # --- a run's checkpoints, local or in S3 ---------------------------------------------------------
-
-
-def checkpoint_folders(files: dict[str, int]) -> list[str]:
-    """The complete checkpoint folders among a run's files (relative; "" for the run folder itself),
-    oldest first: names sort by step (`checkpoint-0000060`) or by time (`checkpoint_2026-...`)."""
-    folders = {name.rpartition("/")[0] for name in files if name.rpartition("/")[2] == DCP_METADATA}
-    return sorted(folders, key=lambda f: (f.rpartition("/")[2], f))
 
 
 BEST = "best"

@@ -1,7 +1,6 @@
 """A Hugging Face folder's weights, written: the dtype they are written in and the safetensors
 writer (one file, or shards with their index, as save_pretrained writes them), which both exports
-use, the full one (export.py) and the LoRA one (lora_export.py); and MODEL_DIR, where a checkpoint
-keeps its Hugging Face folder."""
+use, the full one (export.py) and the LoRA one (lora_export.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +13,6 @@ from safetensors.torch import save_file
 
 from workloads.model_io.load import INDEX_FILE
 
-MODEL_DIR = "model"
-"""The Hugging Face folder inside each checkpoint (metadata; the final one also holds the weights)
-and, next to a run's checkpoints, the default export target."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EXPORT_DTYPES = ("auto", *DTYPES)

@@ -25,14 +25,12 @@ import torch
 from safetensors import safe_open
 
 from workloads.model_io.architectures import NAMED_ARCHITECTURES
-from workloads.model_io.hf_writer import MODEL_DIR, SafetensorsWriter, resolve_dtype
+from workloads.model_io.hf_writer import SafetensorsWriter, resolve_dtype
 from workloads.model_io.load import INDEX_FILE, weight_files
 from workloads.model_io.lora_base import LoraBase, base_to_merge
+from workloads.model_io.run_layout import ADAPTER_CONFIG, ADAPTER_DIR, ADAPTER_WEIGHTS, MODEL_DIR
 from workloads.model_io.storage import local_location
 
-ADAPTER_DIR = "adapter"
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 CHECKPOINT_PREFIX = "model.lm."
 """Where a checkpoint keeps the language model's tensors (the loop's CausalLMWithLoss.lm)."""
 

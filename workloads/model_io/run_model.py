@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workloads.model_io.cache import cache_root, entry_name, fill_once
-from workloads.model_io.export import checkpoint_folders
-from workloads.model_io.hf_writer import MODEL_DIR
-from workloads.model_io.lora_export import ADAPTER_CONFIG, ADAPTER_DIR
+from workloads.model_io.run_layout import ADAPTER_CONFIG, ADAPTER_DIR, MODEL_DIR, checkpoint_folders
 from workloads.model_io.storage import is_s3, locate
 
 

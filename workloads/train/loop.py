@@ -27,7 +27,8 @@ from torch import nn
 from workloads.context import (DATA_PREFIX, GATE_PREFIX, LOAD_PREFIX, METHOD_PREFIX, SUMMARY_PREFIX, TRAIN_PREFIX,
                                TrainContext)
 from workloads.model_io.export import ModelMetadata, generation_config_for
-from workloads.model_io.hf_writer import MODEL_DIR, resolve_dtype
+from workloads.model_io.hf_writer import resolve_dtype
+from workloads.model_io.run_layout import MODEL_DIR
 from workloads.model_io.sources import fetch_model
 from workloads.train import checkpoint, elastic, metrics, resumed, tracking
 from workloads.train.config import TrainConfig

@@ -37,7 +37,7 @@ from workloads.model_io.hf_writer import SafetensorsWriter
 from workloads.model_io.load import file_name, fill_from_tensors, tensor_aliases
 # ADAPTER_DIR: the peft adapter folder inside an exported LoRA model folder (`PeftModel.from_pretrained(
 # base, model/adapter)`); a subfolder, so that `from_pretrained(model)` loads the merged weights alone.
-from workloads.model_io.lora_export import ADAPTER_DIR, ADAPTER_WEIGHTS
+from workloads.model_io.run_layout import ADAPTER_DIR, ADAPTER_WEIGHTS
 from workloads.train.config import LoraSettings, TrainConfig
 
 ADAPTER_NAME = "default"
