@@ -49,6 +49,10 @@ class BenchSettings:
     """(first, last) optimizer steps of every run to record with torch.profiler; rank 0 writes
     profile-<strategy>-mb<N>.txt. Profiled steps run slower: keep them out of the timed steps'
     majority (the median is robust to a few)."""
+    memory_steps: Optional[tuple[int, int]] = None
+    """(first, last) optimizer steps of every CUDA run whose allocations to record and replay to their
+    peak (workloads/bench/memory_window.py); rank 0 writes memory-<strategy>-mb<N>.txt and .json.
+    Recorded steps run slower, as profiled ones do."""
     allow_cpu: bool = False
     """Run without CUDA (gloo on the CPU) to check the harness; only with the tiny model."""
     data: tuple[str, ...] = ("synthetic",)
@@ -94,9 +98,9 @@ class BenchSettings:
             raise ValueError(
                 f"--seq-len must be >= 1 and --matmul-size >= 0, got {self.seq_len} and {self.matmul_size}"
             )
-        if self.profile_steps is not None and not 1 <= self.profile_steps[0] <= self.profile_steps[1] <= self.steps:
-            first, last = self.profile_steps
-            raise ValueError(f"--profile-steps {first}:{last}: need 1 <= first <= last <= --steps {self.steps}")
+        for flag, window in (("--profile-steps", self.profile_steps), ("--memory-steps", self.memory_steps)):
+            if window is not None and not 1 <= window[0] <= window[1] <= self.steps:
+                raise ValueError(f"{flag} {window[0]}:{window[1]}: need 1 <= first <= last <= --steps {self.steps}")
         for data in self.data:  # the overrides must make a valid config with each kind of data
             preset_config(self, data=None if data == "synthetic" else chat_data(*PLACEHOLDER_CHATS))
 
@@ -133,6 +137,9 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
     parser.add_argument("--out", type=Path, default=None, help="folder for bench.json and table.txt")
     parser.add_argument("--profile-steps", default=None, metavar="FIRST:LAST",
                         help="record these optimizer steps of every run with torch.profiler (e.g. 10:12)")
+    parser.add_argument("--memory-steps", default=None, metavar="FIRST:LAST",
+                        help="record the GPU allocations of these optimizer steps of every run and write what "
+                             "was alive at their peak, by where it was allocated (e.g. 3:4)")
     parser.add_argument("--data", default=",".join(defaults.data),
                         help="synthetic and/or chats (the loop on generated chats), e.g. synthetic,chats")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -145,12 +152,6 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
                         help="run without CUDA (gloo on the CPU) to check the harness, "
                              "with --preset demo-cpu")
     args = parser.parse_args(argv)
-    profile_steps = None
-    if args.profile_steps:
-        first, sep, last = args.profile_steps.partition(":")
-        if not (sep and first.isdigit() and last.isdigit()):
-            raise ValueError(f"--profile-steps {args.profile_steps!r}: use FIRST:LAST, e.g. 10:12")
-        profile_steps = (int(first), int(last))
     try:
         micro_batches = tuple(int(v) for v in args.micro_batches.split(",") if v.strip())
     except ValueError:
@@ -165,10 +166,20 @@ def parse_args(argv: Sequence[str]) -> BenchSettings:
         matmul_size=args.matmul_size,
         seed=args.seed,
         out=args.out,
-        profile_steps=profile_steps,
+        profile_steps=_step_window("--profile-steps", args.profile_steps, example="10:12"),
+        memory_steps=_step_window("--memory-steps", args.memory_steps, example="3:4"),
         allow_cpu=args.allow_cpu,
         data=tuple(d.strip() for d in args.data.split(",") if d.strip()),
         overrides=tuple(args.overrides),
         memory_cap_gib=args.memory_cap_gib,
         peer_micro_batch=args.peer_micro_batch,
     )
+
+
+def _step_window(flag: str, text: Optional[str], *, example: str) -> Optional[tuple[int, int]]:
+    if not text:
+        return None
+    first, sep, last = text.partition(":")
+    if not (sep and first.isdigit() and last.isdigit()):
+        raise ValueError(f"{flag} {text!r}: use FIRST:LAST, e.g. {example}")
+    return int(first), int(last)

@@ -58,6 +58,7 @@ from workloads.bench.runtime import (
     release_memory,
 )
 from workloads.bench.strategy import Strategy, StrategyResult
+from workloads.bench.memory_window import MemoryWindow
 from workloads.bench.profile import StepWindowProfiler
 from workloads.bench.settings import (CHATS_ONLY, CHATS_SUFFIX, HF_TRAINER, HF_TRAINER_PADDED, PAIRS_ONLY,
                                       PAIRS_SUFFIX, PLACEHOLDER_CHATS, REFERENCE, STRATEGY_NAMES, TRL_DPO, TUNED,
@@ -193,6 +194,7 @@ def run_job(
     ctx: TrainContext,
     profile_steps: Optional[tuple[int, int]] = None,
     profile_out: Optional[Path] = None,
+    memory_steps: Optional[tuple[int, int]] = None,
     say: Callable[[str], None] = lambda line: None,
 ) -> RunResult:
     """One strategy at one micro-batch; an out-of-memory on any rank makes it an OOM result. `say`
@@ -209,6 +211,11 @@ def run_job(
                                       title=f"{name}-mb{cfg.micro_batch}", device=runtime.device,
                                       table=profile_out is not None)
         profiler.start_if_first_step()
+    memory = None
+    if memory_steps is not None and runtime.is_cuda:
+        memory = MemoryWindow(first=memory_steps[0], last=memory_steps[1], out=profile_out, device=runtime.device,
+                              title=f"{name}-mb{cfg.micro_batch}")
+        memory.start_if_first_step()
 
     def after_step(optimizer, args, kwargs) -> None:
         step = next(counter)
@@ -217,6 +224,8 @@ def run_job(
             say(f"[bench] {name} step {step} queued {time.perf_counter() - started:.1f} s after the run began")
         if profiler is not None:
             profiler.after_step(step)
+        if memory is not None:
+            memory.after_step(step)
 
     hook = register_optimizer_step_post_hook(after_step)
     error: Optional[str] = None
@@ -245,7 +254,9 @@ def run_job(
         raise RuntimeError(f"{name} made {len(step_seconds) + 1} optimizer steps, expected {cfg.steps}")
     peak = None
     if runtime.is_cuda:
-        peak = max_over_ranks(torch.cuda.max_memory_allocated(runtime.device) / 2**30, device=runtime.device)
+        # A memory window resets the allocator's peak when it opens: the run's is the larger of both.
+        mine = max(torch.cuda.max_memory_allocated(runtime.device), memory.peak_before_bytes if memory else 0)
+        peak = max_over_ranks(mine / 2**30, device=runtime.device)
     communication = None
     if profiler is not None and profiler.communication is not None:
         communication = asdict(profiler.communication)
@@ -421,7 +432,8 @@ def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: B
     micro_batch = cfg.micro_batch
     say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
     run = run_job(name, strategy, cfg, runtime=runtime, ctx=ctx, say=say,
-                  profile_steps=settings.profile_steps, profile_out=settings.out if runtime.rank == 0 else None)
+                  profile_steps=settings.profile_steps, profile_out=settings.out if runtime.rank == 0 else None,
+                  memory_steps=settings.memory_steps)
     if run.status == OK:
         figures = run_figures(run, warmup=settings.warmup, flops_per_token=document.flops,
                               peak_flops=document.peak_flops, matmul_flops=document.matmul_flops)

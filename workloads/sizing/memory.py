@@ -10,7 +10,8 @@ Pure functions over an `Architecture` (a decoder-only transformer's shape) and `
 - gradients and AdamW state: 4 and 8 bytes per trained parameter's shard;
 - gathered parameters: FSDP2's all-gather outputs in the compute dtype: the root unit (final norm,
   lm_head, a tied embedding) for the whole step, every decoder layer when they are not resharded
-  after forward, else the layer in use and the one prefetched;
+  after forward, else the layer in use and the one prefetched (on one rank, a frozen base is not
+  FSDP2's and is never gathered);
 - activations: the bytes each decoder layer keeps per token for backward (an inventory of the
   tensors autograd saves, with and without torch.compile's fusion), times the layers, or with
   activation checkpointing one hidden state per layer plus one layer's whole inventory while it
@@ -235,9 +236,10 @@ def optimizer_bytes(arch: Architecture, s: MemorySettings) -> int:
 
 def unit_gathered_bytes(arch: Architecture, s: MemorySettings, unit: str) -> int:
     """One unit's all-gather output (a layer: one of them), in the compute dtype: the padded
-    unsharded size."""
+    unsharded size. Sharded over one rank a frozen parameter is outside FSDP2 (parallel.py's
+    frozen_outside_fsdp): used in place, never gathered."""
     return sum(padded_numel(p, s.shard_ranks) * s.shard_ranks * s.compute_bytes
-               for p in parameters(arch, s) if p.unit == unit)
+               for p in parameters(arch, s) if p.unit == unit and (p.trained or s.shard_ranks > 1))
 
 
 def gathered_bytes(arch: Architecture, s: MemorySettings) -> int:

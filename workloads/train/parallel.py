@@ -60,22 +60,43 @@ def parallelize(
         for name, layer in list(layers.named_children()):
             layers.register_module(name, torch.compile(layer))
     mp = mixed_precision_policy(enabled=mixed_precision, reduce_dtype=reduce_dtype)
+    ignored = frozen_outside_fsdp(model, mesh=mesh)
     blocks = list(layers.children())
     for i, block in enumerate(blocks):
         # Backward starts with the last layer, so resharding it after forward only to gather it
         # again at once would be wasted work.
         last = i == len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last,
+                    ignored_params=ignored)
     if activation_offloading:
         # After fully_shard: each layer's hooks then run after FSDP2 has gathered its parameters.
         offload.install(blocks, device_type=mesh.device_type)
     embedding = model.lm.get_input_embeddings()
-    if embedding.weight is not model.lm.get_output_embeddings().weight:
+    if embedding.weight is not model.lm.get_output_embeddings().weight and embedding.weight not in ignored:
         fully_shard(embedding, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     # The root's parameters (embedding, norm, lm_head) are needed again by the loss at the very
     # start of backward, so they stay gathered.
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False, ignored_params=ignored)
     return model
+
+
+def frozen_outside_fsdp(model: nn.Module, *, mesh: DeviceMesh) -> set[nn.Parameter]:
+    """The frozen parameters (LoRA's base) when the mesh shards over one rank: FSDP2 would still
+    all-gather them, on one rank a copy of each unit in use (the 7B's root alone is its 1.02 GiB
+    lm_head, held all step) and the time of copying it in and out, for no memory saved. Left out of
+    FSDP2 they are plain tensors on the device, used in place. Over more ranks sharding them is what
+    makes a large base fit, so none is left out there."""
+    if mesh.size(mesh.ndim - 1) != 1:
+        return set()
+    ignored = {p for p in model.parameters() if not p.requires_grad}
+    if ignored and mesh.device_type != "cpu":
+        # FSDP2 moves what it manages to the mesh's device; what it ignores stays where it was built
+        # (a base too large to build on the GPU is built on the host). `.data` keeps tied weights tied.
+        device = torch.device(mesh.device_type, torch.get_device_module(mesh.device_type).current_device())
+        for param in ignored:
+            if param.device.type not in ("meta", device.type):
+                param.data = param.data.to(device)
+    return ignored
 
 
 # --- Topology: flat FSDP or HSDP, chosen from the nodes the ranks run on ---------------------------
