@@ -40,8 +40,8 @@ def test_predictions_sit_beside_the_peaks_and_the_targets_use_unsloths_h100_figu
                                      sets=LORA_SETS + ["model.activation_checkpointing=false"]))
     record = collect(tmp_path)
     predicted = {r["call"]: r["predicted_gib"] for r in record["runs"] if r["strategy"] == "tuned-chats"}
-    # The model's figures for these configs (docs/PERFORMANCE.md, round 3).
-    assert predicted == {"7b-lora-ac": 20.94, "7b-lora-offload": 19.52, "7b-lora": 55.13}
+    # The model's figures for these configs on one rank, the frozen base outside FSDP2 (docs/PERFORMANCE.md, round 3).
+    assert predicted == {"7b-lora-ac": 19.06, "7b-lora-offload": 17.64, "7b-lora": 53.25}
     assert [r["predicted_gib"] for r in record["runs"] if r["strategy"] == "hf-trainer-chats"] == [None]
     verdicts = {t["target"].split(",")[0] + t["target"][-12:]: t for t in record["targets"]}
     met = [t["met"] for t in record["targets"]]

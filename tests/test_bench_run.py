@@ -207,6 +207,8 @@ def test_nccl_command_on_two_ranks(tmp_path):
         (["--steps", "10", "--profile-steps", "9:12"], "error: --profile-steps 9:12: need 1 <= first"),
         (["--memory-steps", "3-4"], "error: --memory-steps '3-4': use FIRST:LAST"),
         (["--steps", "10", "--memory-steps", "0:2"], "error: --memory-steps 0:2: need 1 <= first"),
+        (["--steps", "10", "--warmup", "3", "--memory-steps", "3:4"],
+         "error: --memory-steps 3:4: the window starts after the 3 warm-up step(s)"),
         (["nccl", "--min-bytes", "1TB"], "error: not a size"),
         (["nccl", "--ops", "all_to_all"], "error: --ops all_to_all"),
     ],

@@ -26,7 +26,8 @@
 #                                  micro-batch 8 (12 steps; needs peft and liger-kernel)
 #   docs/gpu/record.sh perf3 OUT   one GPU, at most 8 minutes: the 7B LoRA r16 at micro-batch 4 checkpointed (with the
 #                                  Trainer + peft peer), checkpointed and offloaded, and without checkpointing (with the
-#                                  peer; profiled), then the 1.5B full fine-tune at micro-batch 16 (profiled); every
+#                                  peer; profiled), then the 1.5B full fine-tune at micro-batch 16 (profiled); the
+#                                  checkpointed runs' last step replayed to its memory peak (OUT/perf/*/memory-*.txt); every
 #                                  figure with the memory model's prediction in OUT/perf/perf.json (needs the wheels of
 #                                  docs/gpu/wheels.sh DIR perf: liger-kernel). CPU_DRY_RUN=1: the same calls on
 #                                  the tiny model on the CPU
@@ -199,9 +200,12 @@ perf3)
       "$@" 2>&1 | tee "$out/perf-$name.txt"
     echo "exit code: ${PIPESTATUS[0]}" | tee -a "$out/perf-$name.txt"
   }
-  call 7b-lora-ac "${limits[0]}" "${lora[@]}" --strategies tuned,hf-trainer --set model.activation_checkpointing=true
+  # The checkpointed runs' last step is recorded by the allocator and replayed to its peak: memory-*.txt says
+  # what was alive there and where it came from (workloads/bench/memory_window.py).
+  call 7b-lora-ac "${limits[0]}" "${lora[@]}" --strategies tuned,hf-trainer --set model.activation_checkpointing=true \
+      --memory-steps "$steps:$steps"
   call 7b-lora-offload "${limits[1]}" "${lora[@]}" --strategies tuned --set model.activation_checkpointing=true \
-      --set model.activation_offloading=true
+      --set model.activation_offloading=true --memory-steps "$steps:$steps"
   call 7b-lora "${limits[2]}" "${lora[@]}" --strategies tuned,hf-trainer --set model.activation_checkpointing=false \
       --profile-steps "$steps:$steps"
   if [ -n "${CPU_DRY_RUN:-}" ]; then extra=(--allow-cpu --seq-len 64); fi

@@ -48,6 +48,9 @@ class RunResult:
     """Training loss at each step, averaged over ranks."""
     peak_mem_gib: Optional[float] = None
     """Largest peak of allocated device memory over ranks; None on the CPU."""
+    steady_peak_mem_gib: Optional[float] = None
+    """The same over the steps after the warm-up only: without what the first steps alone allocate
+    (torch.compile's compilation and tuning among it)."""
     loop_metrics: list[dict] = field(default_factory=list)
     """The metrics the strategy reported itself, step by step, kept for cross-checking."""
     error: Optional[str] = None
@@ -74,6 +77,7 @@ class RunFigures:
     mfu_vs_matmul: Optional[float] = None
     """Model FLOPs utilization against the bf16 matmul rate measured in the same run."""
     peak_mem_gib: Optional[float] = None
+    steady_peak_mem_gib: Optional[float] = None
     first_loss: Optional[float] = None
     final_loss: Optional[float] = None
     final_step: Optional[int] = None
@@ -98,6 +102,7 @@ def run_figures(
         status=run.status,
         timed_steps=len(timed),
         peak_mem_gib=run.peak_mem_gib,
+        steady_peak_mem_gib=run.steady_peak_mem_gib,
         first_loss=run.losses[min(run.losses)] if run.losses else None,
         final_loss=run.losses[final_step] if final_step is not None else None,
         final_step=final_step,
@@ -195,7 +200,7 @@ def _cell(value: object, spec: str = "") -> str:
 def format_table(figures: Sequence[RunFigures], comps: Sequence[Comparison]) -> str:
     header = (
         "strategy", "mb", "status", "tok/s/GPU", "MFU@peak", "MFU@matmul",
-        "step med s", "step p90 s", "peak GiB", "loss first", "loss last",
+        "step med s", "step p90 s", "peak GiB", "after warmup", "loss first", "loss last",
     )
     rows = [header]
     for f in figures:
@@ -209,6 +214,7 @@ def format_table(figures: Sequence[RunFigures], comps: Sequence[Comparison]) -> 
             _cell(f.step_s_median, ".4f"),
             _cell(f.step_s_p90, ".4f"),
             _cell(f.peak_mem_gib, ".1f"),
+            _cell(f.steady_peak_mem_gib, ".1f"),
             _cell(f.first_loss, ".4f"),
             _cell(f.final_loss, ".4f") + (f" @{f.final_step}" if f.final_step else ""),
         ))

@@ -101,6 +101,10 @@ class BenchSettings:
         for flag, window in (("--profile-steps", self.profile_steps), ("--memory-steps", self.memory_steps)):
             if window is not None and not 1 <= window[0] <= window[1] <= self.steps:
                 raise ValueError(f"{flag} {window[0]}:{window[1]}: need 1 <= first <= last <= --steps {self.steps}")
+        if self.memory_steps is not None and self.memory_steps[0] <= self.warmup:
+            # The warm-up's end resets the allocator's peak, which the window's replay is checked against.
+            raise ValueError(f"--memory-steps {self.memory_steps[0]}:{self.memory_steps[1]}: the window starts after "
+                             f"the {self.warmup} warm-up step(s)")
         for data in self.data:  # the overrides must make a valid config with each kind of data
             preset_config(self, data=None if data == "synthetic" else chat_data(*PLACEHOLDER_CHATS))
 

@@ -195,6 +195,7 @@ def run_job(
     profile_steps: Optional[tuple[int, int]] = None,
     profile_out: Optional[Path] = None,
     memory_steps: Optional[tuple[int, int]] = None,
+    warmup: int = 0,
     say: Callable[[str], None] = lambda line: None,
 ) -> RunResult:
     """One strategy at one micro-batch; an out-of-memory on any rank makes it an OOM result. `say`
@@ -217,9 +218,15 @@ def run_job(
                               title=f"{name}-mb{cfg.micro_batch}")
         memory.start_if_first_step()
 
+    warmup_peak = None
+
     def after_step(optimizer, args, kwargs) -> None:
+        nonlocal warmup_peak
         step = next(counter)
         clock.mark(step)
+        if step == warmup and runtime.is_cuda:  # the steady peak counts from here (allocations are host-side)
+            warmup_peak = torch.cuda.max_memory_allocated(runtime.device)
+            torch.cuda.reset_peak_memory_stats(runtime.device)
         if step <= PROGRESS_FIRST_STEPS or step % PROGRESS_EVERY == 0:
             say(f"[bench] {name} step {step} queued {time.perf_counter() - started:.1f} s after the run began")
         if profiler is not None:
@@ -252,18 +259,24 @@ def run_job(
     step_seconds = clock.step_seconds()
     if len(step_seconds) != cfg.steps - 1:
         raise RuntimeError(f"{name} made {len(step_seconds) + 1} optimizer steps, expected {cfg.steps}")
-    peak = None
+    peak = steady = None
     if runtime.is_cuda:
-        # A memory window resets the allocator's peak when it opens: the run's is the larger of both.
-        mine = max(torch.cuda.max_memory_allocated(runtime.device), memory.peak_before_bytes if memory else 0)
+        # The warm-up's end and a memory window's opening each reset the allocator's peak.
+        window_before = memory.peak_before_bytes if memory else 0
+        after_warmup = max(torch.cuda.max_memory_allocated(runtime.device),
+                           window_before if memory_steps and memory_steps[0] > warmup else 0)
+        mine = max(after_warmup, window_before, warmup_peak or 0)
         peak = max_over_ranks(mine / 2**30, device=runtime.device)
+        if warmup_peak is not None:
+            steady = max_over_ranks(after_warmup / 2**30, device=runtime.device)
     communication = None
     if profiler is not None and profiler.communication is not None:
         communication = asdict(profiler.communication)
     categories = None if profiler is None or profiler.categories is None else profiler.categories.as_dict()
     return RunResult(
         strategy=name, micro_batch=cfg.micro_batch, status=OK, tokens_per_step_per_gpu=tokens,
-        step_seconds=step_seconds, losses=result.losses, peak_mem_gib=peak, loop_metrics=result.self_reported,
+        step_seconds=step_seconds, losses=result.losses, peak_mem_gib=peak, steady_peak_mem_gib=steady,
+        loop_metrics=result.self_reported,
         communication=communication, profile=categories,
     )
 
@@ -433,7 +446,7 @@ def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: B
     say(f"[bench] {name} micro-batch {micro_batch}: {settings.steps} steps at seq {settings.seq_len}")
     run = run_job(name, strategy, cfg, runtime=runtime, ctx=ctx, say=say,
                   profile_steps=settings.profile_steps, profile_out=settings.out if runtime.rank == 0 else None,
-                  memory_steps=settings.memory_steps)
+                  memory_steps=settings.memory_steps, warmup=settings.warmup)
     if run.status == OK:
         figures = run_figures(run, warmup=settings.warmup, flops_per_token=document.flops,
                               peak_flops=document.peak_flops, matmul_flops=document.matmul_flops)
@@ -441,7 +454,8 @@ def announce_run(name: str, strategy: Strategy, cfg: TrainConfig, *, settings: B
             f"[bench] {name} micro-batch {micro_batch}: {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
             f"({'no' if figures.mfu_vs_peak is None else f'{figures.mfu_vs_peak:.1%}'} MFU), "
             f"step median {figures.step_s_median:.4f} s, "
-            f"loss {figures.final_loss:.4f} at step {figures.final_step}, peak {run.peak_mem_gib} GiB"
+            f"loss {figures.final_loss:.4f} at step {figures.final_step}, peak {run.peak_mem_gib} GiB "
+            f"({run.steady_peak_mem_gib} after the warm-up)"
         )
     else:
         say(f"[bench] {name} micro-batch {micro_batch}: {run.status} ({run.error})")
