@@ -1,13 +1,16 @@
 """No command line prints a traceback for a user mistake: each bad invocation of every CLI, run as a
-subprocess, exits with its documented code and says what is wrong in one line on stderr.
+process of its own, exits with its documented code and says what is wrong in one line on stderr.
 
-The table is listed in docs/RELIABILITY.md. The processes run concurrently (they are mostly
-interpreter start-up), with no AWS credentials and an AWS endpoint nobody listens on, so no row can
-reach a cloud.
+The table is listed in docs/RELIABILITY.md. The rows run with no AWS credentials and an AWS endpoint
+nobody listens on, so no row can reach a cloud. Each row is a child forked from one interpreter that
+imported torch, transformers and boto3 once (tests/cli_forks.py): most rows would otherwise spend
+their time importing them; a few rows run as `python -m` from a cold start as well, the way a user
+runs them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -183,9 +186,26 @@ STACK_FILES = {
 }
 
 
-def _run(case: Case, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+COLD_STARTS = ("capacity probe --bogus", "workloads frobnicate",
+               "workloads submit --address http://127.0.0.1:9 --set nosuchkey=1", "workloads.bench --steps 0",
+               "infra render --stack broken", "workloads.launch.torchrun --preset nope")
+"""Rows also run as `python -m` from a cold start (one per command line)."""
+
+
+def _cold(case: Case, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", case.module, *case.args], cwd=cwd,
                           env={**env, **dict(case.env)}, capture_output=True, text=True, timeout=120)
+
+
+def _forked(cases, *, cwd: Path, env: dict[str, str], repo_root: Path) -> list[subprocess.CompletedProcess]:
+    rows = [{"module": c.module, "args": list(c.args), "cwd": str(cwd), "env": dict(c.env),
+             "stdout": str(cwd / f"row{i}.out"), "stderr": str(cwd / f"row{i}.err")} for i, c in enumerate(cases)]
+    done = subprocess.run([sys.executable, str(repo_root / "tests" / "cli_forks.py")], input=json.dumps(rows),
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return [subprocess.CompletedProcess(args=[case.module, *case.args], returncode=result["returncode"],
+                                        stdout=Path(row["stdout"]).read_text(), stderr=Path(row["stderr"]).read_text())
+            for case, row, result in zip(cases, rows, json.loads(done.stdout), strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -199,14 +219,25 @@ def results(tmp_path_factory, repo_root: Path) -> dict[str, subprocess.Completed
                 "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
                 "AWS_ENDPOINT_URL": NO_CLUSTER, "AWS_MAX_ATTEMPTS": "1",
                 "CUDA_VISIBLE_DEVICES": ""})  # the benchmark rows see no GPU on any machine
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {case.id: pool.submit(_run, case, cwd=cwd, env=env) for case in CASES}
-        return {key: future.result() for key, future in futures.items()}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cold = {key: pool.submit(_cold, next(c for c in CASES if c.id == key), cwd=cwd, env=env)
+                for key in COLD_STARTS}
+        out = dict(zip((case.id for case in CASES), _forked(CASES, cwd=cwd, env=env, repo_root=repo_root)))
+        out.update({f"cold: {key}": future.result() for key, future in cold.items()})
+    return out
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_a_user_mistake_gets_one_line_and_its_exit_code(case: Case, results):
-    proc = results[case.id]
+    check(case, results[case.id])
+
+
+@pytest.mark.parametrize("key", COLD_STARTS)
+def test_the_same_from_a_cold_start(key: str, results):
+    check(next(c for c in CASES if c.id == key), results[f"cold: {key}"])
+
+
+def check(case: Case, proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     assert proc.returncode == case.exit_code, proc.stderr
     (line,) = [line for line in proc.stderr.splitlines() if case.message in line]
@@ -216,5 +247,6 @@ def test_a_user_mistake_gets_one_line_and_its_exit_code(case: Case, results):
 def test_every_cli_is_in_the_table():
     assert {c.module for c in CASES} == {"capacity", "workloads", "infra", "workloads.bench",
                                          "workloads.launch.torchrun"}
+    assert {c.module for c in CASES if c.id in COLD_STARTS} == {c.module for c in CASES}  # each also from cold
     commands = {c.args[0] for c in CASES if c.module == "workloads" and c.args}
     assert {"submit", "logs", "run", "verify-transport", "export", "plan"} <= commands

@@ -28,7 +28,7 @@ STAGE_MODULES = ("workloads.evaluate.cache", "workloads.evaluate.harness", "work
                  "workloads.evaluate.tasks", "workloads.model_io.cache", "workloads.model_io.sources",
                  "workloads.model_io.storage", "workloads.train.checkpoint", "workloads.train.config",
                  "workloads.train.data", "workloads.train.encode", "workloads.train.records",
-                 "workloads.train.tracking")
+                 "workloads.train.tracking", "workloads.files")
 """Every module of the project the stage imports as it runs."""
 
 
