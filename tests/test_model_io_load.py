@@ -258,3 +258,25 @@ def test_an_s3_data_file_is_fetched_into_the_node_cache(s3, tmp_path):
     assert fetch_data_file(f"s3://{BUCKET}/inputs/chats.jsonl", cache_dir=str(tmp_path)) == first
     with pytest.raises(ValueError, match=r"data.path 's3://models/inputs/nope.jsonl': no such object"):
         fetch_data_file(f"s3://{BUCKET}/inputs/nope.jsonl", cache_dir=str(tmp_path))
+
+
+def test_materializing_keeps_a_tied_weight_tied_and_the_buffers_values():
+    """to_empty gives each module a parameter of its own, which unties a tied weight that is a plain
+    tensor (a one-rank LoRA run's frozen base is left out of FSDP2): the load ties it again, or the
+    output embedding would be a second, unfilled tensor (`lacks lm_head.weight`)."""
+    from torch import nn
+
+    from workloads.model_io.load import materialize, parameters_on_meta
+
+    with parameters_on_meta():
+        model = nn.Module()
+        model.embed, model.head = nn.Embedding(8, 4), nn.Linear(4, 8, bias=False)
+        model.head.weight = model.embed.weight
+        model.other = nn.Linear(4, 4)
+    model.register_buffer("scale", torch.arange(3.0))
+    assert model.embed.weight.device.type == "meta"
+    materialize(model, device=torch.device("cpu"))
+    assert model.head.weight is model.embed.weight and model.embed.weight.device.type == "cpu"
+    assert model.other.weight is not model.embed.weight and model.other.bias.device.type == "cpu"
+    assert torch.equal(model.scale, torch.arange(3.0))
+    assert len(list(model.parameters())) == 3

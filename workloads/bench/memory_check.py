@@ -58,15 +58,16 @@ POINTS = {p.name: p for p in (
 each at world size 1 with the preset's other settings."""
 
 
-def prediction(point: Point, *, world_size: int = 1, liger_chunk_mem_const: int = LIGER_CHUNK_MEM_CONST
-               ) -> MemoryPrediction:
-    """`liger_chunk_mem_const`: the loss's chunking the run had (a record made before it was set: 1)."""
+def prediction(point: Point, *, world_size: int = 1, liger_chunk_mem_const: int = LIGER_CHUNK_MEM_CONST,
+               frozen_in_fsdp: bool = False) -> MemoryPrediction:
+    """`liger_chunk_mem_const`: the loss's chunking the run had (a record made before it was set: 1);
+    `frozen_in_fsdp`: the run's loop held a one-rank frozen base in FSDP2 (a record made before 2026-12-05)."""
     from workloads.model_io.architectures import named_architecture
 
     cfg = point.config()
     arch = Architecture.from_config(named_architecture(cfg.model.name_or_path))
     settings = dataclasses.replace(settings_for(cfg, shard_ranks=world_size),
-                                   liger_chunk_mem_const=liger_chunk_mem_const)
+                                   liger_chunk_mem_const=liger_chunk_mem_const, frozen_in_fsdp=frozen_in_fsdp)
     return predict(arch, settings)
 
 

@@ -53,7 +53,19 @@ def materialize(module: nn.Module, *, device: torch.device) -> None:
     """Allocate the meta parameters (each rank: its shards only) on `device`, uninitialized; buffers
     keep the values they were built with."""
     saved = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    aliases = tensor_aliases(module)
     module.to_empty(device=device)
+    # to_empty gives each module its own new parameter, which unties a tied weight that is a plain
+    # tensor (one FSDP2 leaves out: a frozen base on one rank); FSDP2 keeps its own parameters tied.
+    for owner, names in aliases.items():
+        if owner in saved:
+            continue
+        param = module.get_parameter(owner)
+        for name in names[1:]:
+            parent, _, attr = name.rpartition(".")
+            holder = module.get_submodule(parent)
+            if holder._parameters[attr] is not param:
+                holder._parameters[attr] = param
     with torch.no_grad():
         for name, buffer in module.named_buffers():
             buffer.copy_(saved[name])

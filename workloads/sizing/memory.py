@@ -144,6 +144,10 @@ class MemorySettings:
     loss_chunk_size: int = 4096
     liger_chunk_mem_const: int = LIGER_CHUNK_MEM_CONST
     """liger's chunk bound (workloads/train/loss_chunks.py); runs recorded before it was set ran 1."""
+    frozen_in_fsdp: bool = False
+    """FSDP2 holds the frozen parameters on a one-rank mesh too (the loop until 2026-12-05, as the
+    memory records of that time measured it); the loop leaves them out since (parallel.py's
+    frozen_outside_fsdp)."""
     reshard_after_forward: bool = True
     grad_accum_steps: int = 1
     objective: str = "sft"
@@ -239,7 +243,8 @@ def unit_gathered_bytes(arch: Architecture, s: MemorySettings, unit: str) -> int
     unsharded size. Sharded over one rank a frozen parameter is outside FSDP2 (parallel.py's
     frozen_outside_fsdp): used in place, never gathered."""
     return sum(padded_numel(p, s.shard_ranks) * s.shard_ranks * s.compute_bytes
-               for p in parameters(arch, s) if p.unit == unit and (p.trained or s.shard_ranks > 1))
+               for p in parameters(arch, s)
+               if p.unit == unit and (p.trained or s.shard_ranks > 1 or s.frozen_in_fsdp))
 
 
 def gathered_bytes(arch: Architecture, s: MemorySettings) -> int:
