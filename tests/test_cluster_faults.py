@@ -218,7 +218,7 @@ SOAK = SoakSettings(steps=250, faults=6, seed=22, tracker_down_s=10, storage_dow
 in the seeded order. Seed 22 brings the faults that restart the run first (a node drained, a save
 interrupted, a worker killed, then the head restarted in a checkpoint's registration window) and the
 outages last, so that the last attempt trains long enough for its workers' memory to be judged (the
-soak holds it until then); the tracker is down 10 s, the storage 20 s
+soak holds it near its end until then, if it must); the tracker is down 10 s, the storage 20 s
 (long enough that the checkpoint it meets is skipped, not stored late). The 30-minute soak of
 docs/RELIABILITY.md keeps each down a minute."""
 

@@ -179,8 +179,8 @@ def test_a_role_not_judged_says_why_for_its_longest_sampled_process():
 
 def test_the_hold_lasts_until_the_newest_process_of_each_role_can_be_judged():
     """The in-suite soak's run is counted in steps and its judging window in seconds: the soak holds
-    the run after its faults until each required role's process can be judged, however fast the
-    machine trained."""
+    the run near its end until each required role's process can be judged, however fast the machine
+    trained; this is when."""
     settings = dataclasses.replace(SETTINGS, sample_every_s=2, memory_warmup_s=20, memory_judged_after_s=30)
     samples = (_series(1, "driver", [100] * 30, every=2) + _series(2, "driver", [100] * 10, start=40, every=2)
                + _series(3, "head", [50] * 30, every=2) + _series(4, "train worker", [300] * 5, start=50, every=2)

@@ -10,9 +10,9 @@ that reads it, and no launcher, pod or job environment of this project sets it. 
 
 A process that reaches a listed point writes a marker beside the plan,
 `paused-<run>-<point>-step<step>-rank<rank>.json` ({"pid", "host", ...}: which process to kill), says
-so on stdout, and sleeps until it is killed or `max_s` (default 600) has passed. Each pause is taken
-once: once its marker exists, the point lets every later process through (the resumed run reaches
-the same step again).
+so on stdout, and sleeps until it is killed, `max_s` (default 600) has passed, or a release file
+beside the marker (`...rank<rank>.release`) exists. Each pause is taken once: once its marker exists,
+the point lets every later process through (the resumed run reaches the same step again).
 
 Points: `checkpoint-upload` (a rank has saved its shard of the step's checkpoint locally, and rank 0's
 part may already be in storage, but this rank's part is not), `checkpoint-uploaded` (this rank's part
@@ -57,6 +57,10 @@ class Pause:
     def marker_name(self) -> str:
         return f"paused-{self.run}-{self.point}-step{self.step}-rank{self.rank}.json"
 
+    def release_name(self) -> str:
+        """The file that ends the pause early (whoever planned it writes it, before or during it)."""
+        return self.marker_name().removesuffix(".json") + ".release"
+
 
 def write_plan(path: Path, pauses: list[Pause]) -> None:
     """Write the plan whole, in one rename: every rank reads it at each of its points, and a plan
@@ -90,7 +94,7 @@ def pause_point(point: str, *, run: str, step: Optional[int], rank: int,
                 environ: Mapping[str, str] = os.environ, sleep: Callable[[float], None] = time.sleep,
                 clock: Callable[[], float] = time.monotonic) -> Optional[Path]:
     """Pause here if the plan lists this point for this run, step and rank and the pause was not
-    taken yet; returns its marker when it paused (after `max_s`), else None at once."""
+    taken yet; returns its marker when it paused (after `max_s`, or once released), else None at once."""
     plan = environ.get(PAUSE_PLAN_ENV)
     if not plan or step is None:
         return None
@@ -110,7 +114,8 @@ def pause_point(point: str, *, run: str, step: Optional[int], rank: int,
         print(f"{PAUSE_PREFIX}rank {rank} of run {run} paused at {point} of step {step} (pid {os.getpid()}); "
               f"waiting up to {pause.max_s:.0f} s to be killed", flush=True)
         deadline = clock() + pause.max_s
-        while clock() < deadline:
+        release = plan_path.parent / pause.release_name()
+        while clock() < deadline and not release.exists():
             sleep(0.2)
         return marker
     return None

@@ -20,8 +20,9 @@ random step (the seed is printed):
                     `checkpoint-upload`, workloads/launch/faults.py)
 
 A fault comes once the run trains again after the one before; after the last that restarts processes,
-the run is held (rank 0 paused) until the memory of each role's newest process can be judged, if it
-could not be yet.
+a hold is planned near the run's end: rank 0 pauses there until the memory of each role's newest
+process can be judged, and goes on at once if by then it can (the training and the outages since
+count towards it).
 Checked and recorded in DIR: each step's loss against an uninterrupted run of the same settings
 (torchrun, the same loop without Ray); the steps each fault cost against its allowance; the resident
 memory of the driver, the head and the workers every few seconds, which must not grow beyond
@@ -82,7 +83,8 @@ holds one report: a run that reports every step, as this one does, would train a
 
 
 HOLD_STEPS_LEFT = 6
-"""Steps the run must have left for the hold before its end (the job logs lag a few steps behind)."""
+"""The hold is planned this many steps before the run's end: the job logs lag a few steps behind, and
+a pause planned for a step the run has passed is never taken."""
 
 
 def say(message: str) -> None:
@@ -100,6 +102,8 @@ class Soak:
         self.faults = Faults(self.watch, cluster=cluster, storage=storage, bucket=bucket, tracker=tracker, plan=plan,
                              settings=settings, say=say)
         self.memory: list[dict] = []
+        self._hold: Optional[Periodic] = None
+        """Releases the hold planned for the memory check (`_plan_the_hold`)."""
         self.storage_samples: list[dict] = []
         self.seen: dict[tuple[int, int], Process] = {}
         """Every process of the cluster sampled, by (pid, start time)."""
@@ -151,7 +155,7 @@ class Soak:
                         self.say(f"{ended}: {fault.kind} not brought")
                         break
                     if index == hold_after:
-                        self._hold_until_judged()
+                        self._plan_the_hold()
                 while submitter.poll() is None:
                     self.watch.read()
                     time.sleep(0.5)
@@ -161,6 +165,8 @@ class Soak:
                     submitter.kill()
                     submitter.wait()
                 sampler.stop()
+                if self._hold is not None:
+                    self._hold.stop()
         self.watch.read()
         self.say(f"submit exited {exit_code}")
         left = self._job_processes_left()
@@ -177,31 +183,42 @@ class Soak:
 
     # -- the hold before judging -----------------------------------------------------------------
 
-    def _hold_until_judged(self) -> None:
-        """Once the last fault that restarts processes is over, hold the run (rank 0 paused after a
-        step's report) until the driver, the head and the train workers of its last attempt have
-        lived long enough to have their memory judged. The run's length is in steps and the judging
-        window in seconds: on a fast machine the last attempt could end before its window; on a slow
-        one no hold is needed."""
+    def _plan_the_hold(self) -> None:
+        """Once the last fault that restarts processes is over: the driver, the head and the train
+        workers of the last attempt must live long enough to have their memory judged, and the run's
+        length is in steps while that window is in seconds. Rank 0 is to pause after the report of a
+        step near the run's end, at most as long as is missing now; a pass every 0.2 s releases it as
+        soon as the processes can be judged, so the training and the outages until then count (on a
+        machine slow enough, it does not wait at all)."""
+        from workloads.launch.faults import Pause, read_plan, write_plan
+
         needs = judgeable_at(self.memory, settings=self.settings, attempts_trained_s=self.watch.attempts_trained_s)
         missing = [role for role in JUDGED_ROLES if role not in needs]
         if missing:
             self.say(f"no hold for the memory check: no {' or '.join(missing)} process in the latest samples")
             return
-        hold_s = round(max(needs.values()) - self.watch.now(), 1)
+        ready_at = max(needs.values())
+        hold_s = round(ready_at - self.watch.now(), 1)
         if hold_s <= 0:
             return
-        left = self.settings.steps - self.logs.latest_step()
-        if left < HOLD_STEPS_LEFT:
-            self.say(f"no hold for the memory check: {left} step(s) left")
+        step = self.settings.steps - HOLD_STEPS_LEFT
+        if self.logs.latest_step() + 2 > step:
+            self.say(f"no hold for the memory check: {self.settings.steps - self.logs.latest_step()} step(s) left")
             return
-        try:
-            step, _ = self.faults.pause(point="after-report", step=self.logs.latest_step() + 2, rank=0, every=1,
-                                        max_s=hold_s)
-        except RunEnded as ended:
-            self.say(f"{ended}: no hold for the memory check")
-            return
-        self.say(f"holding the run at step {step} for {hold_s:g} s, until its processes' memory can be judged")
+        pause = Pause(point="after-report", run=self.settings.run_name, step=step, rank=0, max_s=hold_s)
+        write_plan(self.plan, [*read_plan(self.plan), pause])
+        release = self.plan.parent / pause.release_name()
+        marker = self.plan.parent / pause.marker_name()
+        self.say(f"holding the run at step {step}, for at most {hold_s:g} s, until its processes' memory can "
+                 f"be judged (t = {ready_at:.1f} s)")
+
+        def release_when_judgeable() -> None:
+            if self.watch.now() >= ready_at and not release.exists():
+                release.touch()
+                self.say(f"released the hold at step {step}: the processes can be judged"
+                         + ("" if marker.exists() else " (rank 0 had not reached it)"))
+
+        self._hold = Periodic(release_when_judgeable, every_s=0.2, name="soak-hold", clock=self.watch.now).start()
 
     # -- samples ---------------------------------------------------------------------------------
 
