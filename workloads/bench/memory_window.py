@@ -73,7 +73,7 @@ def where(frames: Sequence[dict], *, stream: int = 0) -> str:
     return f"{_short(own)} > {innermost}"
 
 
-def replay(events: Iterable[dict], *, start_bytes: int, freed_before: Optional[set] = None) -> Peak:
+def replay(events: Iterable[dict], *, start_bytes: int) -> Peak:
     """The peak of allocated bytes over `events` (one device's trace) and what was alive then.
 
     `start_bytes` is what was allocated when recording began. A free of an address the window did not
@@ -82,7 +82,6 @@ def replay(events: Iterable[dict], *, start_bytes: int, freed_before: Optional[s
     current = peak = start_bytes
     before = start_bytes
     at_event, at_time, at_live, at_before = -1, None, {}, before
-    events = list(events)
     for index, event in enumerate(events):
         action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
         if action == "alloc":

@@ -261,11 +261,9 @@ def run_job(
         raise RuntimeError(f"{name} made {len(step_seconds) + 1} optimizer steps, expected {cfg.steps}")
     peak = steady = None
     if runtime.is_cuda:
-        # The warm-up's end and a memory window's opening each reset the allocator's peak.
-        window_before = memory.peak_before_bytes if memory else 0
-        after_warmup = max(torch.cuda.max_memory_allocated(runtime.device),
-                           window_before if memory_steps and memory_steps[0] > warmup else 0)
-        mine = max(after_warmup, window_before, warmup_peak or 0)
+        # The warm-up's end, then a memory window's opening (after it: BenchSettings), reset the peak.
+        after_warmup = max(torch.cuda.max_memory_allocated(runtime.device), memory.peak_before_bytes if memory else 0)
+        mine = max(after_warmup, warmup_peak or 0)
         peak = max_over_ranks(mine / 2**30, device=runtime.device)
         if warmup_peak is not None:
             steady = max_over_ranks(after_warmup / 2**30, device=runtime.device)

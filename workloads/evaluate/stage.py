@@ -23,7 +23,6 @@ from workloads.train.evaluation_config import HELDOUT_TASK, EvaluateConfig
 from workloads.evaluate.units import Models, Unit, plan_units, run_unit
 
 
-
 STAGE_MODULES = ("workloads.evaluate.cache", "workloads.evaluate.harness", "workloads.evaluate.report",
                  "workloads.evaluate.tasks", "workloads.model_io.cache", "workloads.model_io.sources",
                  "workloads.model_io.storage", "workloads.train.checkpoint", "workloads.train.config",
@@ -39,6 +38,7 @@ def preload() -> None:
     line does to check a run's evaluation (the checkpoint module brings torch: 1.5 s)."""
     for name in STAGE_MODULES:
         importlib.import_module(name)
+
 
 def base_of(train: dict) -> tuple[str, str]:
     """The model the run is compared with and its revision: evaluate.base, else model.name_or_path at

@@ -24,7 +24,6 @@ ROLES = ("tuned", "adapter", "base")
 applied by peft (lm-eval's `peft=`); base: what the run started from."""
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Unit:
     role: str

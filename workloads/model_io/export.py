@@ -37,7 +37,6 @@ from workloads.model_io.run_layout import DCP_METADATA, MODEL_DIR, checkpoint_fo
 from workloads.model_io.storage import local_location, locate
 
 
-
 def log(message: str) -> None:
     print("[export] " + message, flush=True)
 
